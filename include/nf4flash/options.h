@@ -1,0 +1,49 @@
+// Public options of the nf4flash engine: loading/placement, sampling, generation.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace nf4flash {
+
+enum class DeviceChoice : uint8_t { Auto, CPU, CUDA };
+enum class QuantChoice : uint8_t { Auto, None, NF4, FP4 };      // Auto: what the checkpoint has
+enum class ComputeDType : uint8_t { Auto, F32, BF16, F16 };     // Auto: f32 on CPU, bf16 on CUDA
+enum class AttnChoice : uint8_t { Auto, Flash, Sdpa, Eager };
+
+struct LoadOptions {
+  std::string model_dir;
+  DeviceChoice device = DeviceChoice::Auto;
+  QuantChoice quant = QuantChoice::Auto;
+  bool double_quant = false;
+  int blocksize = 64;
+  bool quant_lm_head = false;
+  ComputeDType compute = ComputeDType::Auto;
+  AttnChoice attn = AttnChoice::Auto;
+  bool use_cache = true;   // false: recompute the whole context every step (transformers use_cache=False)
+  bool graphs = true;      // CUDA graphs for the decode step
+  bool tf32 = false;
+  int64_t ctx_size = 0;    // 0: the model's max positions, capped by free memory
+  int threads = 0;         // CPU threads, 0 = all cores
+  int64_t ubatch = 512;    // prompt tokens per prefill chunk
+  bool load_tokenizer = true;
+};
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy (transformers do_sample=False)
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  float repeat_penalty = 1.0f;  // 1: off (transformers repetition_penalty)
+  uint64_t seed = 0;
+  bool greedy() const { return temperature <= 0.0f; }
+};
+
+struct GenerateOptions {
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // empty: the model's EOS ids from generation_config.json
+  bool ignore_eos = false;
+};
+
+}  // namespace nf4flash

@@ -1,0 +1,183 @@
+// The narrow op interface between the generic decoder and a compute device (CPU or CUDA).
+// Model code never branches on the device or on the weight format: a weight is an opaque
+// `Weight` (dense bf16/f16/f32, or bitsandbytes 4-bit) and every op takes `Act` views.
+//
+// Conventions (all backends):
+//  * Act: non-owning row-major 2-D view [rows, cols] of backend memory, dtype = backend act dtype
+//    (CPU: F32 always; CUDA: the compute dtype) unless an op says otherwise (logits may be F32).
+//  * Ops are ordered: on CUDA they are queued on the backend's stream (asynchronous, capturable
+//    into a CUDA graph); sync() waits for them.
+//  * Positions come from device memory (`StepState`), so a captured decode step replays for
+//    every token without re-recording: query row t of a step has absolute position pos0 + t.
+//  * KV cache layout: K and V each [n_layers][n_kv_heads][capacity][head_dim], dtype kv_dtype.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "nf4flash/options.h"
+#include "quant/quant4.h"
+
+namespace nf4flash {
+
+struct TensorInfo;
+
+enum class Device : uint8_t { CPU, CUDA };
+enum class AttnImpl : uint8_t { Auto, Flash, Sdpa, Eager };
+std::string_view attn_impl_name(AttnImpl a);
+
+struct Act {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+
+  int64_t numel() const { return rows * cols; }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  // The same memory seen as [rows*cols/new_cols, new_cols] (e.g. per-head views).
+  Act reshaped(int64_t new_cols) const { return Act{data, dtype, numel() / new_cols, new_cols}; }
+  // Rows [r0, r0+n) of this view.
+  Act slice_rows(int64_t r0, int64_t n) const {
+    return Act{static_cast<char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype), dtype, n, cols};
+  }
+};
+
+// Memory owned by a backend (freed with it). Stable address: safe to capture in graphs.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Act as_act(DType t, int64_t rows, int64_t cols) const { return Act{data_, t, rows, cols}; }
+
+ protected:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A weight resident on a backend: a linear weight [out_features, in_features], an embedding
+// table [vocab, hidden] (also usable as a tied lm_head), or a vector (norm weight, bias).
+class Weight {
+ public:
+  enum class Kind : uint8_t { Dense, Quant4 };
+  virtual ~Weight() = default;
+  Kind kind() const { return kind_; }
+  DType dtype() const { return dtype_; }  // storage dtype for Dense; orig dtype for Quant4
+  QuantType quant() const { return quant_; }
+  bool double_quant() const { return double_quant_; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  size_t resident_bytes() const { return bytes_; }
+
+ protected:
+  Kind kind_ = Kind::Dense;
+  DType dtype_ = DType::F32;
+  QuantType quant_ = QuantType::None;
+  bool double_quant_ = false;
+  int64_t rows_ = 0, cols_ = 0;
+  size_t bytes_ = 0;
+};
+
+struct RopeParams {
+  int head_dim = 0;         // rotary dims = head_dim (rotate-half layout, as transformers)
+  const float* inv_freq = nullptr;  // backend memory, head_dim/2 floats (scaling already applied)
+};
+
+struct AttnParams {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  AttnImpl impl = AttnImpl::Auto;
+};
+
+// Device-resident per-step values read by the ops (written by the runtime before each step).
+struct StepState {
+  int32_t* pos0 = nullptr;  // backend memory: absolute position of row 0 of the step
+};
+
+struct KVCacheDesc {
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t capacity = 0;  // tokens
+  DType dtype = DType::F32;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string name() const = 0;     // e.g. "cpu (16 threads, avx2)"
+  virtual DType act_dtype() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> backend
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;  // backend -> host (syncs)
+  virtual void sync() = 0;
+
+  // ---- weights ------------------------------------------------------------------------------
+  // A dense tensor from a checkpoint (bf16/f16/f32), stored as `store` dtype on the backend.
+  // 1-D tensors become [1, n].
+  virtual std::unique_ptr<Weight> upload_dense(const TensorInfo& t, DType store) = 0;
+  virtual std::unique_ptr<Weight> upload_quant4(std::shared_ptr<const Quant4Tensor> q) = 0;
+
+  // ---- ops ----------------------------------------------------------------------------------
+  // out[t, :] = table[ids[t], :]           ids: backend memory, out.rows of them
+  virtual void embed(const Weight& table, const int32_t* ids, Act out) = 0;
+  // out[r, :] = x[r, :] / sqrt(mean(x[r,:]^2) + eps) * w     (x may alias out; w has x.cols entries)
+  virtual void rms_norm(Act x, const Weight& w, float eps, Act out) = 0;
+  // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]); out.dtype may be F32 (logits) or act dtype
+  virtual void linear(Act x, const Weight& w, const Weight* bias, Act out) = 0;
+  // In-place rotary embedding of q [T, n_heads*hd] and k [T, n_kv*hd] at positions pos0 + t.
+  virtual void rope(Act q, Act k, const RopeParams& p, const StepState& s) = 0;
+  // Write k, v [T, n_kv*hd] into the cache of `layer` at positions pos0 + t.
+  virtual void kv_write(int layer, Act k, Act v, const StepState& s) = 0;
+  // Causal attention of q [T, n_heads*hd] over cache positions [0, pos0 + t] -> out [T, n_heads*hd].
+  virtual void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) = 0;
+  // out = silu(gate) * up
+  virtual void silu_mul(Act gate, Act up, Act out) = 0;
+  // out = a + b (out may alias a)
+  virtual void add(Act a, Act b, Act out) = 0;
+
+  // ---- KV cache -----------------------------------------------------------------------------
+  virtual void kv_allocate(const KVCacheDesc& d) = 0;
+  virtual const KVCacheDesc& kv_desc() const = 0;
+  virtual size_t kv_bytes() const = 0;
+
+  // Which attention implementations can serve this request; empty string = yes, else why not.
+  virtual std::string attn_unsupported_reason(AttnImpl impl, int head_dim) const = 0;
+  // Human-readable name of the kernel path a linear on `w` with `rows` rows takes.
+  virtual std::string linear_path(const Weight& w, int64_t rows) const = 0;
+
+  // ---- step graphs (CUDA graphs; CPU: unsupported) ------------------------------------------
+  // Ops issued between capture_begin() and capture_end() are recorded, not run; replay(id)
+  // runs them again with the same buffers (positions are re-read from StepState memory).
+  virtual bool graphs_supported() const { return false; }
+  virtual void capture_begin() {}
+  virtual int capture_end() { return -1; }
+  virtual void replay(int graph_id) {}
+
+  // ---- sampling on the device (optional) ----------------------------------------------------
+  // Picks the next token from logits [1, vocab] (F32) with `p`; `history` (backend memory,
+  // n_history ids) feeds the repetition penalty; `uniform` is the step's random number in [0,1).
+  // Returns false when the backend leaves sampling to the host.
+  virtual bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history,
+                      float uniform, int32_t* out_id_host) { return false; }
+};
+
+struct CpuBackendOptions {
+  DType compute = DType::F32;  // F32 exact; BF16/F16 round every op output like a bf16 tensor would
+  int threads = 0;             // 0: all cores
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& o);
+
+struct CudaBackendOptions {
+  DType compute = DType::BF16;
+  int device_index = 0;
+  bool tf32 = false;
+};
+// Throws Error when built without CUDA or when no device is usable.
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& o);
+// Number of usable CUDA devices (0 when built without CUDA or no driver); never throws.
+int cuda_device_count();
+
+}  // namespace nf4flash

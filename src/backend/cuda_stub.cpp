@@ -1,0 +1,13 @@
+// Built only when the CUDA backend is off (NF4FLASH_CUDA=OFF): says so instead of running slowly.
+#include "backend/backend.h"
+#include "core/error.h"
+
+namespace nf4flash {
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
+  fail("--device cuda: this nf4flash was built without CUDA (reconfigure with -DNF4FLASH_CUDA=ON and nvcc on PATH)");
+}
+
+int cuda_device_count() { return 0; }
+
+}  // namespace nf4flash
