@@ -110,9 +110,13 @@ class Backend {
 
   // ---- memory -------------------------------------------------------------------------------
   virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
-  virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> backend
+  // host -> backend, ordered after every op queued before it (the host buffer may be reused
+  // as soon as it returns)
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // backend -> host (syncs)
   virtual void sync() = 0;
+  // Memory still free for the KV cache and workspace (bytes; 0 = unknown).
+  virtual size_t free_memory() const { return 0; }
 
   // ---- weights ------------------------------------------------------------------------------
   // A dense tensor from a checkpoint (bf16/f16/f32), stored as `store` dtype on the backend.

@@ -52,12 +52,19 @@ class WeightStore {
  public:
   static std::unique_ptr<WeightStore> open_dir(const std::string& dir);
   static std::unique_ptr<WeightStore> open_file(const std::string& path);
+  virtual ~WeightStore() = default;
 
-  const TensorInfo* find(const std::string& name) const;
+  // Subclasses (synthetic presets) may produce tensors on demand; release() says the caller is
+  // done with a tensor so its memory can go.
+  virtual const TensorInfo* find(const std::string& name) const;
+  virtual void release(const std::string& name) const {}
   const TensorInfo& get(const std::string& name) const;  // throws "missing tensor NAME in DIR"
-  std::vector<std::string> names() const;
+  virtual std::vector<std::string> names() const;
   const std::string& source() const { return source_; }
   size_t total_bytes() const;
+
+ protected:
+  WeightStore() = default;
 
  private:
   std::string source_;
