@@ -4,7 +4,10 @@
 //   packed[i/2]: element i of the flattened row-major [rows, cols] weight; even i in the HIGH nibble.
 //   block b covers flat elements [b*blocksize, (b+1)*blocksize).
 //   absmax(b) = plain ? absmax[b] : nested_code[absmax_q[b]] * nested_absmax[b / nested_blocksize] + offset
+//               (float32: the product is rounded before the offset is added, never an FMA)
 //   value(i)  = code[nibble(i)] * absmax(i / blocksize)            (float32 arithmetic)
+// absmax_f32 is an optional cache (not serialized) of the expanded double-quant absmax, filled by
+// quant4_prepare() in quant/blockwise.h; the CPU matmul uses it when present.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -39,16 +42,23 @@ struct Quant4Tensor {
   float offset = 0.0f;                // mean subtracted before nested quantization
   int nested_blocksize = 256;
 
+  // Cache: expanded float absmax per block when double_quant (see quant4_prepare); else empty.
+  std::vector<float> absmax_f32;
+
   int64_t numel() const { return rows * cols; }
   int64_t num_blocks() const { return (numel() + blocksize - 1) / blocksize; }
   float block_absmax(int64_t b) const {
-    return double_quant ? nested_code[absmax_q[b]] * nested_absmax[b / nested_blocksize] + offset
-                        : absmax[b];
+    if (!double_quant) return absmax[b];
+    if (!absmax_f32.empty()) return absmax_f32[b];
+    // volatile: keep the product rounded to float (bitsandbytes adds the offset in a later kernel),
+    // so -march=native cannot fuse it into an FMA.
+    volatile float p = nested_code[absmax_q[b]] * nested_absmax[b / nested_blocksize];
+    return p + offset;
   }
   // Bytes this weight occupies in memory (codes + absmax state).
   size_t resident_bytes() const {
     return packed.size() + absmax.size() * 4 + absmax_q.size() + nested_absmax.size() * 4 +
-           (double_quant ? 256 * 4 : 0) + 16 * 4;
+           (double_quant ? 256 * 4 : 0) + 16 * 4 + absmax_f32.size() * 4;
   }
 };
 

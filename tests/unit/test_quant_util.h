@@ -1,0 +1,37 @@
+// Helpers shared by the test_quant_*.cpp tests: fixture paths and copying tensors out of a
+// WeightStore into typed vectors (the mmapped data need not be aligned).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace nf4flash::testq {
+
+inline std::string fixtures() { return NF4FLASH_FIXTURES_DIR; }
+inline std::string vectors_path() { return fixtures() + "/bnb-4bit-vectors.safetensors"; }
+inline std::string model_dir(const std::string& name) { return fixtures() + "/models/" + name; }
+
+template <typename T>
+std::vector<T> tensor_vec(const TensorInfo& t) {
+  EXPECT_EQ(t.nbytes % sizeof(T), 0u) << t.name;
+  std::vector<T> v(t.nbytes / sizeof(T));
+  if (!v.empty()) std::memcpy(v.data(), t.data, v.size() * sizeof(T));
+  return v;
+}
+
+template <typename T>
+std::vector<T> tensor_vec(const WeightStore& ws, const std::string& name) {
+  return tensor_vec<T>(ws.get(name));
+}
+
+inline uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+}  // namespace nf4flash::testq
