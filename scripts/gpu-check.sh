@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Run on the GPU machine from the repo root: configure + build (build-gpu), run the `gpu` tests,
+# then the CUDA kernel microbenchmark (and the model benchmark once it exists); print a short table
+# last. Logs and JSON go to $OUT when set (the device tool brings them back), else build-gpu/out.
+#   NF4FLASH_GPU_TESTS=0  skip the tests;  NF4FLASH_GPU_BENCH=0  skip the benchmarks
+#   NF4FLASH_GTEST_FILTER=...  pass a gtest filter to the gpu tests
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/build-gpu/out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv \
+  >"$out/gpu.txt" 2>&1 || true
+start=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$root/.device-deps/usr" \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DNF4FLASH_NATIVE=ON >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+targets=(nf4flash)
+[ "${NF4FLASH_GPU_TESTS:-1}" = 1 ] && targets+=(nf4flash_gpu_tests)
+ninja -C build-gpu -j16 "${targets[@]}" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
+build_s=$(( $(date +%s) - start ))
+
+test_status="skipped"
+if [ "${NF4FLASH_GPU_TESTS:-1}" = 1 ]; then
+  if [ -n "${NF4FLASH_GTEST_FILTER:-}" ]; then
+    ./build-gpu/tests/nf4flash_gpu_tests --gtest_filter="$NF4FLASH_GTEST_FILTER" >"$out/gpu-tests.log" 2>&1
+  else
+    (cd build-gpu && ctest -L gpu --output-on-failure --timeout 900) >"$out/gpu-tests.log" 2>&1
+  fi
+  rc=$?
+  test_status=$([ $rc = 0 ] && echo "pass" || echo "FAIL (rc $rc)")
+  grep -E "Failure|FAILED|Expected|Which is|rel|error" "$out/gpu-tests.log" | head -40
+fi
+
+bench_status="skipped"
+if [ "${NF4FLASH_GPU_BENCH:-1}" = 1 ]; then
+  ./build-gpu/nf4flash kernel-bench --json "$out/kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
+  bench_status=$([ $? = 0 ] && echo "ok" || echo "FAIL")
+  # the model benchmark, once the bench subcommand exists
+  if ./build-gpu/nf4flash --help 2>/dev/null | grep -qE '^\s+bench\b'; then
+    ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --json "$out/bench.json" \
+      >"$out/bench.txt" 2>&1 || echo "model bench failed (see bench.txt)"
+    tail -20 "$out/bench.txt"
+  fi
+fi
+
+echo
+echo "== gpu-check summary ($(head -2 "$out/gpu.txt" | tail -1)) =="
+printf "%-12s %s\n" build "${build_s}s" tests "$test_status" kernel-bench "$bench_status"
+[ -f "$out/gpu-tests.log" ] && grep -E "tests passed|tests failed|PASSED|FAILED  " "$out/gpu-tests.log" | tail -3
+[ -f "$out/kernel-bench.txt" ] && cat "$out/kernel-bench.txt"
+[ "$test_status" = pass ] || [ "$test_status" = skipped ]

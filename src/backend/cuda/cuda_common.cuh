@@ -1,0 +1,87 @@
+// Shared helpers of the CUDA backend: error checks with file:line, element-type traits
+// (f32 / f16 / bf16 <-> float), warp reductions and the one dtype dispatch used by every launcher.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace nf4flash::cuda {
+
+#define CUDA_CHECK(expr)                                                                    \
+  do {                                                                                      \
+    cudaError_t err_ = (expr);                                                              \
+    if (err_ != cudaSuccess)                                                                \
+      ::nf4flash::fail("CUDA error at ", __FILE__, ":", __LINE__, ": ", #expr, ": ",       \
+                       cudaGetErrorName(err_), " (", cudaGetErrorString(err_), ")");        \
+  } while (0)
+
+#define CUBLAS_CHECK(expr)                                                                  \
+  do {                                                                                      \
+    cublasStatus_t st_ = (expr);                                                            \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ::nf4flash::fail("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #expr, ": ",     \
+                       cublasGetStatusName(st_), " (", cublasGetStatusString(st_), ")");    \
+  } while (0)
+
+// After every kernel launch: launch-configuration errors surface here, with the call site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// ---- element types -------------------------------------------------------------------------
+template <typename T> __device__ __forceinline__ float to_f32(T v);
+template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Eight 16-bit values packed in a uint4 -> floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+  const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_f32<T>(h[i]);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Streaming 16-byte load that does not allocate in L1 (weights are read once per step).
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+}  // namespace nf4flash::cuda
+
+// Runtime dtype -> C++ type, exactly once per op: `F(T{})` is instantiated for the three
+// activation types; anything else is refused by name.
+#define NF4FLASH_DISPATCH_ACT(dtype, what, ...)                                               \
+  [&] {                                                                                      \
+    switch (dtype) {                                                                         \
+      case ::nf4flash::DType::F32: { using T = float; return __VA_ARGS__(); }                 \
+      case ::nf4flash::DType::F16: { using T = __half; return __VA_ARGS__(); }                \
+      case ::nf4flash::DType::BF16: { using T = __nv_bfloat16; return __VA_ARGS__(); }        \
+      default: ::nf4flash::fail(what, ": unsupported dtype ", ::nf4flash::dtype_name(dtype),  \
+                                " on CUDA (supported: F32, F16, BF16)");                     \
+    }                                                                                        \
+  }()

@@ -1,0 +1,206 @@
+// kernel-bench: see kernel_bench.h. Timing: each measured kernel is captured `reps` times in one
+// CUDA graph (weights rotated over enough copies that the working set is >= 4x the L2), the graph
+// is replayed once to warm up, then `trials` replays are timed with CUDA events on the backend
+// stream; the median per-kernel time is reported. Bytes are the minimum each kernel must move.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernel_bench.h"
+#include "io/safetensors.h"
+
+namespace nf4flash {
+namespace {
+
+using cuda::to_f32;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median seconds per call of `body` (called reps times per trial), timed via graph replays.
+double time_graph(Backend& be, const std::function<void(int)>& body, int reps, int trials) {
+  be.sync();
+  be.capture_begin();
+  for (int i = 0; i < reps; ++i) body(i);
+  const int id = be.capture_end();
+  be.replay(id);
+  be.sync();
+  std::vector<double> t;
+  for (int k = 0; k < trials; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    be.replay(id);
+    be.sync();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+  }
+  return median(t);
+}
+
+std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std::mt19937& g) {
+  auto q = std::make_shared<Quant4Tensor>();
+  q->type = QuantType::NF4;
+  q->rows = rows;
+  q->cols = cols;
+  q->blocksize = 64;
+  const float nf4[16] = {-1.0f, -0.6961928f, -0.5250731f, -0.3949175f, -0.2844414f, -0.1848089f, -0.0910500f, 0.0f,
+                         0.0795803f, 0.1609302f, 0.2461123f, 0.3379152f, 0.4407098f, 0.5626170f, 0.7229568f, 1.0f};
+  for (int i = 0; i < 16; ++i) q->code[size_t(i)] = nf4[i];
+  q->packed.resize(size_t(rows * cols / 2));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : q->packed) b = uint8_t(byte(g));
+  const int64_t nb = q->num_blocks();
+  std::uniform_real_distribution<float> u(0.01f, 0.1f);
+  if (!dq) {
+    q->absmax.resize(size_t(nb));
+    for (auto& a : q->absmax) a = u(g);
+  } else {
+    q->double_quant = true;
+    q->absmax_q.resize(size_t(nb));
+    for (auto& a : q->absmax_q) a = uint8_t(byte(g));
+    q->nested_absmax.resize(size_t((nb + 255) / 256));
+    for (auto& a : q->nested_absmax) a = u(g);
+    for (int i = 0; i < 256; ++i) q->nested_code[size_t(i)] = -1.f + 2.f * i / 255.f;
+    q->offset = 0.05f;
+  }
+  return q;
+}
+
+}  // namespace
+
+std::string cuda_kernel_bench(const KernelBenchOptions& o) {
+  using nlohmann::json;
+  CudaBackendOptions bo;
+  bo.device_index = o.device;
+  auto be = make_cuda_backend(bo);
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
+  json out;
+  out["gpu"] = prop.name;
+  out["sms"] = prop.multiProcessorCount;
+  out["l2_bytes"] = prop.l2CacheSize;
+  out["backend"] = be->name();
+  out["reps"] = o.reps;
+  out["trials"] = o.trials;
+  std::mt19937 g(1234);
+
+  // ---- device-to-device copy: bytes read + bytes written
+  const size_t cbytes = size_t(1) << 31;
+  auto ca = be->alloc(cbytes), cb = be->alloc(cbytes);
+  CUDA_CHECK(cudaMemset(ca->data(), 1, cbytes));
+  CUDA_CHECK(cudaMemset(cb->data(), 2, cbytes));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> ct;
+  for (int k = 0; k < 3 + o.trials; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CUDA_CHECK(cudaMemcpy(cb->data(), ca->data(), cbytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (k >= 3) ct.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  const double copy_gbs = 2.0 * cbytes / median(ct) / 1e9;
+  out["copy"] = {{"bytes", cbytes}, {"seconds", median(ct)}, {"gb_per_s", copy_gbs}};
+  ca.reset();
+  cb.reset();
+  std::printf("%-40s %10s %10s %8s\n", "kernel", "us", "GB/s", "%copy");
+  std::printf("%-40s %10.1f %10.1f %8.1f\n", "d2d copy 2 GiB (read+write)", median(ct) * 1e6, copy_gbs, 100.0);
+
+  json rows = json::array();
+  auto report = [&](const std::string& name, double sec, double bytes, json extra) {
+    const double gbs = bytes / sec / 1e9;
+    std::printf("%-40s %10.2f %10.1f %8.1f\n", name.c_str(), sec * 1e6, gbs, 100.0 * gbs / copy_gbs);
+    extra["name"] = name;
+    extra["us"] = sec * 1e6;
+    extra["bytes"] = bytes;
+    extra["gb_per_s"] = gbs;
+    extra["pct_of_copy"] = 100.0 * gbs / copy_gbs;
+    rows.push_back(extra);
+  };
+
+  // ---- 4-bit GEMV on the MLP shapes, T = 1 (and T = 4 once)
+  struct Shape { int64_t rows, cols; };
+  for (Shape s : {Shape{4096, 14336}, Shape{14336, 4096}, Shape{4096, 4096}, Shape{1024, 4096}})
+    for (bool dq : {true, false}) {
+      const int64_t wbytes = s.rows * s.cols / 2;
+      const int copies = int(std::max<int64_t>(2, (4 * int64_t(prop.l2CacheSize)) / wbytes + 1));
+      std::vector<std::unique_ptr<Weight>> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(s.rows, s.cols, dq, g)));
+      for (int T : {1, 4}) {
+        if (T == 4 && !(s.rows == 14336 && dq)) continue;
+        auto xb = be->alloc(size_t(T * s.cols) * 2), yb = be->alloc(size_t(T * s.rows) * 2);
+        std::vector<uint16_t> xh(size_t(T * s.cols));
+        std::normal_distribution<float> nd;
+        for (auto& v : xh) v = f32_to_bf16(nd(g));
+        be->upload(xb->data(), xh.data(), xh.size() * 2);
+        Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
+        const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                      o.reps, o.trials);
+        const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
+        report(cat("gemv nf4", dq ? "-dq" : "", " ", s.rows, "x", s.cols, " T=", T), sec, bytes,
+               {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"copies", copies},
+                {"path", be->linear_path(*ws[0], T)}});
+      }
+    }
+
+  // ---- dense bf16 GEMV, lm_head shape
+  {
+    const int64_t N = 128256, K = 4096;
+    std::vector<uint16_t> wh(size_t(N * K));
+    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
+    TensorInfo ti;
+    ti.name = "lm_head";
+    ti.dtype = DType::BF16;
+    ti.shape = {N, K};
+    ti.data = reinterpret_cast<const uint8_t*>(wh.data());
+    ti.nbytes = wh.size() * 2;
+    auto w = be->upload_dense(ti, DType::BF16);
+    wh.clear();
+    wh.shrink_to_fit();
+    auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 4);
+    CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::F32, 1, N);
+    const double sec = time_graph(*be, [&](int) { be->linear(x, *w, nullptr, y); }, std::max(4, o.reps / 10), o.trials);
+    report("gemv bf16 lm_head 128256x4096 -> f32", sec, double(N * K * 2 + K * 2 + N * 4),
+           {{"rows", N}, {"cols", K}, {"path", be->linear_path(*w, 1)}});
+  }
+
+  // ---- decode attention, Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128), bf16 cache
+  for (int ctx : {512, 4096, 32768}) {
+    const int nh = 32, nkv = 8, hd = 128;
+    be->kv_allocate({1, nkv, hd, ctx, DType::BF16});
+    auto qb = be->alloc(size_t(nh * hd) * 2), ob = be->alloc(size_t(nh * hd) * 2), pb = be->alloc(4);
+    {  // random K/V for every position and a random q (never time on zeros)
+      std::normal_distribution<float> nd;
+      std::vector<uint16_t> kv(size_t(ctx) * nkv * hd);
+      for (auto& v : kv) v = f32_to_bf16(nd(g));
+      auto kvb = be->alloc(kv.size() * 2);
+      be->upload(kvb->data(), kv.data(), kv.size() * 2);
+      std::vector<uint16_t> qh(size_t(nh * hd));
+      for (auto& v : qh) v = f32_to_bf16(nd(g));
+      be->upload(qb->data(), qh.data(), qh.size() * 2);
+      const int32_t zero = 0;
+      be->upload(pb->data(), &zero, 4);
+      Act kva = kvb->as_act(DType::BF16, ctx, nkv * hd);
+      be->kv_write(0, kva, kva, StepState{static_cast<int32_t*>(pb->data())});
+      be->sync();
+    }
+    const int32_t p0 = ctx - 1;
+    be->upload(pb->data(), &p0, 4);
+    Act q = qb->as_act(DType::BF16, 1, nh * hd), ov = ob->as_act(DType::BF16, 1, nh * hd);
+    StepState st{static_cast<int32_t*>(pb->data())};
+    AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
+    const double sec = time_graph(*be, [&](int) { be->attention(0, q, ov, ap, st); }, o.reps, o.trials);
+    report(cat("attn decode ctx=", ctx, " (32/8 heads, hd128)"), sec, double(ctx) * nkv * hd * 2 * 2,
+           {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}});
+  }
+  out["kernels"] = rows;
+  return out.dump(2);
+}
+
+}  // namespace nf4flash

@@ -1,0 +1,18 @@
+// Microbenchmark of the CUDA decode kernels (the `kernel-bench` subcommand): device-to-device copy
+// bandwidth, the fused 4-bit GEMV on the Llama-3-8B MLP shapes (plain and double-quant absmax),
+// the dense bf16 GEMV on the lm_head shape and split-K decode attention, all in one run.
+#pragma once
+#include <string>
+
+namespace nf4flash {
+
+struct KernelBenchOptions {
+  int reps = 50;      // kernels per timed graph replay
+  int trials = 9;     // timed replays (median reported)
+  int device = 0;
+};
+
+// Runs the benchmark, prints a table on stdout and returns the JSON report.
+std::string cuda_kernel_bench(const KernelBenchOptions& o);
+
+}  // namespace nf4flash

@@ -1,0 +1,242 @@
+// Causal attention of q [T, n_heads*hd] over the KV cache of one layer (K, V each
+// [n_kv][capacity][hd]): query row t (absolute position pos0+t) sees cache positions [0, pos0+t].
+// GQA: q head h reads kv head h / (n_heads/n_kv); K/V are never repeated in memory.
+// Softmax in the log2 domain (q pre-scaled by scale*log2(e)), f32 throughout.
+//
+// attn_decode_kernel (flash-decoding, T <= 4): grid (n_kv * head_chunks, nsplit, T), 128 threads.
+//   A block takes up to 4 q heads sharing one kv head and a contiguous slice of the sequence; the
+//   slice length is ceil(L/nsplit) with L = pos0+t+1 read on the device, so a captured graph stays
+//   valid as the context grows. HD/8 lanes hold one position (16-byte loads of K and V rows), a warp
+//   covers 32/(HD/8) positions per step, two steps in flight. Partials (m, l, acc[hd]) go to the
+//   workspace; attn_combine_kernel merges the splits per (t, head).
+// attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
+//   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
+//   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
+#pragma once
+#include <cmath>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace nf4flash::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float* f) {
+  if constexpr (sizeof(T) == 2) {
+    unpack8<T>(*reinterpret_cast<const uint4*>(p), f);
+  } else {
+    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+  }
+}
+
+// Merge online-softmax state (m2, l2, acc2) into (m, l, acc).
+__device__ __forceinline__ void softmax_merge(float& m, float& l, float* acc, float m2, float l2, const float* acc2, int n) {
+  const float M = fmaxf(m, m2);
+  const float c1 = (m == -INFINITY) ? 0.f : exp2f(m - M);
+  const float c2 = (m2 == -INFINITY) ? 0.f : exp2f(m2 - M);
+  l = l * c1 + l2 * c2;
+  for (int i = 0; i < n; ++i) acc[i] = acc[i] * c1 + acc2[i] * c2;
+  m = M;
+}
+
+constexpr int kDecGT = 4;  // q heads per decode block
+
+template <typename TA, typename TK, int HD>
+__global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
+  constexpr int LP = HD / 8, PW = 32 / LP, NW = 4, GT = kDecGT;
+  __shared__ float s_acc[NW][GT][HD];
+  __shared__ float s_ml[NW][GT][2];
+  const int kvh = blockIdx.x / hchunks, hc = blockIdx.x % hchunks;
+  const int G = a.n_heads / a.n_kv;
+  const int h0 = kvh * G + hc * GT, nh = min(GT, G - hc * GT);
+  const int t = blockIdx.z, split = blockIdx.y;
+  const int L = a.pos0[0] + t + 1;
+  const int chunk = (L + nsplit - 1) / nsplit;
+  const int s0 = split * chunk, s1 = min(L, s0 + chunk);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pg = lane / LP, li = lane % LP;
+  const float qs = a.scale * kLog2e;
+
+  float q[GT][8], m[GT], l[GT], acc[GT][8];
+#pragma unroll
+  for (int g = 0; g < GT; ++g) {
+    const TA* qp = static_cast<const TA*>(a.q) + int64_t(t) * a.q_stride + int64_t(h0 + min(g, nh - 1)) * HD + 8 * li;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[g][i] = to_f32<TA>(qp[i]) * qs;
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+  }
+  const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
+  const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
+
+  constexpr int U = 2;
+  for (int pb = s0 + warp * PW; pb < s1; pb += NW * PW * U) {
+    float kf[U][8], vf[U][8];
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int p = pb + u * NW * PW + pg;
+      valid[u] = p < s1;
+      const int pc = valid[u] ? p : s0;
+      load8<TK>(kb + int64_t(pc) * HD, kf[u]);
+      load8<TK>(vb + int64_t(pc) * HD, vf[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int g = 0; g < GT; ++g) {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s = fmaf(q[g][i], kf[u][i], s);
+#pragma unroll
+        for (int o = LP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (!valid[u]) s = -INFINITY;
+        const float mn = fmaxf(m[g], s);
+        const float corr = (mn == -INFINITY) ? 1.f : exp2f(m[g] - mn);
+        const float pe = (s == -INFINITY) ? 0.f : exp2f(s - mn);
+        l[g] = l[g] * corr + pe;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pe, vf[u][i], acc[g][i] * corr);
+        m[g] = mn;
+      }
+    }
+  }
+  // merge lane groups of the warp (same li, different pg)
+#pragma unroll
+  for (int o = LP; o < 32; o <<= 1) {
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o);
+      float a2[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) a2[i] = __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+      softmax_merge(m[g], l[g], acc[g], m2, l2, a2, 8);
+    }
+  }
+  if (pg == 0) {
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s_acc[warp][g][8 * li + i] = acc[g][i];
+      if (li == 0) { s_ml[warp][g][0] = m[g]; s_ml[warp][g][1] = l[g]; }
+    }
+  }
+  __syncthreads();
+  // merge warps; write the split's partial
+  const int64_t n_heads = a.n_heads;
+  float* ws_ml = a.workspace;
+  float* ws_acc = a.workspace + int64_t(gridDim.z) * n_heads * nsplit * 2;
+  for (int i = threadIdx.x; i < nh * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    float M = -INFINITY;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, s_ml[w][g][0]);
+    float lsum = 0.f, asum = 0.f;
+    for (int w = 0; w < NW; ++w) {
+      const float c = (s_ml[w][g][0] == -INFINITY) ? 0.f : exp2f(s_ml[w][g][0] - M);
+      lsum += s_ml[w][g][1] * c;
+      asum += s_acc[w][g][d] * c;
+    }
+    const int64_t pi = (int64_t(t) * n_heads + h0 + g) * nsplit + split;
+    ws_acc[pi * HD + d] = asum;
+    if (d == 0) { ws_ml[pi * 2] = M; ws_ml[pi * 2 + 1] = lsum; }
+  }
+}
+
+template <typename TA>
+__global__ void attn_combine_kernel(const AttnArgs a, int nsplit, int T) {
+  const int h = blockIdx.x, t = blockIdx.y, HD = a.head_dim;
+  const int64_t n_heads = a.n_heads;
+  const float* ws_ml = a.workspace;
+  const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
+  const int64_t base = (int64_t(t) * n_heads + h) * nsplit;
+  float M = -INFINITY;
+  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, ws_ml[(base + s) * 2]);
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float lsum = 0.f, asum = 0.f;
+    for (int s = 0; s < nsplit; ++s) {
+      const float ms = ws_ml[(base + s) * 2];
+      if (ms == -INFINITY) continue;
+      const float c = exp2f(ms - M);
+      lsum += ws_ml[(base + s) * 2 + 1] * c;
+      asum += ws_acc[(base + s) * HD + d] * c;
+    }
+    static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(asum / lsum);
+  }
+}
+
+template <typename TA, typename TK, int HD>
+__global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
+  constexpr int BQ = 16, BK = 32, RPW = 4, DPL = HD / 32;
+  __shared__ float Ks[BK][HD + 1];
+  __shared__ float Vs[BK][HD + 1];
+  __shared__ float Qs[BQ][HD];
+  const int h = blockIdx.y, G = a.n_heads / a.n_kv, kvh = h / G;
+  const int t0 = blockIdx.x * BQ;
+  const int pos0 = a.pos0[0];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float qs = a.scale * kLog2e;
+  for (int i = threadIdx.x; i < BQ * HD; i += blockDim.x) {
+    const int r = i / HD, d = i % HD;
+    Qs[r][d] = (t0 + r < a.T) ? to_f32<TA>(static_cast<const TA*>(a.q)[int64_t(t0 + r) * a.q_stride + int64_t(h) * HD + d]) * qs : 0.f;
+  }
+  float m[RPW], l[RPW], acc[RPW][DPL];
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd) acc[i][dd] = 0.f;
+  }
+  const int kv_end = pos0 + min(t0 + BQ, a.T);  // exclusive
+  const TK* kc = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD;
+  const TK* vc = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD;
+  for (int kb = 0; kb < kv_end; kb += BK) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < BK * HD; i += blockDim.x) {
+      const int j = i / HD, d = i % HD;
+      const bool ok = kb + j < kv_end;
+      Ks[j][d] = ok ? to_f32<TK>(kc[int64_t(kb + j) * HD + d]) : 0.f;
+      Vs[j][d] = ok ? to_f32<TK>(vc[int64_t(kb + j) * HD + d]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < RPW; ++i) {
+      const int r = warp * RPW + i, t = t0 + r;
+      if (t >= a.T) continue;
+      const int qpos = pos0 + t;
+      float s = 0.f;
+#pragma unroll 16
+      for (int d = 0; d < HD; ++d) s = fmaf(Qs[r][d], Ks[lane][d], s);
+      const bool valid = kb + lane <= qpos;
+      s = valid ? s : -INFINITY;
+      const float mn = fmaxf(m[i], warp_max(s));
+      if (mn == -INFINITY) continue;
+      const float corr = (m[i] == -INFINITY) ? 0.f : exp2f(m[i] - mn);
+      const float p = valid ? exp2f(s - mn) : 0.f;
+      l[i] = l[i] * corr + warp_sum(p);
+#pragma unroll
+      for (int dd = 0; dd < DPL; ++dd) acc[i][dd] *= corr;
+#pragma unroll 8
+      for (int j = 0; j < BK; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+        for (int dd = 0; dd < DPL; ++dd) acc[i][dd] = fmaf(pj, Vs[j][lane + 32 * dd], acc[i][dd]);
+      }
+      m[i] = mn;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < RPW; ++i) {
+    const int t = t0 + warp * RPW + i;
+    if (t >= a.T) continue;
+#pragma unroll
+    for (int dd = 0; dd < DPL; ++dd)
+      static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + lane + 32 * dd] = from_f32<TA>(acc[i][dd] / l[i]);
+  }
+}
+
+}  // namespace nf4flash::cuda

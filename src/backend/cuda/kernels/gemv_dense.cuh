@@ -1,0 +1,86 @@
+// Dense GEMV for few rows (decode): out[n, r] = sum_k x[n, k] * W[r, k] (+ bias[r]), n < T <= 8.
+// W: [N, K] row-major (bf16/f16/f32 storage), x: [T, K] compute dtype, out: compute dtype or f32.
+// One warp per output row (8 rows per 256-thread block, grid-stride); f32 accumulation.
+// Vector path (16-bit W and x, K % 8 == 0): 16-byte streaming loads of W (L1 no-allocate; read
+// once per step) and 16-byte cached loads of x (reused by every row); four loads in flight per lane.
+#pragma once
+#include "backend/cuda/cuda_common.cuh"
+
+namespace nf4flash::cuda {
+
+struct DenseKernelArgs {
+  const void* w;
+  int64_t N, K;
+  const void* x;
+  int T;
+  const float* bias;
+  void* out;
+  int out_f32;
+};
+
+template <typename TA>
+__device__ __forceinline__ void gemv_store(const DenseKernelArgs& a, int n, int64_t row, float v) {
+  if (a.bias) v += a.bias[row];
+  if (a.out_f32) static_cast<float*>(a.out)[n * a.N + row] = v;
+  else static_cast<TA*>(a.out)[n * a.N + row] = from_f32<TA>(v);
+}
+
+template <typename TW, typename TA, int TN>
+__global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int64_t K8 = a.K / 8;
+  for (int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5); row < a.N; row += int64_t(gridDim.x) * 8) {
+    const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const TW*>(a.w) + row * a.K);
+    float acc[TN];
+#pragma unroll
+    for (int n = 0; n < TN; ++n) acc[n] = 0.f;
+    for (int64_t c0 = lane; c0 < K8; c0 += 32 * 4) {
+      uint4 wv[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (c0 + 32 * u < K8) wv[u] = ld_stream_u4(wr + c0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c < K8) {
+          float wf[8];
+          unpack8<TW>(wv[u], wf);
+#pragma unroll
+          for (int n = 0; n < TN; ++n) {
+            if (n < a.T) {
+              const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + n * a.K) + c);
+              float xf[8];
+              unpack8<TA>(xv, xf);
+#pragma unroll
+              for (int i = 0; i < 8; ++i) acc[n] = fmaf(wf[i], xf[i], acc[n]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+      if (n < a.T) {
+        const float v = warp_sum(acc[n]);
+        if (lane == 0) gemv_store<TA>(a, n, row, v);
+      }
+    }
+  }
+}
+
+template <typename TW, typename TA>
+__global__ void __launch_bounds__(256) gemv_dense_scalar_kernel(const DenseKernelArgs a) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5); row < a.N; row += int64_t(gridDim.x) * 8) {
+    const TW* wr = static_cast<const TW*>(a.w) + row * a.K;
+    for (int n = 0; n < a.T; ++n) {
+      const TA* xr = static_cast<const TA*>(a.x) + n * a.K;
+      float acc = 0.f;
+      for (int64_t k = lane; k < a.K; k += 32) acc = fmaf(to_f32<TW>(wr[k]), to_f32<TA>(xr[k]), acc);
+      acc = warp_sum(acc);
+      if (lane == 0) gemv_store<TA>(a, n, row, acc);
+    }
+  }
+}
+
+}  // namespace nf4flash::cuda

@@ -1,0 +1,202 @@
+// Fused dequantizing GEMV for bitsandbytes 4-bit weights (NF4/FP4, plain or double-quant absmax):
+//   out[n, r] = sum_k x[n, k] * code[q(r, k)] * absmax(r, k)  (+ bias[r]),   n < T <= 8 tokens.
+// x: [T, cols] bf16/f16 (the compute dtype); out: [T, rows] compute dtype or f32; f32 accumulation.
+//
+// Repacked layout ("tile16x64", made on the GPU at upload by q4_repack_kernel from bitsandbytes'
+// flat high-nibble-first packing; needs cols % 64 == 0 and a power-of-two blocksize >= 64):
+//   rows are padded to RT = ceil(rows/16) tiles of 16; the 64-column tile kt of row tile rt is
+//   512 bytes at offset (rt*KT + kt)*512. Inside it lane L = 4g + t (g = L>>2, t = L&3) owns the
+//   16 bytes at L*16, word j (0..3) = { A(g, c), A(g+8, c), A(g, c+1), A(g+8, c+1) } where
+//   c = 8t + 2j and A(r, c) is source byte c of row r's 32 bytes in this tile (nibbles unchanged:
+//   high = even column). One warp-wide 16-byte load per lane reads a tile: 512 contiguous bytes.
+//   Word j is exactly lane L's A fragment of mma.m16n8k16 step j, with the k-slots permuted so
+//   that the lane's four steps cover the 16 contiguous columns 64kt + 16t .. +15: the matching B
+//   fragment (x) is two 16-byte loads. absmax is stored per (row tile, col tile, row) [RT][KT][16]
+//   (f32 for plain, u8 codes for double quant, decoded in the kernel), one 64-byte (16-byte) load.
+//
+// Decoding: a 256-entry "byte -> two 16-bit codes" table in shared memory, replicated per lane
+// ([256][32] words) so the lookups never conflict on banks: one LDS per two weights. The four mma
+// steps of a tile accumulate code*x in f32; the per-row absmax scales the tile's partial sum
+// (f32 FMA), so codes are the only values rounded to 16 bits. Columns of the mma are the tokens.
+#pragma once
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace nf4flash::cuda {
+
+constexpr int kQ4Warps = 8;
+constexpr int kQ4Unroll = 4;
+
+template <typename T> __device__ __forceinline__ uint16_t bits16(float v);
+template <> __device__ __forceinline__ uint16_t bits16<__nv_bfloat16>(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+template <> __device__ __forceinline__ uint16_t bits16<__half>(float v) {
+  return __half_as_ushort(__float2half_rn(v));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct Q4KernelArgs {
+  Q4Device w;
+  const void* x;
+  int T;
+  const float* bias;
+  void* out;
+  int out_f32;
+};
+
+// absmax of row (16*rt + r) in column tile kt; r in 0..15.
+template <bool DQ>
+__device__ __forceinline__ float q4_scale(const Q4Device& w, const float* s_nested_code, int64_t rt,
+                                          int64_t kt, int r) {
+  const int64_t i = (rt * w.KT + kt) * 16 + r;
+  if constexpr (!DQ) {
+    return __ldg(w.absmax_tiled + i);
+  } else {
+    const int q = __ldg(w.absq_tiled + i);
+    int64_t row = rt * 16 + r;
+    row = row < w.rows ? row : w.rows - 1;
+    const int64_t b = (row * w.cols + kt * 64) >> w.log2_blocksize;
+    // bitsandbytes: product rounded to f32, then the offset added (never fused).
+    return __fadd_rn(__fmul_rn(s_nested_code[q], __ldg(w.nested_absmax + (b >> w.log2_nested))), w.offset);
+  }
+}
+
+template <typename TA, bool DQ>
+__global__ void __launch_bounds__(kQ4Warps * 32) gemv_q4_kernel(const Q4KernelArgs a) {
+  __shared__ uint32_t lut[256 * 32];
+  __shared__ float red[kQ4Warps][16][8];
+  __shared__ float s_nested_code[256];
+  for (int i = threadIdx.x; i < 256 * 32; i += blockDim.x) {
+    const int byte = i >> 5;
+    lut[i] = uint32_t(bits16<TA>(a.w.code[byte >> 4])) | (uint32_t(bits16<TA>(a.w.code[byte & 15])) << 16);
+  }
+  if constexpr (DQ) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = a.w.nested_code[i];
+  }
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const uint32_t* lut_l = lut + lane;
+  const int64_t KT = a.w.KT, cols = a.w.cols, rows = a.w.rows;
+  const TA* xrow = static_cast<const TA*>(a.x) + int64_t(min(g, a.T - 1)) * cols + 16 * t;
+  const uint4* tiles = reinterpret_cast<const uint4*>(a.w.tiles);
+
+  for (int64_t rt = blockIdx.x; rt < a.w.RT; rt += gridDim.x) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint4* trow = tiles + rt * KT * 32 + lane;
+    for (int64_t kt0 = warp; kt0 < KT; kt0 += kQ4Warps * kQ4Unroll) {
+      uint4 wq[kQ4Unroll], xa[kQ4Unroll], xb[kQ4Unroll];
+      float s[kQ4Unroll];
+#pragma unroll
+      for (int u = 0; u < kQ4Unroll; ++u) {
+        const int64_t kt = kt0 + u * kQ4Warps;
+        if (kt < KT) {
+          wq[u] = ld_stream_u4(trow + kt * 32);
+          const uint4* xp = reinterpret_cast<const uint4*>(xrow + kt * 64);
+          xa[u] = __ldg(xp);
+          xb[u] = __ldg(xp + 1);
+          s[u] = q4_scale<DQ>(a.w, s_nested_code, rt, kt, lane & 15);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kQ4Unroll; ++u) {
+        const int64_t kt = kt0 + u * kQ4Warps;
+        if (kt < KT) {  // warp-uniform
+          const float sg = __shfl_sync(0xffffffffu, s[u], g);
+          const float sg8 = __shfl_sync(0xffffffffu, s[u], g + 8);
+          const uint32_t wv[4] = {wq[u].x, wq[u].y, wq[u].z, wq[u].w};
+          const uint32_t xv[8] = {xa[u].x, xa[u].y, xa[u].z, xa[u].w, xb[u].x, xb[u].y, xb[u].z, xb[u].w};
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t word = wv[j];
+            uint32_t fa[4];
+            fa[0] = lut_l[(word & 0xffu) << 5];
+            fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
+            fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
+            fa[3] = lut_l[(word >> 24) << 5];
+            mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
+          }
+          acc[0] = fmaf(d[0], sg, acc[0]);
+          acc[1] = fmaf(d[1], sg, acc[1]);
+          acc[2] = fmaf(d[2], sg8, acc[2]);
+          acc[3] = fmaf(d[3], sg8, acc[3]);
+        }
+      }
+    }
+    red[warp][g][2 * t] = acc[0];
+    red[warp][g][2 * t + 1] = acc[1];
+    red[warp][g + 8][2 * t] = acc[2];
+    red[warp][g + 8][2 * t + 1] = acc[3];
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      const int r = threadIdx.x >> 3, n = threadIdx.x & 7;
+      const int64_t row = rt * 16 + r;
+      if (n < a.T && row < rows) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kQ4Warps; ++w) v += red[w][r][n];
+        if (a.bias) v += a.bias[row];
+        if (a.out_f32) static_cast<float*>(a.out)[n * rows + row] = v;
+        else static_cast<TA*>(a.out)[n * rows + row] = from_f32<TA>(v);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// One thread per output word of the tiled layout (see the header comment).
+__global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t rows, int64_t cols,
+                                 int64_t KT, int64_t n_words, uint32_t* __restrict__ tiles) {
+  const int64_t wi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (wi >= n_words) return;
+  const int64_t tile = wi >> 7;
+  const int lane = int(wi >> 2) & 31, j = int(wi & 3);
+  const int64_t rt = tile / KT, kt = tile % KT;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t r0 = rt * 16 + g, r1 = r0 + 8, c0 = kt * 32 + 8 * t + 2 * j, rb = cols / 2;
+  auto src = [&](int64_t r, int64_t c) -> uint32_t { return r < rows ? packed[r * rb + c] : 0u; };
+  tiles[wi] = src(r0, c0) | (src(r1, c0) << 8) | (src(r0, c0 + 1) << 16) | (src(r1, c0 + 1) << 24);
+}
+
+// Inverse of the layout: one thread per (row, source byte) writes two dequantized values.
+template <typename TO, bool DQ>
+__global__ void q4_dequant_kernel(const Q4Device w, TO* __restrict__ out) {
+  __shared__ float s_nested_code[256];
+  if constexpr (DQ) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = w.nested_code[i];
+    __syncthreads();
+  }
+  const int64_t rb = w.cols / 2;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * rb) return;
+  const int64_t row = i / rb, c = i % rb;
+  const int64_t kt = c >> 5, rt = row >> 4;
+  const int cb = int(c & 31), t = cb >> 3, j = (cb & 7) >> 1, e = cb & 1;
+  const int rr = int(row & 15), g = rr & 7, hi = rr >> 3;
+  const uint8_t byte = w.tiles[(rt * w.KT + kt) * 512 + (4 * g + t) * 16 + j * 4 + e * 2 + hi];
+  const float s = q4_scale<DQ>(w, s_nested_code, rt, kt, rr);
+  out[row * w.cols + 2 * c] = from_f32<TO>(w.code[byte >> 4] * s);
+  out[row * w.cols + 2 * c + 1] = from_f32<TO>(w.code[byte & 15] * s);
+}
+
+}  // namespace nf4flash::cuda

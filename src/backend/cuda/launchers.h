@@ -1,0 +1,125 @@
+// Host-side entry points of the CUDA kernels (one launcher per op, params structs, no CUDA types
+// beyond cudaStream_t). Implemented in ops_*.cu; used by cuda_backend.cu and the kernel bench.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace nf4flash::cuda {
+
+// ---- 4-bit weights (layout: kernels/gemv_q4.cuh) --------------------------------------------
+struct Q4Device {
+  const uint8_t* tiles = nullptr;         // repacked codes, RT*KT tiles of 512 bytes
+  const float* absmax_tiled = nullptr;    // plain: f32 absmax per (row, 64-col tile), [RT][KT][16]
+  const uint8_t* absq_tiled = nullptr;    // double quant: u8 absmax code per (row, tile), [RT][KT][16]
+  const float* nested_absmax = nullptr;   // double quant: as bitsandbytes
+  const float* nested_code = nullptr;     // double quant: 256 floats
+  float offset = 0.0f;
+  float code[16] = {};
+  int64_t rows = 0, cols = 0, RT = 0, KT = 0;
+  int log2_blocksize = 6, log2_nested = 8;
+  bool double_quant = false;
+};
+
+void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* tiles_dev,
+               cudaStream_t st);
+
+struct GemvQ4Args {
+  const Q4Device* w = nullptr;
+  const void* x = nullptr;   // [T, cols], act dtype (BF16 or F16)
+  DType act = DType::BF16;
+  int T = 1;                 // 1..8
+  const float* bias = nullptr;  // [rows] or null
+  void* out = nullptr;       // [T, rows]
+  DType out_dtype = DType::BF16;  // act or F32
+  int grid = 0;              // 0: as many blocks as fit the GPU at once
+};
+void gemv_q4(const GemvQ4Args& a, cudaStream_t st);
+constexpr int kGemvMaxRows = 8;
+
+// Dequantize the whole weight into a dense [rows, cols] buffer of `dtype` (F32/F16/BF16).
+void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st);
+
+struct GemvDenseArgs {
+  const void* w = nullptr;   // [N, K]
+  DType w_dtype = DType::BF16;
+  int64_t N = 0, K = 0;
+  const void* x = nullptr;   // [T, K]
+  DType act = DType::BF16;
+  int T = 1;                 // 1..8
+  const float* bias = nullptr;
+  void* out = nullptr;       // [T, N]
+  DType out_dtype = DType::BF16;
+};
+void gemv_dense(const GemvDenseArgs& a, cudaStream_t st);
+
+// ---- elementwise ------------------------------------------------------------------------------
+void convert(const void* src, DType st_, void* dst, DType dt, int64_t n, cudaStream_t st);
+void embed(const void* table, DType table_dtype, int64_t vocab, int64_t hidden, const int32_t* ids,
+           int64_t T, void* out, DType act, cudaStream_t st);
+void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t cols, void* out,
+              DType act, cudaStream_t st);
+struct RopeArgs {
+  void* q = nullptr;
+  void* k = nullptr;
+  DType act = DType::BF16;
+  int64_t T = 0;
+  int n_q_heads = 0, n_k_heads = 0, head_dim = 0;
+  int64_t q_stride = 0, k_stride = 0;  // elements per row
+  const float* inv_freq = nullptr;
+  const int32_t* pos0 = nullptr;
+};
+void rope(const RopeArgs& a, cudaStream_t st);
+void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);
+void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st);
+void bias_add(void* out, DType dt, const float* bias, int64_t rows, int64_t cols, cudaStream_t st);
+
+struct KvWriteArgs {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType act = DType::BF16;
+  int64_t k_stride = 0, v_stride = 0;  // elements per row of k and v
+  void* k_cache = nullptr;  // this layer: [n_kv][capacity][hd]
+  void* v_cache = nullptr;
+  DType kv_dtype = DType::BF16;
+  int64_t T = 0, capacity = 0;
+  int n_kv = 0, head_dim = 0;
+  const int32_t* pos0 = nullptr;
+};
+void kv_write(const KvWriteArgs& a, cudaStream_t st);
+
+// ---- attention (kernels/attention_*.cuh) --------------------------------------------------------
+struct AttnArgs {
+  const void* q = nullptr;   // [T, n_heads*hd] (row stride q_stride elements)
+  void* out = nullptr;       // [T, n_heads*hd] (row stride out_stride)
+  DType act = DType::BF16;
+  int64_t q_stride = 0, out_stride = 0;
+  const void* k_cache = nullptr;  // this layer [n_kv][capacity][hd]
+  const void* v_cache = nullptr;
+  DType kv_dtype = DType::BF16;
+  int64_t capacity = 0;
+  int T = 0, n_heads = 0, n_kv = 0, head_dim = 0;
+  float scale = 1.0f;
+  const int32_t* pos0 = nullptr;
+  float* workspace = nullptr;     // split-K partials (decode)
+  int64_t workspace_floats = 0;
+  int num_sms = 132;
+};
+// Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
+void attention_decode(const AttnArgs& a, cudaStream_t st);
+constexpr int kDecodeMaxRows = 4;
+constexpr int kDecodeMaxSplits = 128;
+int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim);
+// Tiled causal attention with online softmax (any T), CUDA cores.
+void attention_prefill(const AttnArgs& a, cudaStream_t st);
+
+// ---- sampling ---------------------------------------------------------------------------------
+// Greedy argmax over logits [vocab] (F32) with an optional repetition penalty over history ids;
+// writes the id to out_id (device). scratch: >= 2*kArgmaxBlocks floats/ints.
+constexpr int kArgmaxBlocks = 256;
+void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_history,
+            float repeat_penalty, void* scratch, int32_t* out_id, cudaStream_t st);
+
+}  // namespace nf4flash::cuda

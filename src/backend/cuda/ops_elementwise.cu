@@ -1,0 +1,99 @@
+// Launchers of the elementwise kernels (kernels/elementwise.cuh).
+#include <algorithm>
+
+#include "backend/cuda/kernels/elementwise.cuh"
+
+namespace nf4flash::cuda {
+
+namespace {
+unsigned grid_for(int64_t n, int threads = 256) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 132 * 32)));
+}
+}  // namespace
+
+void convert(const void* src, DType sd, void* dst, DType dd, int64_t n, cudaStream_t st) {
+  NF4FLASH_DISPATCH_ACT(sd, "convert (source)", [&] {
+    using TS = T;
+    NF4FLASH_DISPATCH_ACT(dd, "convert (destination)", [&] {
+      convert_kernel<TS, T><<<grid_for(n), 256, 0, st>>>(static_cast<const TS*>(src), static_cast<T*>(dst), n);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void embed(const void* table, DType tdt, int64_t vocab, int64_t hidden, const int32_t* ids, int64_t T_,
+           void* out, DType act, cudaStream_t st) {
+  if (T_ == 0) return;
+  NF4FLASH_DISPATCH_ACT(act, "embed", [&] {
+    using TA = T;
+    NF4FLASH_DISPATCH_ACT(tdt, "embed (table)", [&] {
+      dim3 grid(static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64)), static_cast<unsigned>(T_));
+      embed_kernel<T, TA><<<grid, 256, 0, st>>>(static_cast<const T*>(table), vocab, hidden, ids, static_cast<TA*>(out));
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t cols, void* out, DType act,
+              cudaStream_t st) {
+  if (rows == 0) return;
+  NF4FLASH_DISPATCH_ACT(act, "rms_norm", [&] {
+    if (cols <= 512) {
+      rms_norm_warp_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(
+          static_cast<const T*>(x), w, eps, rows, cols, static_cast<T*>(out));
+    } else {
+      rms_norm_block_kernel<T><<<static_cast<unsigned>(rows), 256, 0, st>>>(static_cast<const T*>(x), w, eps, cols,
+                                                                            static_cast<T*>(out));
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void rope(const RopeArgs& a, cudaStream_t st) {
+  const int64_t n = a.T * (a.n_q_heads + a.n_k_heads) * (a.head_dim / 2);
+  if (n == 0) return;
+  NF4FLASH_DISPATCH_ACT(a.act, "rope", [&] {
+    rope_kernel<T><<<grid_for(n), 256, 0, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st) {
+  if (n == 0) return;
+  NF4FLASH_DISPATCH_ACT(act, "silu_mul", [&] {
+    silu_mul_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                   static_cast<T*>(out), n);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st) {
+  if (n == 0) return;
+  NF4FLASH_DISPATCH_ACT(act, "add", [&] {
+    add_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                              static_cast<T*>(out), n);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void bias_add(void* out, DType dt, const float* bias, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows * cols == 0) return;
+  NF4FLASH_DISPATCH_ACT(dt, "bias_add", [&] {
+    bias_add_kernel<T><<<grid_for(rows * cols), 256, 0, st>>>(static_cast<T*>(out), bias, rows, cols);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void kv_write(const KvWriteArgs& a, cudaStream_t st) {
+  const int64_t n = a.T * a.n_kv * a.head_dim;
+  if (n == 0) return;
+  NF4FLASH_DISPATCH_ACT(a.act, "kv_write", [&] {
+    using TA = T;
+    NF4FLASH_DISPATCH_ACT(a.kv_dtype, "kv_write (cache)", [&] {
+      kv_write_kernel<TA, T><<<grid_for(n), 256, 0, st>>>(a);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+}  // namespace nf4flash::cuda

@@ -1,0 +1,49 @@
+// `nf4flash kernel-bench`: microbenchmark of the CUDA decode kernels against the copy bandwidth
+// measured in the same run (src/backend/cuda/kernel_bench.h). Prints a table; --json FILE writes
+// the full report.
+#include <fstream>
+#include <iostream>
+
+#include "commands.h"
+#include "core/error.h"
+#ifdef NF4FLASH_HAVE_CUDA
+#include "backend/cuda/kernel_bench.h"
+#endif
+
+namespace nf4flash::cli {
+namespace {
+
+CommandRun setup(CLI::App& app) {
+  struct Opts {
+    std::string json;
+    int reps = 50, trials = 9, device = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  app.add_option("--json", o->json, "write the JSON report to this file");
+  app.add_option("--reps", o->reps, "kernels per timed graph replay")->check(CLI::Range(1, 10000));
+  app.add_option("--trials", o->trials, "timed replays (median reported)")->check(CLI::Range(1, 1000));
+  app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
+  return [o]() -> int {
+#ifdef NF4FLASH_HAVE_CUDA
+    KernelBenchOptions ko;
+    ko.reps = o->reps;
+    ko.trials = o->trials;
+    ko.device = o->device;
+    const std::string js = cuda_kernel_bench(ko);
+    if (!o->json.empty()) {
+      std::ofstream f(o->json);
+      if (!f) fail("--json: cannot write ", o->json);
+      f << js << "\n";
+    }
+    return 0;
+#else
+    fail("kernel-bench: this nf4flash was built without CUDA (reconfigure with -DNF4FLASH_CUDA=ON)");
+#endif
+  };
+}
+
+}  // namespace
+
+NF4FLASH_COMMAND("kernel-bench", "Time the CUDA decode kernels (4-bit GEMV, lm_head GEMV, decode attention) against copy bandwidth", setup);
+
+}  // namespace nf4flash::cli
