@@ -44,7 +44,14 @@ void load_f32(const void* data, DType dtype, int64_t begin, int64_t n, float* ou
       return;
     case DType::BF16: {
       const uint16_t* p = static_cast<const uint16_t*>(data) + begin;
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
+      int64_t i = 0;
+#ifdef __AVX2__
+      for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+        _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+      }
+#endif
+      for (; i < n; ++i) out[i] = bf16_to_f32(p[i]);
       return;
     }
     case DType::F16: {
@@ -70,9 +77,12 @@ float block_absmax_f32(const float* x, int64_t n) {
   }
   alignas(32) float t[8];
   _mm256_store_ps(t, acc);
-  for (float v : t) m = std::fmax(m, v);
+  for (float v : t) m = v > m ? v : m;
 #endif
-  for (; i < n; ++i) m = std::fmax(m, std::fabs(x[i]));
+  for (; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;  // = fmaxf(m, a): a NaN a is ignored
+  }
   return m;
 }
 

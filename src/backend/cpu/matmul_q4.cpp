@@ -1,0 +1,131 @@
+// CPU fused dequantizing 4-bit matmul (see matmul_q4.h for the contract).
+// Loop nest: x tiles of kTileM rows (serial) → weight row groups of kRowsPerGroup (parallel) →
+// dequantize the group's rows once into a thread-local buffer → 4x2 register-blocked dot products
+// (4 weight rows × 2 x rows, 8 AVX2 accumulators) over cols.
+#include "backend/cpu/matmul_q4.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "quant/blockwise.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace nf4flash {
+
+namespace {
+
+constexpr int64_t kRowsPerGroup = 4;
+constexpr int64_t kTileM = 64;
+
+#ifdef __AVX2__
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+// y[j, r] for j in [j0, j1), r in [r0, r0 + nr): dot(x[j, :], wbuf[r - r0, :]).
+void dot_group(const float* x, int64_t j0, int64_t j1, int64_t cols, const float* wbuf,
+               int64_t nr, float* y, int64_t ldy, int64_t r0) {
+  int64_t j = j0;
+#ifdef __AVX2__
+  if (nr == kRowsPerGroup) {
+    const float* w0 = wbuf;
+    const float* w1 = wbuf + cols;
+    const float* w2 = wbuf + 2 * cols;
+    const float* w3 = wbuf + 3 * cols;
+    for (; j + 2 <= j1; j += 2) {
+      const float* xa = x + j * cols;
+      const float* xb = xa + cols;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      int64_t k = 0;
+      for (; k + 8 <= cols; k += 8) {
+        const __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
+        __m256 w = _mm256_loadu_ps(w0 + k);
+        a0 = _mm256_fmadd_ps(va, w, a0);
+        b0 = _mm256_fmadd_ps(vb, w, b0);
+        w = _mm256_loadu_ps(w1 + k);
+        a1 = _mm256_fmadd_ps(va, w, a1);
+        b1 = _mm256_fmadd_ps(vb, w, b1);
+        w = _mm256_loadu_ps(w2 + k);
+        a2 = _mm256_fmadd_ps(va, w, a2);
+        b2 = _mm256_fmadd_ps(vb, w, b2);
+        w = _mm256_loadu_ps(w3 + k);
+        a3 = _mm256_fmadd_ps(va, w, a3);
+        b3 = _mm256_fmadd_ps(vb, w, b3);
+      }
+      float sa[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
+      float sb[4] = {hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
+      for (; k < cols; ++k) {
+        for (int r = 0; r < 4; ++r) {
+          sa[r] += xa[k] * wbuf[r * cols + k];
+          sb[r] += xb[k] * wbuf[r * cols + k];
+        }
+      }
+      for (int r = 0; r < 4; ++r) {
+        y[j * ldy + r0 + r] = sa[r];
+        y[(j + 1) * ldy + r0 + r] = sb[r];
+      }
+    }
+  }
+#endif
+  for (; j < j1; ++j) {
+    const float* xa = x + j * cols;
+    for (int64_t r = 0; r < nr; ++r) {
+      const float* w = wbuf + r * cols;
+      int64_t k = 0;
+      float s = 0.0f;
+#ifdef __AVX2__
+      __m256 acc = _mm256_setzero_ps();
+      for (; k + 8 <= cols; k += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(xa + k), _mm256_loadu_ps(w + k), acc);
+      s = hsum(acc);
+#endif
+      for (; k < cols; ++k) s += xa[k] * w[k];
+      y[j * ldy + r0 + r] = s;
+    }
+  }
+}
+
+}  // namespace
+
+void cpu_matmul_q4(const float* x, int64_t m, const Quant4Tensor& w, float* y,
+                   bool round_weights_bf16) {
+  validate_quant4(w, "cpu_matmul_q4 weight");
+  NF4FLASH_CHECK(m >= 0, "cpu_matmul_q4: negative row count ", m);
+  if (m == 0) return;
+  std::vector<float> expanded;
+  const float* absmax = nullptr;
+  if (!w.double_quant) {
+    absmax = w.absmax.data();
+  } else if (!w.absmax_f32.empty()) {
+    absmax = w.absmax_f32.data();
+  } else {
+    expanded = expand_absmax(w);
+    absmax = expanded.data();
+  }
+  const int64_t rows = w.rows, cols = w.cols;
+  const int64_t groups = (rows + kRowsPerGroup - 1) / kRowsPerGroup;
+  for (int64_t t0 = 0; t0 < m; t0 += kTileM) {
+    const int64_t t1 = std::min(m, t0 + kTileM);
+    thread_pool().parallel_for(groups, 1, [&](int64_t g0, int64_t g1) {
+      std::vector<float> wbuf(static_cast<size_t>(kRowsPerGroup * cols));
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t r0 = g * kRowsPerGroup;
+        const int64_t nr = std::min(kRowsPerGroup, rows - r0);
+        dequantize_4bit_range(w, absmax, r0 * cols, nr * cols, round_weights_bf16, wbuf.data());
+        dot_group(x, t0, t1, cols, wbuf.data(), nr, y, rows, r0);
+      }
+    });
+  }
+}
+
+}  // namespace nf4flash
