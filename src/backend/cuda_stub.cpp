@@ -11,3 +11,15 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions&) {
 int cuda_device_count() { return 0; }
 
 }  // namespace nf4flash
+
+// ---- device_info.h without CUDA (appended by the bench/doctor work) ------------------------------
+#include "backend/device_info.h"
+
+namespace nf4flash {
+
+bool built_with_cuda() { return false; }
+std::string gpu_absent_reason() { return "built without CUDA (reconfigure with -DNF4FLASH_CUDA=ON and nvcc on PATH)"; }
+std::vector<GpuInfo> query_gpus() { return {}; }
+bool gpu_memory(int, size_t*, size_t*) { return false; }
+
+}  // namespace nf4flash
