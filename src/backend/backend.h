@@ -169,7 +169,7 @@ class Backend {
 };
 
 struct CpuBackendOptions {
-  DType compute = DType::F32;  // F32 exact; BF16/F16 round every op output like a bf16 tensor would
+  DType compute = DType::F32;  // F32, or BF16: bf16 weights (4-bit dequantized to bf16), f32 math
   int threads = 0;             // 0: all cores
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& o);

@@ -65,9 +65,9 @@ class WeightStore {
 
  protected:
   WeightStore() = default;
+  std::string source_;
 
  private:
-  std::string source_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> by_name_;
 };

@@ -1,0 +1,316 @@
+// CPU backend: the f32 reference every faster path is checked against, and a usable engine.
+// Activations and arithmetic are f32. Compute bf16 means bf16 weights: dense weights stay bf16 in
+// memory and 4-bit weights dequantize to bf16 values (as bitsandbytes does for a bf16 compute
+// dtype) before the f32 multiply-add.
+// Weights: dense f32 or bf16, or bitsandbytes 4-bit (fused dequant matmul, no full-size copy).
+// KV cache: f32, [layer][kv_head][capacity][head_dim] for K and for V.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/matmul_dense.h"
+#include "backend/cpu/matmul_q4.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/safetensors.h"
+
+namespace nf4flash {
+namespace {
+
+class CpuBuffer final : public Buffer {
+ public:
+  explicit CpuBuffer(size_t bytes) {
+    bytes_ = bytes;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    data_ = std::aligned_alloc(64, rounded);
+    if (!data_) fail("out of host memory allocating ", bytes, " bytes");
+  }
+  ~CpuBuffer() override { std::free(data_); }
+};
+
+class CpuDense final : public Weight {
+ public:
+  CpuDense(const TensorInfo& t, DType store) {
+    kind_ = Kind::Dense;
+    if (t.shape.size() == 1) {
+      rows_ = 1;
+      cols_ = t.shape[0];
+    } else if (t.shape.size() == 2) {
+      rows_ = t.shape[0];
+      cols_ = t.shape[1];
+    } else {
+      fail(t.file, ": tensor ", t.name, " has shape ", t.shape_str(), ", expected 1 or 2 dims");
+    }
+    const int64_t n = rows_ * cols_;
+    if (store != DType::F32 && store != DType::BF16) store = DType::F32;
+    dtype_ = store;
+    if (store == DType::BF16 && t.dtype == DType::BF16) {
+      bf16_.assign(reinterpret_cast<const uint16_t*>(t.data), reinterpret_cast<const uint16_t*>(t.data) + n);
+    } else {
+      std::vector<float> tmp(n);
+      const uint8_t* p = t.data;
+      for (int64_t i = 0; i < n; ++i) {
+        switch (t.dtype) {
+          case DType::F32: std::memcpy(&tmp[i], p + 4 * i, 4); break;
+          case DType::BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); tmp[i] = bf16_to_f32(h); break; }
+          case DType::F16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); tmp[i] = f16_to_f32(h); break; }
+          default: fail(t.file, ": tensor ", t.name, " has dtype ", dtype_name(t.dtype), ", expected a float type");
+        }
+      }
+      if (store == DType::BF16) {
+        bf16_.resize(n);
+        for (int64_t i = 0; i < n; ++i) bf16_[i] = f32_to_bf16(tmp[i]);
+      } else {
+        f32_ = std::move(tmp);
+      }
+    }
+    bytes_ = f32_.size() * 4 + bf16_.size() * 2;
+  }
+  float at(int64_t i) const { return dtype_ == DType::F32 ? f32_[i] : bf16_to_f32(bf16_[i]); }
+  void row(int64_t r, float* out) const {
+    for (int64_t c = 0; c < cols_; ++c) out[c] = at(r * cols_ + c);
+  }
+  const float* f32() const { return f32_.data(); }
+  const uint16_t* bf16() const { return bf16_.data(); }
+
+ private:
+  std::vector<float> f32_;
+  std::vector<uint16_t> bf16_;
+};
+
+class CpuQuant4 final : public Weight {
+ public:
+  explicit CpuQuant4(std::shared_ptr<const Quant4Tensor> q) : q_(std::move(q)) {
+    kind_ = Kind::Quant4;
+    dtype_ = q_->orig_dtype;
+    quant_ = q_->type;
+    double_quant_ = q_->double_quant;
+    rows_ = q_->rows;
+    cols_ = q_->cols;
+    bytes_ = q_->resident_bytes();
+  }
+  const Quant4Tensor& q() const { return *q_; }
+
+ private:
+  std::shared_ptr<const Quant4Tensor> q_;
+};
+
+const float* f32p(const Act& a) { return static_cast<const float*>(a.data); }
+float* f32p(Act& a) { return static_cast<float*>(a.data); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& o) : compute_(o.compute) {
+    if (o.compute != DType::F32 && o.compute != DType::BF16)
+      fail("--compute-dtype ", dtype_name(o.compute), " is not supported on the CPU backend (use f32 or bf16)");
+    if (o.threads > 0) set_num_threads(o.threads);
+  }
+
+  Device device() const override { return Device::CPU; }
+  std::string name() const override {
+    std::string simd =
+#if defined(__AVX512F__)
+        "avx512";
+#elif defined(__AVX2__)
+        "avx2";
+#else
+        "scalar";
+#endif
+    return cat("cpu (", num_threads(), " threads, ", simd, ", compute ", dtype_name(compute_), ")");
+  }
+  DType act_dtype() const override { return DType::F32; }
+
+  std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<CpuBuffer>(bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void sync() override {}
+
+  std::unique_ptr<Weight> upload_dense(const TensorInfo& t, DType store) override {
+    return std::make_unique<CpuDense>(t, store);
+  }
+  std::unique_ptr<Weight> upload_quant4(std::shared_ptr<const Quant4Tensor> q) override {
+    return std::make_unique<CpuQuant4>(std::move(q));
+  }
+
+  void embed(const Weight& table, const int32_t* ids, Act out) override {
+    const auto& d = dense(table, "embed");
+    NF4FLASH_CHECK(d.cols() == out.cols, "embed: table width ", d.cols(), " != ", out.cols);
+    for (int64_t t = 0; t < out.rows; ++t) {
+      NF4FLASH_CHECK(ids[t] >= 0 && ids[t] < d.rows(), "token id ", ids[t], " is outside the vocabulary (size ", d.rows(), ")");
+      d.row(ids[t], f32p(out) + t * out.cols);
+    }
+  }
+
+  void rms_norm(Act x, const Weight& w, float eps, Act out) override {
+    const auto& d = dense(w, "rms_norm");
+    NF4FLASH_CHECK(d.rows() * d.cols() == x.cols, "rms_norm: weight has ", d.rows() * d.cols(), " entries, rows have ", x.cols);
+    thread_pool().parallel_for(x.rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = f32p(x) + r * x.cols;
+        float* yr = f32p(out) + r * out.cols;
+        double ss = 0;
+        for (int64_t c = 0; c < x.cols; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+        const float inv = 1.0f / std::sqrt(static_cast<float>(ss / x.cols) + eps);
+        for (int64_t c = 0; c < x.cols; ++c) yr[c] = xr[c] * inv * d.at(c);
+      }
+    });
+  }
+
+  void linear(Act x, const Weight& w, const Weight* bias, Act out) override {
+    NF4FLASH_CHECK(x.cols == w.cols() && out.cols == w.rows() && x.rows == out.rows,
+                   "linear: shapes x[", x.rows, ",", x.cols, "] W[", w.rows(), ",", w.cols(), "] out[", out.rows, ",", out.cols, "]");
+    NF4FLASH_CHECK(out.dtype == DType::F32, "cpu linear: output must be f32");
+    if (w.kind() == Weight::Kind::Quant4) {
+      const auto& q = static_cast<const CpuQuant4&>(w).q();
+      cpu_matmul_q4(f32p(x), x.rows, q, f32p(out), compute_ != DType::F32);
+    } else {
+      const auto& d = static_cast<const CpuDense&>(w);
+      if (d.dtype() == DType::F32) cpu_matmul_f32(f32p(x), x.rows, d.f32(), d.rows(), d.cols(), f32p(out));
+      else cpu_matmul_bf16(f32p(x), x.rows, d.bf16(), d.rows(), d.cols(), f32p(out));
+    }
+    if (bias) {
+      const auto& b = dense(*bias, "bias");
+      NF4FLASH_CHECK(b.rows() * b.cols() == out.cols, "linear: bias size mismatch");
+      for (int64_t r = 0; r < out.rows; ++r)
+        for (int64_t c = 0; c < out.cols; ++c) f32p(out)[r * out.cols + c] += b.at(c);
+    }
+  }
+
+  void rope(Act q, Act k, const RopeParams& p, const StepState& s) override {
+    const int hd = p.head_dim, half = hd / 2;
+    const int32_t pos0 = *s.pos0;
+    auto apply = [&](Act a) {
+      const int64_t heads = a.cols / hd;
+      for (int64_t t = 0; t < a.rows; ++t) {
+        const float pos = static_cast<float>(pos0 + t);
+        for (int i = 0; i < half; ++i) {
+          const float ang = pos * p.inv_freq[i];
+          const float c = std::cos(ang), sn = std::sin(ang);
+          for (int64_t h = 0; h < heads; ++h) {
+            float* v = f32p(a) + t * a.cols + h * hd;
+            const float x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * c - x2 * sn;
+            v[i + half] = x2 * c + x1 * sn;
+          }
+        }
+      }
+    };
+    apply(q);
+    apply(k);
+  }
+
+  void kv_allocate(const KVCacheDesc& d) override {
+    kv_ = d;
+    kv_.dtype = DType::F32;
+    const size_t n = static_cast<size_t>(d.n_layers) * d.n_kv_heads * d.capacity * d.head_dim;
+    k_cache_.assign(n, 0.0f);
+    v_cache_.assign(n, 0.0f);
+  }
+  const KVCacheDesc& kv_desc() const override { return kv_; }
+  size_t kv_bytes() const override { return (k_cache_.size() + v_cache_.size()) * 4; }
+
+  void kv_write(int layer, Act k, Act v, const StepState& s) override {
+    const int32_t pos0 = *s.pos0;
+    const int hd = kv_.head_dim;
+    NF4FLASH_CHECK(pos0 + k.rows <= kv_.capacity, "context length ", pos0 + k.rows,
+                   " exceeds the KV cache capacity ", kv_.capacity, " (raise --ctx-size)");
+    for (int64_t t = 0; t < k.rows; ++t)
+      for (int g = 0; g < kv_.n_kv_heads; ++g) {
+        std::memcpy(kv_ptr(k_cache_, layer, g, pos0 + t), f32p(k) + t * k.cols + g * hd, hd * 4);
+        std::memcpy(kv_ptr(v_cache_, layer, g, pos0 + t), f32p(v) + t * v.cols + g * hd, hd * 4);
+      }
+  }
+
+  void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) override {
+    const int32_t pos0 = *s.pos0;
+    const int hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
+    thread_pool().parallel_for(q.rows * p.n_heads, 1, [&](int64_t i0, int64_t i1) {
+      std::vector<float> sc(pos0 + q.rows);
+      std::vector<double> acc(hd);
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t t = i / p.n_heads;
+        const int h = static_cast<int>(i % p.n_heads), g = h / group;
+        const float* qv = f32p(q) + t * q.cols + h * hd;
+        const int64_t n = pos0 + t + 1;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kr = kv_ptr(k_cache_, layer, g, j);
+          float d = 0;
+          for (int c = 0; c < hd; ++c) d += qv[c] * kr[c];
+          sc[j] = d * p.scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const float w = static_cast<float>(sc[j] / sum);
+          const float* vr = kv_ptr(v_cache_, layer, g, j);
+          for (int c = 0; c < hd; ++c) acc[c] += static_cast<double>(w) * vr[c];
+        }
+        float* o = f32p(out) + t * out.cols + h * hd;
+        for (int c = 0; c < hd; ++c) o[c] = static_cast<float>(acc[c]);
+      }
+    });
+  }
+
+  void silu_mul(Act gate, Act up, Act out) override {
+    const float* g = f32p(gate);
+    const float* u = f32p(up);
+    float* o = f32p(out);
+    thread_pool().parallel_for(out.numel(), 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
+  }
+
+  void add(Act a, Act b, Act out) override {
+    const float* x = f32p(a);
+    const float* y = f32p(b);
+    float* o = f32p(out);
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = x[i] + y[i];
+  }
+
+  std::string attn_unsupported_reason(AttnImpl impl, int head_dim) const override {
+    if (impl == AttnImpl::Auto || impl == AttnImpl::Eager) return "";
+    return cat("--attn ", attn_impl_name(impl), " is a CUDA kernel; the CPU backend runs eager attention (use --attn eager or --device cuda)");
+  }
+  std::string linear_path(const Weight& w, int64_t rows) const override {
+    if (w.kind() == Weight::Kind::Quant4) return cat("cpu fused dequant ", quant_type_name(w.quant()), " matmul");
+    return cat("cpu ", dtype_name(w.dtype()), " matmul");
+  }
+
+ private:
+  const CpuDense& dense(const Weight& w, const char* op) const {
+    NF4FLASH_CHECK(w.kind() == Weight::Kind::Dense, op, ": expects a dense weight");
+    return static_cast<const CpuDense&>(w);
+  }
+  float* kv_ptr(std::vector<float>& c, int layer, int g, int64_t pos) {
+    return c.data() + ((static_cast<size_t>(layer) * kv_.n_kv_heads + g) * kv_.capacity + pos) * kv_.head_dim;
+  }
+  const float* kv_ptr(const std::vector<float>& c, int layer, int g, int64_t pos) const {
+    return c.data() + ((static_cast<size_t>(layer) * kv_.n_kv_heads + g) * kv_.capacity + pos) * kv_.head_dim;
+  }
+
+  DType compute_;
+  KVCacheDesc kv_;
+  std::vector<float> k_cache_, v_cache_;
+};
+
+}  // namespace
+
+std::string_view attn_impl_name(AttnImpl a) {
+  switch (a) {
+    case AttnImpl::Auto: return "auto";
+    case AttnImpl::Flash: return "flash";
+    case AttnImpl::Sdpa: return "sdpa";
+    case AttnImpl::Eager: return "eager";
+  }
+  return "?";
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& o) { return std::make_unique<CpuBackend>(o); }
+
+}  // namespace nf4flash

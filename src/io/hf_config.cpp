@@ -1,0 +1,136 @@
+#include "io/hf_config.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+
+namespace nf4flash {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail(path, ": cannot open");
+  try {
+    return json::parse(in);
+  } catch (const std::exception& e) {
+    fail(path, ": not valid JSON (", e.what(), ")");
+  }
+}
+
+template <typename T>
+T get_or(const json& j, const char* key, T def, const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  try {
+    return j[key].get<T>();
+  } catch (const std::exception&) {
+    fail(src, ": field ", key, " has the wrong type (", j[key].dump(), ")");
+  }
+}
+
+std::vector<int32_t> id_list(const json& v) {
+  std::vector<int32_t> out;
+  if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  else if (v.is_array())
+    for (const auto& e : v)
+      if (e.is_number_integer()) out.push_back(e.get<int32_t>());
+  return out;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& j, const std::string& src) {
+  ModelConfig c;
+  c.source = src;
+  if (!j.is_object()) fail(src, ": not a JSON object");
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+    c.architecture = j["architectures"][0].get<std::string>();
+  c.model_type = get_or<std::string>(j, "model_type", "", src);
+  if (j.contains("text_config") && !j.contains("hidden_size"))
+    fail(src, ": multimodal configs (text_config) are not supported; architecture ", c.architecture);
+  c.vocab_size = get_or<int64_t>(j, "vocab_size", 0, src);
+  c.hidden_size = get_or<int64_t>(j, "hidden_size", 0, src);
+  c.intermediate_size = get_or<int64_t>(j, "intermediate_size", 0, src);
+  c.n_layers = get_or<int>(j, "num_hidden_layers", 0, src);
+  c.n_heads = get_or<int>(j, "num_attention_heads", 0, src);
+  c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads, src);
+  c.max_positions = get_or<int64_t>(j, "max_position_embeddings", 4096, src);
+  c.rms_eps = get_or<double>(j, "rms_norm_eps", 1e-6, src);
+  c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false, src);
+  c.attention_bias = get_or<bool>(j, "attention_bias", false, src);
+  c.mlp_bias = get_or<bool>(j, "mlp_bias", false, src);
+  c.hidden_act = get_or<std::string>(j, "hidden_act", "silu", src);
+  for (const auto& [k, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
+           {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.n_layers},
+           {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.n_kv_heads}})
+    if (v <= 0) fail(src, ": ", k, " must be a positive integer");
+  if (c.n_heads % c.n_kv_heads != 0)
+    fail(src, ": num_attention_heads ", c.n_heads, " is not a multiple of num_key_value_heads ", c.n_kv_heads);
+  c.head_dim = get_or<int>(j, "head_dim", 0, src);
+  if (c.head_dim <= 0) {
+    if (c.hidden_size % c.n_heads != 0) fail(src, ": hidden_size not divisible by num_attention_heads and no head_dim");
+    c.head_dim = static_cast<int>(c.hidden_size / c.n_heads);
+  }
+  if (c.head_dim % 2 != 0) fail(src, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
+
+  // RoPE: transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; the hub writes
+  // rope_theta at top level and rope_scaling {rope_type|type, factor, ...} or null.
+  const json* rp = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rp = &j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rp = &j["rope_scaling"];
+  c.rope.theta = get_or<double>(j, "rope_theta", 10000.0, src);
+  if (rp) {
+    c.rope.theta = get_or<double>(*rp, "rope_theta", c.rope.theta, src);
+    std::string type = get_or<std::string>(*rp, "rope_type", get_or<std::string>(*rp, "type", "default", src), src);
+    c.rope.type = type;
+    c.rope.factor = get_or<double>(*rp, "factor", 1.0, src);
+    c.rope.low_freq_factor = get_or<double>(*rp, "low_freq_factor", 1.0, src);
+    c.rope.high_freq_factor = get_or<double>(*rp, "high_freq_factor", 4.0, src);
+    c.rope.original_max_positions = get_or<int64_t>(*rp, "original_max_position_embeddings", 0, src);
+    if (type != "default" && type != "llama3" && type != "linear")
+      fail(src, ": rope type '", type, "' is not supported (supported: default, llama3, linear)");
+    if (type == "llama3" && c.rope.original_max_positions <= 0)
+      fail(src, ": llama3 rope scaling needs original_max_position_embeddings");
+    if (type != "default" && c.rope.factor <= 0) fail(src, ": rope factor must be positive");
+  }
+
+  std::string dt = get_or<std::string>(j, "dtype", get_or<std::string>(j, "torch_dtype", "bfloat16", src), src);
+  if (dt == "bfloat16") c.weights_dtype = DType::BF16;
+  else if (dt == "float16") c.weights_dtype = DType::F16;
+  else if (dt == "float32") c.weights_dtype = DType::F32;
+  else fail(src, ": dtype '", dt, "' is not supported (bfloat16, float16, float32)");
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null())
+    c.quantization_config = j["quantization_config"];
+  if (j.contains("eos_token_id")) c.eos_ids = id_list(j["eos_token_id"]);
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_id = j["bos_token_id"].get<int32_t>();
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  const std::string path = (fs::path(model_dir) / "config.json").string();
+  if (!fs::exists(path)) fail(model_dir, ": no config.json (is this a Hugging Face model folder?)");
+  return parse_model_config(read_json(path), path);
+}
+
+GenerationConfig load_generation_config(const std::string& model_dir) {
+  GenerationConfig g;
+  const std::string path = (fs::path(model_dir) / "generation_config.json").string();
+  if (!fs::exists(path)) return g;
+  const json j = read_json(path);
+  g.present = true;
+  if (j.contains("eos_token_id")) g.eos_ids = id_list(j["eos_token_id"]);
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) g.bos_id = j["bos_token_id"].get<int32_t>();
+  g.do_sample = get_or<bool>(j, "do_sample", false, path);
+  g.temperature = get_or<float>(j, "temperature", 1.0f, path);
+  g.top_p = get_or<float>(j, "top_p", 1.0f, path);
+  g.top_k = get_or<int>(j, "top_k", 50, path);
+  g.repetition_penalty = get_or<float>(j, "repetition_penalty", 1.0f, path);
+  return g;
+}
+
+}  // namespace nf4flash

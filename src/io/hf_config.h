@@ -1,0 +1,53 @@
+// config.json / generation_config.json readers. Both spellings are understood: the hub's
+// (`rope_theta`, `rope_scaling`, `torch_dtype`) and transformers 5's (`rope_parameters`, `dtype`).
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace nf4flash {
+
+struct RopeConfig {
+  std::string type = "default";  // default | llama3 | linear
+  double theta = 10000.0;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_max_positions = 0;
+};
+
+struct ModelConfig {
+  std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string model_type;
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0;
+  int n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t max_positions = 0;
+  double rms_eps = 1e-6;
+  bool tie_embeddings = false;
+  bool attention_bias = false;  // q/k/v (and for Llama also o) bias as the config says
+  bool mlp_bias = false;
+  std::string hidden_act = "silu";
+  RopeConfig rope;
+  DType weights_dtype = DType::BF16;
+  nlohmann::json quantization_config;  // null when absent
+  std::vector<int32_t> eos_ids;        // from config.json, replaced by generation_config.json's
+  int32_t bos_id = -1;
+  std::string source;  // path of config.json (for messages)
+};
+
+struct GenerationConfig {
+  std::vector<int32_t> eos_ids;
+  int32_t bos_id = -1;
+  bool do_sample = false;
+  float temperature = 1.0f, top_p = 1.0f, repetition_penalty = 1.0f;
+  int top_k = 50;
+  bool present = false;
+};
+
+ModelConfig load_model_config(const std::string& model_dir);
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& source);
+GenerationConfig load_generation_config(const std::string& model_dir);  // absent file: defaults
+
+}  // namespace nf4flash

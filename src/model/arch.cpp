@@ -1,0 +1,51 @@
+#include "model/arch.h"
+
+#include "core/error.h"
+
+namespace nf4flash {
+
+namespace {
+struct ArchRow {
+  const char* name;
+  enum class Bias { None, FromConfig, QkvOnly } bias;
+  bool qk_norm;
+};
+constexpr ArchRow kArchTable[] = {
+    {"LlamaForCausalLM", ArchRow::Bias::FromConfig, false},
+    {"MistralForCausalLM", ArchRow::Bias::None, false},
+    {"Qwen2ForCausalLM", ArchRow::Bias::QkvOnly, false},
+    {"Qwen3ForCausalLM", ArchRow::Bias::FromConfig, true},
+};
+}  // namespace
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> out;
+  for (const auto& r : kArchTable) out.emplace_back(r.name);
+  return out;
+}
+
+ArchFlags resolve_arch(const ModelConfig& c) {
+  for (const auto& r : kArchTable) {
+    if (c.architecture != r.name) continue;
+    ArchFlags f;
+    f.name = r.name;
+    f.qk_norm = r.qk_norm;
+    switch (r.bias) {
+      case ArchRow::Bias::None: break;
+      case ArchRow::Bias::FromConfig:
+        f.q_bias = f.k_bias = f.v_bias = f.o_bias = c.attention_bias;
+        break;
+      case ArchRow::Bias::QkvOnly: f.q_bias = f.k_bias = f.v_bias = true; break;
+    }
+    f.mlp_bias = c.mlp_bias;
+    if (c.hidden_act != "silu")
+      fail(c.source, ": hidden_act '", c.hidden_act, "' is not supported (silu only)");
+    return f;
+  }
+  std::string list;
+  for (const auto& n : supported_architectures()) list += (list.empty() ? "" : ", ") + n;
+  fail(c.source, ": architecture '", c.architecture.empty() ? "(none)" : c.architecture,
+       "' is not supported (supported: ", list, ")");
+}
+
+}  // namespace nf4flash

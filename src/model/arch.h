@@ -1,0 +1,22 @@
+// The architecture table: every supported Hugging Face decoder is the one generic decoder with
+// a few flags. Unknown architectures are refused by name, never loaded as Llama.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "io/hf_config.h"
+
+namespace nf4flash {
+
+struct ArchFlags {
+  std::string name;       // HF class name
+  bool q_bias = false, k_bias = false, v_bias = false, o_bias = false;
+  bool mlp_bias = false;
+  bool qk_norm = false;   // per-head RMSNorm on q and k before RoPE (Qwen3)
+};
+
+// Resolves the flags for `c.architecture` (and its config switches); throws for unknown ones.
+ArchFlags resolve_arch(const ModelConfig& c);
+std::vector<std::string> supported_architectures();
+
+}  // namespace nf4flash

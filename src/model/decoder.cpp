@@ -1,0 +1,165 @@
+#include "model/decoder.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/rope.h"
+#include "model/weight_loader.h"
+
+namespace nf4flash {
+
+namespace {
+std::string layer_name(int i, const char* suffix) { return cat("model.layers.", i, ".", suffix); }
+}  // namespace
+
+std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const std::string& name, int64_t n) {
+  const TensorInfo& t = store.get(name);
+  if (t.numel() != n) fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", n, "]");
+  auto w = be_.upload_dense(t, policy_store_);
+  stats_.weight_bytes += w->resident_bytes();
+  return w;
+}
+
+std::unique_ptr<Weight> Decoder::optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want) {
+  if (!want) {
+    if (store.find(name)) fail(store.source(), ": unexpected tensor ", name, " for architecture ", arch_.name);
+    return nullptr;
+  }
+  return vector_weight(store, name, n);
+}
+
+std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
+                                               int64_t cols, const WeightPolicy& p, bool allow_quant) {
+  auto w = load_linear_weight(be_, store, name, rows, cols, p, allow_quant);
+  stats_.weight_bytes += w->resident_bytes();
+  if (w->kind() == Weight::Kind::Quant4) {
+    stats_.quant4_bytes += w->resident_bytes();
+    ++stats_.n_quant4;
+  } else {
+    ++stats_.n_dense_linear;
+  }
+  return w;
+}
+
+Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
+                 const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress)
+    : cfg_(cfg), arch_(arch), be_(backend), max_rows_(max_rows), policy_store_(policy.dense_store) {
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
+  const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
+  const int total = cfg.n_layers + 2;
+  int done = 0;
+  auto tick = [&] { if (progress) progress(++done, total); };
+
+  {
+    const TensorInfo& e = store.get("model.embed_tokens.weight");
+    if (e.shape.size() != 2 || e.shape[0] != V || e.shape[1] != H)
+      fail(e.file, ": model.embed_tokens.weight has shape ", e.shape_str(), ", expected [", V, ", ", H, "]");
+    embed_ = be_.upload_dense(e, policy.dense_store);
+    stats_.weight_bytes += embed_->resident_bytes();
+  }
+  tick();
+  layers_.resize(cfg.n_layers);
+  for (int i = 0; i < cfg.n_layers; ++i) {
+    LayerWeights& L = layers_[i];
+    L.attn_norm = vector_weight(store, layer_name(i, "input_layernorm.weight"), H);
+    L.mlp_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
+    L.wq = linear_weight(store, layer_name(i, "self_attn.q_proj.weight"), int64_t{nh} * hd, H, policy, true);
+    L.wk = linear_weight(store, layer_name(i, "self_attn.k_proj.weight"), int64_t{nkv} * hd, H, policy, true);
+    L.wv = linear_weight(store, layer_name(i, "self_attn.v_proj.weight"), int64_t{nkv} * hd, H, policy, true);
+    L.wo = linear_weight(store, layer_name(i, "self_attn.o_proj.weight"), H, int64_t{nh} * hd, policy, true);
+    L.bq = optional_vector(store, layer_name(i, "self_attn.q_proj.bias"), int64_t{nh} * hd, arch.q_bias);
+    L.bk = optional_vector(store, layer_name(i, "self_attn.k_proj.bias"), int64_t{nkv} * hd, arch.k_bias);
+    L.bv = optional_vector(store, layer_name(i, "self_attn.v_proj.bias"), int64_t{nkv} * hd, arch.v_bias);
+    L.bo = optional_vector(store, layer_name(i, "self_attn.o_proj.bias"), H, arch.o_bias);
+    L.q_norm = optional_vector(store, layer_name(i, "self_attn.q_norm.weight"), hd, arch.qk_norm);
+    L.k_norm = optional_vector(store, layer_name(i, "self_attn.k_norm.weight"), hd, arch.qk_norm);
+    L.gate = linear_weight(store, layer_name(i, "mlp.gate_proj.weight"), I, H, policy, true);
+    L.up = linear_weight(store, layer_name(i, "mlp.up_proj.weight"), I, H, policy, true);
+    L.down = linear_weight(store, layer_name(i, "mlp.down_proj.weight"), H, I, policy, true);
+    L.b_gate = optional_vector(store, layer_name(i, "mlp.gate_proj.bias"), I, arch.mlp_bias);
+    L.b_up = optional_vector(store, layer_name(i, "mlp.up_proj.bias"), I, arch.mlp_bias);
+    L.b_down = optional_vector(store, layer_name(i, "mlp.down_proj.bias"), H, arch.mlp_bias);
+    tick();
+  }
+  final_norm_ = vector_weight(store, "model.norm.weight", H);
+  if (!cfg.tie_embeddings) {
+    lm_head_ = linear_weight(store, "lm_head.weight", V, H, policy, policy.quant_lm_head);
+  } else if (policy.quant_lm_head) {
+    fail("--quant-lm-head: this model ties lm_head to the embeddings; quantizing it is not supported");
+  }
+  tick();
+
+  // RoPE frequencies and attention parameters
+  const std::vector<float> inv = rope_inv_freq(cfg.rope, hd);
+  inv_freq_buf_ = be_.alloc(inv.size() * 4);
+  be_.upload(inv_freq_buf_->data(), inv.data(), inv.size() * 4);
+  rope_.head_dim = hd;
+  rope_.inv_freq = static_cast<const float*>(inv_freq_buf_->data());
+  attn_.n_heads = nh;
+  attn_.n_kv_heads = nkv;
+  attn_.head_dim = hd;
+  attn_.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  // workspace for up to max_rows tokens per forward
+  const DType adt = be_.act_dtype();
+  const size_t es = dtype_size(adt);
+  const size_t R = static_cast<size_t>(max_rows);
+  b_x_ = be_.alloc(R * H * es);
+  b_xn_ = be_.alloc(R * H * es);
+  b_q_ = be_.alloc(R * nh * hd * es);
+  b_k_ = be_.alloc(R * nkv * hd * es);
+  b_v_ = be_.alloc(R * nkv * hd * es);
+  b_attn_ = be_.alloc(R * nh * hd * es);
+  b_o_ = be_.alloc(R * H * es);
+  b_gate_ = be_.alloc(R * I * es);
+  b_up_ = be_.alloc(R * I * es);
+}
+
+std::string Decoder::linear_path(int64_t rows) const {
+  return be_.linear_path(*layers_.at(0).wq, rows);
+}
+
+void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits) {
+  NF4FLASH_CHECK(T >= 1 && T <= max_rows_, "forward: ", T, " rows exceed the workspace of ", max_rows_);
+  NF4FLASH_CHECK(n_logits >= 1 && n_logits <= T, "forward: n_logits out of range");
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const DType adt = be_.act_dtype();
+  Act x = b_x_->as_act(adt, T, H), xn = b_xn_->as_act(adt, T, H);
+  Act q = b_q_->as_act(adt, T, int64_t{nh} * hd), k = b_k_->as_act(adt, T, int64_t{nkv} * hd),
+      v = b_v_->as_act(adt, T, int64_t{nkv} * hd);
+  Act att = b_attn_->as_act(adt, T, int64_t{nh} * hd), o = b_o_->as_act(adt, T, H);
+  Act g = b_gate_->as_act(adt, T, I), u = b_up_->as_act(adt, T, I);
+  const float eps = static_cast<float>(cfg_.rms_eps);
+
+  be_.embed(*embed_, ids, x);
+  for (int i = 0; i < cfg_.n_layers; ++i) {
+    const LayerWeights& L = layers_[i];
+    be_.rms_norm(x, *L.attn_norm, eps, xn);
+    be_.linear(xn, *L.wq, L.bq.get(), q);
+    be_.linear(xn, *L.wk, L.bk.get(), k);
+    be_.linear(xn, *L.wv, L.bv.get(), v);
+    if (arch_.qk_norm) {
+      be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
+      be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
+    }
+    be_.rope(q, k, rope_, s);
+    be_.kv_write(i, k, v, s);
+    be_.attention(i, q, att, attn_, s);
+    be_.linear(att, *L.wo, L.bo.get(), o);
+    be_.add(x, o, x);
+    be_.rms_norm(x, *L.mlp_norm, eps, xn);
+    be_.linear(xn, *L.gate, L.b_gate.get(), g);
+    be_.linear(xn, *L.up, L.b_up.get(), u);
+    be_.silu_mul(g, u, g);
+    be_.linear(g, *L.down, L.b_down.get(), o);
+    be_.add(x, o, x);
+  }
+  Act last = x.slice_rows(T - n_logits, n_logits);
+  Act last_n = xn.slice_rows(0, n_logits);
+  be_.rms_norm(last, *final_norm_, eps, last_n);
+  be_.linear(last_n, lm_head(), nullptr, logits);
+}
+
+}  // namespace nf4flash

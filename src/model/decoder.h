@@ -1,0 +1,87 @@
+// The generic decoder-only transformer (Llama/Mistral/Qwen2/Qwen3 via ArchFlags), written once
+// against the Backend op interface. Owns the device weights and the activation workspace.
+//
+// forward(): T tokens at absolute positions [pos0, pos0+T) (pos0 read from StepState memory):
+//   x = embed(ids)
+//   per layer: xn = rms(x); q,k,v = linear(xn) (+bias); [q/k per-head rms]; rope; kv_write;
+//              attn = attention(q, cache); x += o_proj(attn);
+//              xn = rms(x); x += down(silu(gate(xn)) * up(xn))
+//   logits = lm_head(rms(x)) for the last `n_logits` rows (F32)
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+#include "model/arch.h"
+
+namespace nf4flash {
+
+class WeightStore;
+
+struct WeightPolicy {
+  QuantType quant = QuantType::None;  // quantize dense linear weights on load to this type
+  bool double_quant = false;
+  int blocksize = 64;
+  bool quant_lm_head = false;
+  DType dense_store = DType::F32;  // storage dtype for dense weights on the backend
+  bool prequantized = false;       // the checkpoint holds bitsandbytes 4-bit tensors
+};
+
+struct LayerWeights {
+  std::unique_ptr<Weight> attn_norm, mlp_norm, q_norm, k_norm;
+  std::unique_ptr<Weight> wq, wk, wv, wo, bq, bk, bv, bo;
+  std::unique_ptr<Weight> gate, up, down, b_gate, b_up, b_down;
+};
+
+struct DecoderStats {
+  size_t weight_bytes = 0;       // resident on the backend
+  size_t quant4_bytes = 0;       // of which 4-bit linear weights
+  int n_quant4 = 0, n_dense_linear = 0;
+};
+
+class Decoder {
+ public:
+  // Loads all weights of `store` onto `backend`. `progress(done, total)` may be null.
+  Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
+          const WeightPolicy& policy, int64_t max_rows,
+          const std::function<void(int, int)>& progress = nullptr);
+
+  // ids: backend memory, T entries (T <= max_rows). logits: F32 [n_logits, vocab] backend memory,
+  // receiving the logits of the last n_logits rows.
+  void forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ArchFlags& arch() const { return arch_; }
+  const DecoderStats& stats() const { return stats_; }
+  int64_t max_rows() const { return max_rows_; }
+  AttnImpl attn_impl() const { return attn_.impl; }
+  void set_attn_impl(AttnImpl a) { attn_.impl = a; }
+  // Kernel path names for reporting (rows = 1 for decode, many for prefill).
+  std::string linear_path(int64_t rows) const;
+  const Weight& lm_head() const { return lm_head_ ? *lm_head_ : *embed_; }
+
+ private:
+  std::unique_ptr<Weight> linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
+                                        int64_t cols, const WeightPolicy& p, bool allow_quant);
+  std::unique_ptr<Weight> vector_weight(const WeightStore& store, const std::string& name, int64_t n);
+  std::unique_ptr<Weight> optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want);
+
+  ModelConfig cfg_;
+  ArchFlags arch_;
+  Backend& be_;
+  int64_t max_rows_;
+  std::unique_ptr<Weight> embed_, final_norm_, lm_head_;
+  std::vector<LayerWeights> layers_;
+  std::unique_ptr<Buffer> inv_freq_buf_;
+  RopeParams rope_;
+  AttnParams attn_;
+  DecoderStats stats_;
+  DType policy_store_ = DType::F32;
+  // workspace
+  std::unique_ptr<Buffer> b_x_, b_xn_, b_q_, b_k_, b_v_, b_attn_, b_o_, b_gate_, b_up_;
+};
+
+}  // namespace nf4flash

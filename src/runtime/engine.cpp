@@ -1,0 +1,317 @@
+// Engine: resolves options into a concrete plan (device, compute dtype, quantization, attention,
+// context size), loads the weights through the generic decoder, and runs prefill/decode/score.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "quant/quant4.h"
+#include "runtime/engine_impl.h"
+#include "runtime/plan.h"
+#include "sampling/sampler.h"
+
+namespace nf4flash {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+}  // namespace
+
+Act Engine::Impl::logits_act(int64_t rows) {
+  if (rows > logits_rows) {
+    logits_buf.reset();
+    logits_buf = be->alloc(static_cast<size_t>(rows) * cfg.vocab_size * 4);
+    logits_rows = rows;
+    graph_id = -1;  // the captured step wrote into the old buffer
+  }
+  return logits_buf->as_act(DType::F32, rows, cfg.vocab_size);
+}
+
+void Engine::Impl::set_pos(int64_t pos0) {
+  const int32_t p = static_cast<int32_t>(pos0);
+  be->upload(pos_buf->data(), &p, 4);
+}
+
+void Engine::Impl::forward_tokens(const int32_t* tokens, int64_t n, int64_t pos0, bool all_rows,
+                                  const std::function<void(int64_t, Act)>& on_logits) {
+  NF4FLASH_CHECK(pos0 + n <= ctx, "context of ", pos0 + n, " tokens exceeds the context size ", ctx,
+                 " (raise --ctx-size; the model allows ", cfg.max_positions, ")");
+  const int64_t chunk = dec->max_rows();
+  for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+    const int64_t T = std::min(chunk, n - c0);
+    const bool last = c0 + T == n;
+    if (!all_rows && !last) {
+      // logits of intermediate chunks are not needed, but the forward must still run
+    }
+    be->upload(ids_buf->data(), tokens + c0, static_cast<size_t>(T) * 4);
+    set_pos(pos0 + c0);
+    const int64_t nl = all_rows ? T : 1;
+    Act lg = logits_act(all_rows ? chunk : 1).slice_rows(0, nl);
+    dec->forward(static_cast<const int32_t*>(ids_buf->data()), T, state, lg, nl);
+    if (all_rows || last) on_logits(all_rows ? c0 : n - 1, lg);
+  }
+}
+
+void Engine::Impl::decode_step(int32_t token, int64_t pos) {
+  NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
+  Act lg = logits_act(1).slice_rows(0, 1);
+  be->upload(ids_buf->data(), &token, 4);
+  set_pos(pos);
+  if (opts.graphs && be->graphs_supported()) {
+    if (graph_id < 0) {
+      be->capture_begin();
+      dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
+      graph_id = be->capture_end();
+    }
+    be->replay(graph_id);
+  } else {
+    dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
+  }
+}
+
+std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
+                                           const std::string& model_name, const ProgressFn& progress) {
+  const auto t0 = Clock::now();
+  auto im = std::make_unique<Engine::Impl>();
+  im->opts = opts;
+  im->arch = resolve_arch(cfg);
+  const Plan plan = make_plan(opts, cfg);
+  im->be = plan.device == Device::CUDA ? make_cuda_backend({plan.compute, 0, opts.tf32})
+                                       : make_cpu_backend({plan.compute, opts.threads});
+  if (plan.attn != AttnImpl::Auto) {
+    const std::string why = im->be->attn_unsupported_reason(plan.attn, cfg.head_dim);
+    if (!why.empty()) fail(why);
+  }
+  im->cfg = cfg;
+  im->store = std::move(store);
+
+  WeightPolicy wp;
+  wp.quant = plan.quant;
+  wp.double_quant = plan.double_quant;
+  wp.blocksize = opts.blocksize;
+  wp.quant_lm_head = opts.quant_lm_head;
+  wp.prequantized = plan.prequantized;
+  wp.dense_store = plan.device == Device::CPU ? (plan.compute == DType::F32 ? DType::F32 : DType::BF16) : plan.compute;
+  const int64_t max_rows = std::max<int64_t>(1, opts.ubatch);
+  auto prog = [&](int done, int total) { if (progress) progress("loading weights", done, total); };
+  im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog);
+  im->dec->set_attn_impl(plan.attn);
+
+  // context size: requested, else the model's maximum capped by what memory allows
+  const size_t kv_elt = plan.device == Device::CPU ? 4 : dtype_size(plan.compute);
+  const size_t per_token = static_cast<size_t>(2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * kv_elt;
+  int64_t ctx = opts.ctx_size > 0 ? opts.ctx_size : cfg.max_positions;
+  if (opts.ctx_size > cfg.max_positions)
+    fail("--ctx-size ", opts.ctx_size, " exceeds the model's max_position_embeddings ", cfg.max_positions);
+  size_t free_mem = im->be->free_memory();
+  if (free_mem == 0 && plan.device == Device::CPU) {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && psz > 0) free_mem = static_cast<size_t>(pages) * psz;
+  }
+  if (free_mem > 0) {
+    const int64_t fit = static_cast<int64_t>(free_mem * 0.8 / per_token);
+    if (opts.ctx_size > 0 && fit < opts.ctx_size)
+      fail("--ctx-size ", opts.ctx_size, " needs ", opts.ctx_size * per_token >> 20, " MiB of KV cache but only ",
+           free_mem >> 20, " MiB are free");
+    ctx = std::min(ctx, fit);
+  }
+  NF4FLASH_CHECK(ctx >= 1, "no memory left for the KV cache");
+  im->ctx = ctx;
+  im->be->kv_allocate({cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ctx, plan.compute});
+
+  im->ids_buf = im->be->alloc(static_cast<size_t>(max_rows) * 4);
+  im->pos_buf = im->be->alloc(4);
+  im->hist_buf = im->be->alloc(static_cast<size_t>(ctx) * 4);
+  im->state.pos0 = static_cast<int32_t*>(im->pos_buf->data());
+
+  EngineReport& r = im->report;
+  r.model = model_name;
+  r.architecture = cfg.architecture;
+  r.device = plan.device == Device::CUDA ? "cuda" : "cpu";
+  r.backend = im->be->name();
+  r.compute_dtype = plan.compute == DType::F32 ? "f32" : plan.compute == DType::BF16 ? "bf16" : "f16";
+  r.quant = std::string(quant_type_name(plan.quant));
+  r.double_quant = plan.double_quant;
+  r.prequantized = plan.prequantized;
+  r.attn = plan.device == Device::CPU ? "cpu-eager" : std::string(attn_impl_name(plan.attn == AttnImpl::Auto ? AttnImpl::Flash : plan.attn));
+  r.linear_decode = im->dec->linear_path(1);
+  r.linear_prefill = im->dec->linear_path(max_rows);
+  r.use_cache = opts.use_cache;
+  r.graphs = opts.graphs && im->be->graphs_supported();
+  r.weight_bytes = im->dec->stats().weight_bytes;
+  r.kv_bytes = im->be->kv_bytes();
+  r.ctx_size = ctx;
+  r.load_ms = ms_since(t0);
+  return im;
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+std::unique_ptr<Engine> Engine::load(const LoadOptions& opts, const ProgressFn& progress) {
+  if (opts.model_dir.empty()) fail("--model: no model folder given");
+  if (!std::filesystem::is_directory(opts.model_dir)) fail("--model ", opts.model_dir, ": not a directory");
+  ModelConfig cfg = load_model_config(opts.model_dir);
+  resolve_arch(cfg);  // refuse unknown architectures before touching the weights
+  auto store = WeightStore::open_dir(opts.model_dir);
+  auto im = build_engine(opts, cfg, std::move(store), opts.model_dir, progress);
+  im->gen_cfg = load_generation_config(opts.model_dir);
+  if (opts.load_tokenizer) load_tokenizer_into(*im, opts.model_dir);
+  return std::unique_ptr<Engine>(new Engine(std::move(im)));
+}
+
+const EngineReport& Engine::report() const { return impl_->report; }
+const ModelConfig& Engine::config() const { return impl_->cfg; }
+const Tokenizer* Engine::tokenizer() const { return impl_->tok.get(); }
+int64_t Engine::vocab_size() const { return impl_->cfg.vocab_size; }
+int64_t Engine::ctx_size() const { return impl_->ctx; }
+
+std::vector<int32_t> Engine::eos_ids() const {
+  if (!impl_->gen_cfg.eos_ids.empty()) return impl_->gen_cfg.eos_ids;
+  return impl_->cfg.eos_ids;
+}
+
+namespace {
+void check_ids(const std::vector<int32_t>& ids, int64_t vocab, const char* what) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      fail(what, ": token id ", ids[i], " at index ", i, " is outside the vocabulary (size ", vocab, ")");
+}
+}  // namespace
+
+ScoreResult Engine::score(const std::vector<int32_t>& tokens, bool want_last_logits, bool want_all_logits) {
+  Impl& im = *impl_;
+  NF4FLASH_CHECK(!tokens.empty(), "score: no tokens");
+  check_ids(tokens, im.cfg.vocab_size, "score");
+  NF4FLASH_CHECK(static_cast<int64_t>(tokens.size()) <= im.ctx, "score: ", tokens.size(),
+                 " tokens exceed the context size ", im.ctx, " (raise --ctx-size)");
+  ScoreResult res;
+  const int64_t n = static_cast<int64_t>(tokens.size()), V = im.cfg.vocab_size;
+  res.next_token_logprobs.resize(n - 1);
+  std::vector<float> host(static_cast<size_t>(im.dec->max_rows()) * V);
+  const auto t0 = Clock::now();
+  double nll = 0;
+  im.forward_tokens(tokens.data(), n, 0, true, [&](int64_t first, Act lg) {
+    im.be->download(host.data(), lg.data, lg.bytes());
+    for (int64_t r = 0; r < lg.rows; ++r) {
+      const int64_t t = first + r;
+      const float* row = host.data() + r * V;
+      if (t + 1 < n) {
+        const double lp = log_softmax_at(row, V, tokens[t + 1]);
+        res.next_token_logprobs[t] = static_cast<float>(lp);
+        nll -= lp;
+      }
+      if (want_all_logits) res.logits.emplace_back(row, row + V);
+      if (want_last_logits && t == n - 1) res.last_logits.assign(row, row + V);
+    }
+  });
+  res.timing.prompt_tokens = n;
+  res.timing.prefill_ms = ms_since(t0);
+  res.perplexity = n > 1 ? std::exp(nll / (n - 1)) : 1.0;
+  return res;
+}
+
+GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const GenerateOptions& g, const TokenFn& on_token) {
+  Impl& im = *impl_;
+  NF4FLASH_CHECK(!prompt.empty(), "generate: empty prompt");
+  NF4FLASH_CHECK(g.max_new_tokens >= 0, "--max-new-tokens must be >= 0");
+  check_ids(prompt, im.cfg.vocab_size, "prompt");
+  const int64_t n = static_cast<int64_t>(prompt.size()), V = im.cfg.vocab_size;
+  if (n >= im.ctx)
+    fail("the prompt has ", n, " tokens but the context size is ", im.ctx, " (raise --ctx-size or shorten the prompt)");
+  std::vector<int32_t> stops = g.stop_ids.empty() ? eos_ids() : g.stop_ids;
+  if (g.ignore_eos) stops.clear();
+  Sampler sampler(g.sampling);
+  GenerateResult res;
+  res.stop_reason = "length";
+  std::vector<int32_t> all = prompt;
+  std::vector<float> logits(V);
+  const bool dev_sample = true;
+
+  auto pick = [&](Act lg) -> int32_t {
+    int32_t id = -1;
+    if (dev_sample && g.sampling.repeat_penalty == 1.0f) {
+      const float u = g.sampling.greedy() ? 0.0f : sampler.next_uniform();
+      if (im.be->sample(lg, g.sampling, nullptr, 0, u, &id)) return id;
+    }
+    im.be->download(logits.data(), lg.data, static_cast<size_t>(V) * 4);
+    return sampler.sample(logits.data(), V, all);
+  };
+
+  if (g.max_new_tokens == 0) return res;
+  im.be->sync();
+  const auto t0 = Clock::now();
+  int32_t next = -1;
+  im.forward_tokens(prompt.data(), n, 0, false, [&](int64_t, Act lg) { next = pick(lg); });
+  res.timing.prompt_tokens = n;
+  res.timing.prefill_ms = ms_since(t0);
+  const auto t1 = Clock::now();
+  for (;;) {
+    res.tokens.push_back(next);
+    all.push_back(next);
+    if (on_token && !on_token(next)) {
+      res.stop_reason = "callback";
+      break;
+    }
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) {
+      res.stop_reason = "eos";
+      break;
+    }
+    if (static_cast<int>(res.tokens.size()) >= g.max_new_tokens) break;
+    const int64_t pos = static_cast<int64_t>(all.size()) - 1;
+    if (pos + 1 > im.ctx) {
+      res.stop_reason = "context";
+      break;
+    }
+    if (im.opts.use_cache) {
+      im.decode_step(next, pos);
+      next = pick(im.logits_act(1).slice_rows(0, 1));
+    } else {
+      im.forward_tokens(all.data(), static_cast<int64_t>(all.size()), 0, false, [&](int64_t, Act lg) { next = pick(lg); });
+    }
+  }
+  im.be->sync();
+  res.timing.decode_tokens = static_cast<int64_t>(res.tokens.size()) - 1;
+  res.timing.decode_ms = res.timing.decode_tokens > 0 ? ms_since(t1) : 0;
+  return res;
+}
+
+double Engine::bench_prefill(int64_t n, int64_t pos0) {
+  Impl& im = *impl_;
+  std::vector<int32_t> toks(n);
+  for (int64_t i = 0; i < n; ++i) toks[i] = static_cast<int32_t>((i * 7919 + 13) % im.cfg.vocab_size);
+  im.be->sync();
+  const auto t0 = Clock::now();
+  im.forward_tokens(toks.data(), n, pos0, false, [](int64_t, Act) {});
+  im.be->sync();
+  return ms_since(t0);
+}
+
+double Engine::bench_decode(int64_t n, int64_t pos0) {
+  Impl& im = *impl_;
+  NF4FLASH_CHECK(pos0 + n <= im.ctx, "bench: context ", pos0 + n, " exceeds the context size ", im.ctx);
+  GenerateOptions g;
+  Sampler sampler(g.sampling);
+  int32_t tok = 1;
+  im.be->sync();
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    im.decode_step(tok, pos0 + i);
+    int32_t id = -1;
+    Act lg = im.logits_act(1).slice_rows(0, 1);
+    if (!im.be->sample(lg, g.sampling, nullptr, 0, 0.0f, &id)) {
+      std::vector<float> logits(im.cfg.vocab_size);
+      im.be->download(logits.data(), lg.data, logits.size() * 4);
+      id = argmax(logits.data(), im.cfg.vocab_size);
+    }
+    tok = id;
+  }
+  im.be->sync();
+  return ms_since(t0);
+}
+
+}  // namespace nf4flash

@@ -1,0 +1,52 @@
+// Engine internals shared by engine.cpp (load, generate, score) and the bench/doctor code.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/arch.h"
+#include "model/decoder.h"
+#include "nf4flash/engine.h"
+
+namespace nf4flash {
+
+struct Engine::Impl {
+  LoadOptions opts;
+  ModelConfig cfg;
+  GenerationConfig gen_cfg;
+  ArchFlags arch;
+  std::unique_ptr<WeightStore> store;
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Decoder> dec;
+  std::shared_ptr<Tokenizer> tok;
+  EngineReport report;
+  int64_t ctx = 0;
+
+  // device buffers
+  std::unique_ptr<Buffer> ids_buf, pos_buf, hist_buf, logits_buf;
+  int64_t logits_rows = 0;
+  int graph_id = -1;
+  StepState state;
+
+  // Runs tokens[0..n) at positions [pos0, pos0+n) in ubatch chunks. For each chunk, calls
+  // on_logits(first_row, Act logits_for_rows) with the chunk's logits (all rows when all_rows,
+  // else only when the chunk is the last, with its last row).
+  void forward_tokens(const int32_t* tokens, int64_t n, int64_t pos0, bool all_rows,
+                      const std::function<void(int64_t, Act)>& on_logits);
+  // One decode step for `token` at position `pos`; logits of that row land in logits row 0.
+  void decode_step(int32_t token, int64_t pos);
+  Act logits_act(int64_t rows);
+  void set_pos(int64_t pos0);
+};
+
+// Attaches tokenizer.json (+ tokenizer_config.json) of model_dir when present.
+void load_tokenizer_into(Engine::Impl& im, const std::string& model_dir);
+
+// Resolves options and loads weights from `store` (a folder or a synthetic preset).
+std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
+                                           const std::string& model_name, const ProgressFn& progress);
+
+}  // namespace nf4flash
