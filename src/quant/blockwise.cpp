@@ -177,10 +177,14 @@ void quantize_blockwise_8bit(const float* x, int64_t n, int blocksize,
 }
 
 float absmax_mean(const float* absmax, int64_t n) {
+  // torch's CUDA mean is sum * factor with factor = 1.0f / n in float32 (MeanOps), not sum / n:
+  // that float multiply is what moves the offset an ulp away from the float64 mean. The sum of
+  // these positive values is taken exactly enough in double and rounded once.
   if (n <= 0) return 0.0f;
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += absmax[i];
-  return static_cast<float>(s / static_cast<double>(n));
+  const float factor = 1.0f / static_cast<float>(n);
+  return static_cast<float>(s) * factor;
 }
 
 Quant4Tensor quantize_4bit(const void* data, DType dtype, int64_t rows, int64_t cols,

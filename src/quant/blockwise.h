@@ -8,8 +8,9 @@
 // inv is the GPU's approximate reciprocal and subnormals flush: see codebook.h bnb_reciprocal. Packed output: element 2k in the high
 // nibble of byte k, 2k+1 in the low nibble; an odd element count pads the last low nibble with the
 // code of 0 * inv.
-// Double quant: offset = mean(absmax) (float64 sum rounded to float32; torch's GPU float32 mean can
-// differ by one ulp, hence Quant4Options::offset), then (absmax - offset) is quantized blockwise
+// Double quant: offset = mean(absmax) as torch computes it on the GPU: float(sum) * (1.0f / n)
+// (a float32 multiply by the reciprocal, which is why the float64 mean is sometimes one ulp off;
+// Quant4Options::offset overrides it), then (absmax - offset) is quantized blockwise
 // (blocksize 256) to 8 bits with the signed dynamic map, absmax per nested block kept in float32.
 // Dequantization: value = table[code] * absmax(b) in float32 (table = codebook.h dequant_table4),
 // with the double-quant absmax expanded as (nested_code[q] * nested_absmax) + offset, two roundings.
@@ -54,7 +55,7 @@ void quantize_blockwise_4bit(const void* data, DType dtype, int64_t n, QuantType
 //   absmax ceil(n / blocksize) floats.
 void quantize_blockwise_8bit(const float* x, int64_t n, int blocksize,
                              const std::array<float, 256>& code, uint8_t* out, float* absmax);
-// mean(absmax) as float64 sum / n, rounded to float32.
+// mean(absmax) as torch's float32 mean: float(sum) * (1.0f / n), the sum taken in float64.
 float absmax_mean(const float* absmax, int64_t n);
 
 // Checks the internal consistency of a Quant4Tensor (sizes vs shape and blocksizes, type);
