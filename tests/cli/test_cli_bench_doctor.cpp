@@ -1,0 +1,236 @@
+// CLI behaviour of `nf4flash bench` and `nf4flash doctor` on the tiny fixtures, on the CPU:
+// bench writes JSON with every field, a valid SVG with a series per configuration, a table on
+// stdout, and error rows for what the CPU cannot serve; doctor warns (exit 1) exactly where a
+// pitfall is present and stays quiet (exit 0) otherwise. Kept small: -p 16,32 -n 4.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend/device_info.h"
+#include "unit/test_bench_xml.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+class BenchDoctorCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("nf4flash_cli_bench_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  CmdResult run(const std::string& args) {
+    const fs::path err = dir_ / "stderr.txt";
+    const std::string cmd = std::string(NF4FLASH_BIN) + " " + args + " 2>" + err.string();
+    CmdResult r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+    const int st = pclose(p);
+    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.err = slurp(err);
+    return r;
+  }
+  static std::string model(const std::string& name) { return std::string(NF4FLASH_FIXTURES_DIR) + "/models/" + name; }
+  static bool have_gpu() { return !nf4flash::query_gpus().empty(); }
+  fs::path dir_;
+};
+
+TEST_F(BenchDoctorCli, BenchHelpDocumentsEveryFlag) {
+  const CmdResult r = run("bench --help");
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"--model", "--preset", "--quant", "--double-quant", "--attn", "--no-cache", "--graphs", "-p,",
+                        "-n,", "--ctx", "-r,", "--warmup", "--json", "--svg", "--device", "--compute-dtype", "--ubatch"})
+    EXPECT_NE(r.out.find(f), std::string::npos) << f << "\n" << r.out;
+}
+
+TEST_F(BenchDoctorCli, BenchFixtureMatrixJsonSvgTable) {
+  const fs::path js = dir_ / "b.json", svg = dir_ / "b.svg";
+  const CmdResult r = run("bench --model " + model("llama-gqa-hd64") +
+                    " --device cpu -t 2 --quant none,nf4 --double-quant --attn eager,flash --no-cache"
+                    " -p 16,32 -n 4 --ctx 8,32 -r 2 --json " + js.string() + " --svg " + svg.string());
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("| # | quant | attn | graphs | cache | test | ms | tok/s |"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("TTFT pp32"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[1/8]"), std::string::npos) << r.err;  // progress on stderr
+
+  const nlohmann::json j = nlohmann::json::parse(slurp(js));
+  for (const char* k : {"schema", "date", "command", "argv", "commit", "version", "host", "cuda_build", "gpus", "model",
+                        "params", "configs", "peak_vram_bytes", "host_peak_rss_bytes", "total_s"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_NE(j["command"].get<std::string>().find("bench"), std::string::npos);
+  EXPECT_FALSE(j["commit"].get<std::string>().empty());
+  EXPECT_FALSE(j["host"]["cpu_model"].get<std::string>().empty());
+  EXPECT_GT(j["host_peak_rss_bytes"].get<size_t>(), 0u);
+  ASSERT_EQ(j["configs"].size(), 8u);  // 2 quant x (2 attn cache on + 2 attn cache off)
+  int ok = 0;
+  for (const auto& c : j["configs"]) {
+    for (const char* k : {"index", "label", "quant", "double_quant", "attn", "graphs", "use_cache", "status", "loaded",
+                          "load_ms", "wall_s", "peak_vram_bytes", "host_peak_rss_bytes", "prefill", "decode"})
+      EXPECT_TRUE(c.contains(k)) << k;
+    if (c["attn"] == "flash") {  // the CPU cannot serve it: an error row with the engine's reason
+      EXPECT_EQ(c["status"], "error");
+      EXPECT_NE(c["error"].get<std::string>().find("--attn flash"), std::string::npos) << c["error"];
+      continue;
+    }
+    ++ok;
+    ASSERT_EQ(c["status"], "ok") << c.dump();
+    const auto& rep = c["report"];
+    for (const char* k : {"device", "backend", "compute_dtype", "quant", "double_quant", "attn", "linear_decode",
+                          "linear_prefill", "use_cache", "graphs", "weight_bytes", "kv_bytes", "ctx_size", "load_ms"})
+      EXPECT_TRUE(rep.contains(k)) << k;
+    EXPECT_EQ(rep["device"], "cpu");
+    EXPECT_EQ(rep["quant"], c["quant"]);
+    EXPECT_EQ(rep["double_quant"], c["quant"] == "nf4");
+    EXPECT_EQ(rep["use_cache"], c["use_cache"]);
+    const bool cache = c["use_cache"].get<bool>();
+    ASSERT_EQ(c["prefill"].size(), cache ? 2u : 1u);
+    for (const auto& p : c["prefill"]) {
+      EXPECT_FALSE(p.contains("error")) << p.dump();
+      EXPECT_EQ(p["ttft_ms"]["runs"].size(), 2u);
+      EXPECT_GT(p["ttft_ms"]["median"].get<double>(), 0);
+      EXPECT_GT(p["tok_s"]["median"].get<double>(), 0);
+    }
+    ASSERT_EQ(c["decode"].size(), cache ? 2u : 1u);
+    for (const auto& d : c["decode"]) {
+      EXPECT_FALSE(d.contains("error")) << d.dump();
+      EXPECT_EQ(d["tokens"], 3);
+      EXPECT_EQ(d["tok_s"]["runs"].size(), 2u);
+      EXPECT_GT(d["tok_s"]["min"].get<double>(), 0);
+    }
+    if (!cache) {
+      EXPECT_EQ(c["decode"][0]["ctx"], 16);
+    }
+  }
+  EXPECT_EQ(ok, 4);
+
+  const nf4flash::test::XmlDoc d = nf4flash::test::parse_xml(slurp(svg));
+  ASSERT_TRUE(d.ok()) << d.error;
+  EXPECT_EQ(d.count("g", "class", "series"), 2 * ok);  // TTFT panel + decode panel
+  EXPECT_EQ(d.count("g", "class", "legend-item"), 8);
+}
+
+TEST_F(BenchDoctorCli, BenchPresetTiny) {
+  const fs::path js = dir_ / "t.json";
+  const CmdResult r = run("bench --preset tiny --device cpu -t 2 -p 16 -n 4 -r 1 --graphs off --json " + js.string());
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(js));
+  EXPECT_EQ(j["model"]["source"], "preset");
+  EXPECT_EQ(j["model"]["name"], "tiny");
+  ASSERT_EQ(j["configs"].size(), 1u);
+  EXPECT_EQ(j["configs"][0]["status"], "ok") << j["configs"][0].dump();
+  EXPECT_EQ(j["configs"][0]["decode"][0]["ctx"], 16);  // default depth: the first prompt length
+  EXPECT_EQ(j["params"]["repetitions"], 1);
+}
+
+TEST_F(BenchDoctorCli, BenchRefusesBadInput) {
+  CmdResult r = run("bench -p 16");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  r = run("bench --preset tiny --quant q8");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("q8"), std::string::npos) << r.err;
+  r = run("bench --preset nosuch -p 16");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("nosuch"), std::string::npos) << r.err;
+  r = run("bench --preset tiny -p 16,abc");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("abc"), std::string::npos) << r.err;
+  r = run("bench --preset tiny --device cpu --graphs on -p 16 -n 2 -r 1");  // only an unservable configuration
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--graphs on"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchDoctorCli, DoctorCleanOnCpuExitsZero) {
+  if (have_gpu()) GTEST_SKIP() << "a GPU is present: --device cpu is itself a warning there";
+  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("warning:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ok: nothing wrong found"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("attention  cpu-eager"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("linear     decode: cpu"), std::string::npos) << r.out;  // loaded: exact kernel names
+}
+
+TEST_F(BenchDoctorCli, DoctorWarnsOnNoCache) {
+  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --no-cache");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("warning:"), std::string::npos);
+  EXPECT_NE(r.out.find("drop --no-cache"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchDoctorCli, DoctorWarnsOnFlashOnCpu) {
+  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --attn flash");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("--attn flash is a CUDA kernel"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fix: --attn eager"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchDoctorCli, DoctorWarnsOnComputeDtypeMismatch) {
+  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --compute-dtype f16");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("fix: --compute-dtype bf16"), std::string::npos) << r.out;
+}
+
+TEST_F(BenchDoctorCli, DoctorJson) {
+  const CmdResult r = run("doctor --model " + model("llama2-tok-hd64") + " --device cpu --no-cache --json");
+  EXPECT_EQ(r.code, 1) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  for (const char* k : {"ok", "warnings", "version", "cuda_build", "host", "gpus", "model", "plan", "memory", "tokenizer",
+                        "findings"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_FALSE(j["ok"].get<bool>());
+  bool cache_warning = false;
+  for (const auto& f : j["findings"])
+    if (f["code"] == "cache_disabled" && f["level"] == "warning" && f["fix"] == "drop --no-cache") cache_warning = true;
+  EXPECT_TRUE(cache_warning) << j["findings"].dump();
+  EXPECT_EQ(j["plan"]["device"], "cpu");
+  EXPECT_TRUE(j["plan"]["loaded"].get<bool>());
+  EXPECT_FALSE(j["plan"]["use_cache"].get<bool>());
+  EXPECT_TRUE(j["tokenizer"]["present"].get<bool>());
+  EXPECT_GT(j["memory"]["kv_bytes"].get<size_t>(), 0u);
+  EXPECT_TRUE(j["memory"]["fits"].get<bool>());
+}
+
+TEST_F(BenchDoctorCli, DoctorPlanOnlyForABigPreset) {
+  const CmdResult r = run("doctor --preset llama3-8b --device cpu --no-load --json");
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["plan"]["loaded"].get<bool>());
+  EXPECT_GT(j["memory"]["weight_bytes"].get<size_t>(), size_t{16} << 30);  // 8B parameters as f32 on the CPU
+  EXPECT_EQ(j["model"]["head_dim"], 128);
+}
+
+TEST_F(BenchDoctorCli, DoctorWithoutModelShowsHardware) {
+  const CmdResult r = run("doctor");
+  EXPECT_EQ(r.code, have_gpu() ? r.code : 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("GPUs"), std::string::npos);
+  EXPECT_NE(r.out.find("host"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,402 @@
+// nf4flash doctor: what hardware is there, which paths will actually run for a model and flags,
+// whether it fits, and a warning for every pitfall of the seed article (cache off, compute dtype
+// not matching the weights, CPU while a GPU exists, an unavailable kernel asked for, TF32 off for
+// f32 compute, dense weights that would fit as 4-bit), each with the flag that fixes it.
+// Exit 0 when nothing is wrong, 1 when a warning was printed. --json for scripts.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "backend/device_info.h"
+#include "bench/bench_report.h"
+#include "bench/presets.h"
+#include "commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/hf_config.h"
+#include "model_flags.h"
+#include "runtime/plan.h"
+
+namespace nf4flash::cli {
+namespace {
+
+using nlohmann::json;
+
+struct DoctorArgs {
+  ModelFlags model;
+  std::string preset;
+  bool json = false, load = false, no_load = false;
+};
+
+struct Finding {
+  std::string level;  // "warning" | "info"
+  std::string code, message, fix;
+};
+
+std::string lower_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return "f32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "f16";
+    default: {
+      std::string s(dtype_name(t));
+      for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    }
+  }
+}
+
+// Resident bytes of 4-bit weights with `n` parameters (packed codes + absmax, bitsandbytes layout).
+size_t quant4_bytes(size_t n, int blocksize, bool dq) {
+  const size_t blocks = (n + blocksize - 1) / blocksize;
+  if (!dq) return n / 2 + blocks * 4;
+  return n / 2 + blocks + ((blocks + 255) / 256) * 4 + 256 * 4;  // u8 absmax + f32 nested absmax + code
+}
+
+struct Estimate {
+  size_t weight_bytes = 0, dense_weight_bytes = 0, nf4_weight_bytes = 0;
+  size_t kv_per_token = 0, workspace_bytes = 0;
+};
+
+Estimate estimate(const ModelConfig& c, const Plan& p, const LoadOptions& o) {
+  const size_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.n_layers;
+  const size_t qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
+  const size_t linear = L * (H * qd + 2 * H * kvd + qd * H + 3 * H * I);
+  const size_t vectors = L * (2 * H + (c.attention_bias ? qd + 2 * kvd : 0)) + H;
+  const size_t embed = V * H, head = c.tie_embeddings ? 0 : V * H;
+  const DType store = p.device == Device::CPU ? (p.compute == DType::F32 ? DType::F32 : DType::BF16) : p.compute;
+  const size_t es = dtype_size(store);
+  Estimate e;
+  e.dense_weight_bytes = (linear + vectors + embed + head) * es;
+  e.nf4_weight_bytes = quant4_bytes(linear, 64, true) + (vectors + embed + head) * es;
+  if (p.quant == QuantType::None) {
+    e.weight_bytes = e.dense_weight_bytes;
+  } else {
+    const bool qhead = o.quant_lm_head && head > 0;
+    e.weight_bytes = quant4_bytes(linear + (qhead ? head : 0), o.blocksize, p.double_quant) +
+                     (vectors + embed + (qhead ? 0 : head)) * es;
+  }
+  const size_t kv_elt = p.device == Device::CPU ? 4 : dtype_size(p.compute);
+  e.kv_per_token = 2 * L * kvd * kv_elt;
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(1, o.ubatch));
+  e.workspace_bytes = rows * V * 4 + rows * (4 * H + 2 * qd + 2 * I) * dtype_size(p.device == Device::CPU ? DType::F32 : p.compute);
+  return e;
+}
+
+class Doctor {
+ public:
+  explicit Doctor(const DoctorArgs& a) : a_(a) {}
+
+  int run() {
+    gather_hardware();
+    if (!a_.model.model.empty() || !a_.preset.empty()) check_model();
+    int warnings = 0;
+    for (const Finding& f : findings_) warnings += f.level == "warning";
+    out_["ok"] = warnings == 0;
+    out_["warnings"] = warnings;
+    out_["findings"] = json::array();
+    for (const Finding& f : findings_)
+      out_["findings"].push_back({{"level", f.level}, {"code", f.code}, {"message", f.message}, {"fix", f.fix}});
+    if (a_.json) std::printf("%s\n", out_.dump(2).c_str());
+    else print_text(warnings);
+    return warnings == 0 ? 0 : 1;
+  }
+
+ private:
+  void warn(std::string code, std::string msg, std::string fix) {
+    findings_.push_back({"warning", std::move(code), std::move(msg), std::move(fix)});
+  }
+  void info(std::string code, std::string msg, std::string fix) {
+    findings_.push_back({"info", std::move(code), std::move(msg), std::move(fix)});
+  }
+
+  void gather_hardware() {
+    gpus_ = query_gpus();
+    host_ = query_host();
+    out_["version"] = NF4FLASH_VERSION;
+    out_["cuda_build"] = built_with_cuda();
+    out_["gpu_absent_reason"] = gpus_.empty() ? gpu_absent_reason() : "";
+    out_["host"] = host_to_json(host_);
+    out_["gpus"] = json::array();
+    for (const GpuInfo& g : gpus_) out_["gpus"].push_back(gpu_to_json(g));
+    if (!built_with_cuda() && (std::filesystem::exists("/proc/driver/nvidia/version") || std::filesystem::exists("/dev/nvidia0")))
+      warn("gpu_unused_build", "an NVIDIA GPU is present but this nf4flash was built without CUDA",
+           "rebuild with -DNF4FLASH_CUDA=ON (nvcc on PATH)");
+  }
+
+  void check_model() {
+    const LoadOptions o = a_.model.to_options();
+    ModelConfig cfg;
+    std::string name;
+    try {
+      if (!a_.preset.empty()) {
+        if (!a_.model.model.empty()) fail("doctor: give --model or --preset, not both");
+        cfg = preset_config(a_.preset);
+        name = "preset:" + a_.preset;
+      } else {
+        if (!std::filesystem::is_directory(a_.model.model)) fail("--model ", a_.model.model, ": not a directory");
+        cfg = load_model_config(a_.model.model);
+        name = a_.model.model;
+      }
+    } catch (const Error& e) {
+      warn("model_unreadable", e.what(), a_.preset.empty() ? "--model DIR with a config.json" : "--preset NAME");
+      return;
+    }
+    const CheckpointQuant cq = [&] {
+      try {
+        return checkpoint_quant(cfg);
+      } catch (const Error&) {
+        return CheckpointQuant{};
+      }
+    }();
+    out_["model"] = {{"source", a_.preset.empty() ? "folder" : "preset"},
+                     {"name", name},
+                     {"architecture", cfg.architecture},
+                     {"layers", cfg.n_layers},
+                     {"hidden", cfg.hidden_size},
+                     {"intermediate", cfg.intermediate_size},
+                     {"heads", cfg.n_heads},
+                     {"kv_heads", cfg.n_kv_heads},
+                     {"head_dim", cfg.head_dim},
+                     {"vocab", cfg.vocab_size},
+                     {"max_positions", cfg.max_positions},
+                     {"weights_dtype", lower_dtype(cfg.weights_dtype)},
+                     {"prequantized", cq.present}};
+
+    Plan plan;
+    try {
+      plan = make_plan(o, cfg);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      std::string fix = "change the flag named in the message";
+      if (m.rfind("--device cuda", 0) == 0) fix = "--device cpu (or run on a machine with a CUDA GPU and a CUDA build)";
+      else if (m.rfind("--double-quant", 0) == 0) fix = "--quant nf4 (or drop --double-quant)";
+      else if (m.rfind("--tf32", 0) == 0) fix = "--compute-dtype f32 (or drop --tf32)";
+      else if (m.rfind("--quant", 0) == 0) fix = "omit --quant";
+      warn("unavailable_option", m, fix);
+      return;
+    }
+    const bool gpu = plan.device == Device::CUDA;
+    const GpuInfo* g = gpu && !gpus_.empty() ? &gpus_.front() : nullptr;
+
+    // the backend alone (cheap) answers whether the attention path exists
+    std::unique_ptr<Backend> be;
+    try {
+      be = gpu ? make_cuda_backend({plan.compute, 0, o.tf32}) : make_cpu_backend({plan.compute, o.threads});
+    } catch (const Error& e) {
+      warn("backend_unavailable", e.what(), gpu ? "--device cpu" : "");
+      return;
+    }
+    const std::string attn_why = be->attn_unsupported_reason(plan.attn, cfg.head_dim);
+    if (!attn_why.empty())
+      warn("attn_unavailable", attn_why, gpu ? "--attn sdpa (or auto)" : "--attn eager (or auto), or --device cuda");
+
+    Estimate est = estimate(cfg, plan, o);
+    size_t free_b = 0, total_b = 0;
+    if (gpu) {
+      gpu_memory(0, &free_b, &total_b);
+    } else {
+      free_b = host_.mem_available_bytes;
+      total_b = host_.mem_total_bytes;
+    }
+    const bool dense_fits = est.dense_weight_bytes + est.workspace_bytes < free_b;
+    const bool weights_fit = free_b == 0 || est.weight_bytes + est.workspace_bytes < free_b;
+    const size_t small = size_t{2} << 30;
+    const bool do_load = attn_why.empty() && weights_fit && !a_.no_load && (a_.load || est.weight_bytes <= small);
+
+    json plan_j = {{"device", gpu ? "cuda" : "cpu"},
+                   {"backend", be->name()},
+                   {"compute_dtype", lower_dtype(plan.compute)},
+                   {"quant", std::string(quant_type_name(plan.quant))},
+                   {"double_quant", plan.double_quant},
+                   {"prequantized", plan.prequantized},
+                   {"attn", gpu ? std::string(attn_impl_name(plan.attn == AttnImpl::Auto ? AttnImpl::Flash : plan.attn))
+                                : std::string("cpu-eager")},
+                   {"linear_decode", "(not loaded: pass --load for the exact kernel)"},
+                   {"linear_prefill", "(not loaded: pass --load for the exact kernel)"},
+                   {"use_cache", o.use_cache},
+                   {"graphs", o.graphs && be->graphs_supported()},
+                   {"tf32", o.tf32},
+                   {"loaded", false}};
+    int64_t ctx = o.ctx_size > 0 ? o.ctx_size : cfg.max_positions;
+    size_t weight_bytes = est.weight_bytes, kv_bytes = 0;
+    bool estimated = true;
+    if (o.ctx_size <= 0 && free_b > est.weight_bytes && est.kv_per_token > 0)  // the engine caps ctx by free memory
+      ctx = std::min<int64_t>(ctx, static_cast<int64_t>((free_b - est.weight_bytes) * 0.8 / est.kv_per_token));
+    kv_bytes = static_cast<size_t>(std::max<int64_t>(ctx, 0)) * est.kv_per_token;
+    be.reset();
+
+    std::string tok_file;
+    bool tok_present = false;
+    if (do_load) {
+      try {
+        LoadOptions lo = o;
+        auto eng = a_.preset.empty() ? Engine::load(lo) : Engine::load_preset(a_.preset, lo);
+        const EngineReport& r = eng->report();
+        plan_j["backend"] = r.backend;
+        plan_j["attn"] = r.attn;
+        plan_j["linear_decode"] = r.linear_decode;
+        plan_j["linear_prefill"] = r.linear_prefill;
+        plan_j["graphs"] = r.graphs;
+        plan_j["loaded"] = true;
+        plan_j["load_ms"] = r.load_ms;
+        weight_bytes = r.weight_bytes;
+        kv_bytes = r.kv_bytes;
+        ctx = r.ctx_size;
+        estimated = false;
+        tok_present = eng->tokenizer() != nullptr;
+      } catch (const Error& e) {
+        warn("load_failed", e.what(), "change the flag named in the message");
+      } catch (const std::bad_alloc&) {
+        warn("load_failed", "out of host memory while loading", "--quant nf4, or a smaller --ctx-size");
+      }
+    }
+    if (!tok_present && a_.preset.empty() && std::filesystem::exists(a_.model.model + "/tokenizer.json"))
+      tok_present = true;
+    if (tok_present) tok_file = a_.model.model + "/tokenizer.json";
+    out_["plan"] = plan_j;
+
+    const size_t needed = weight_bytes + kv_bytes + est.workspace_bytes;
+    const bool fits = free_b == 0 || needed <= free_b || !estimated;
+    out_["memory"] = {{"where", gpu ? "gpu" : "host"},
+                      {"free_bytes", free_b},
+                      {"total_bytes", total_b},
+                      {"weight_bytes", weight_bytes},
+                      {"weights_estimated", estimated},
+                      {"kv_bytes", kv_bytes},
+                      {"kv_bytes_per_token", est.kv_per_token},
+                      {"ctx", ctx},
+                      {"workspace_bytes_estimate", est.workspace_bytes},
+                      {"needed_bytes", needed},
+                      {"fits", fits}};
+    const int tthreads = o.threads > 0 ? o.threads : num_threads();
+    out_["tokenizer"] = {{"present", tok_present}, {"file", tok_file}, {"threads", tthreads}};
+
+    // ---- the pitfalls, each with its fix ----
+    const char* where = gpu ? "VRAM" : "host RAM";
+    if (!weights_fit) {
+      const std::string fix = plan.quant == QuantType::None && est.nf4_weight_bytes + est.workspace_bytes < free_b
+                                  ? "--quant nf4 --double-quant"
+                                  : gpu ? "a GPU with more memory, or --device cpu" : "a machine with more memory";
+      warn("does_not_fit", cat("the weights need ", format_bytes(est.weight_bytes), " but only ", format_bytes(free_b),
+                               " of ", where, " is free (nf4flash does not offload layers)"), fix);
+    } else if (o.ctx_size > 0 && !fits) {
+      const int64_t max_ctx = est.kv_per_token ? static_cast<int64_t>((free_b - weight_bytes - est.workspace_bytes) * 0.8 / est.kv_per_token) : 0;
+      warn("kv_does_not_fit", cat("weights ", format_bytes(weight_bytes), " + KV cache ", format_bytes(kv_bytes), " at ctx ",
+                                  o.ctx_size, " exceed the ", format_bytes(free_b), " of free ", where),
+           cat("--ctx-size ", std::max<int64_t>(max_ctx, 1), plan.quant == QuantType::None ? " or --quant nf4" : ""));
+    }
+    if (!o.use_cache)
+      warn("cache_disabled", "the KV cache is off (--no-cache): every token recomputes the whole context", "drop --no-cache");
+    const DType want = cq.present && cq.compute != DType::F32 ? cq.compute : cfg.weights_dtype;
+    const bool half = [](DType t) { return t == DType::BF16 || t == DType::F16; }(want);
+    if (half && (plan.compute == DType::BF16 || plan.compute == DType::F16) && plan.compute != want)
+      warn("dtype_mismatch",
+           cat(cq.present ? "the checkpoint's bnb_4bit_compute_dtype is " : "the weights are ", lower_dtype(want),
+               " but compute is ", lower_dtype(plan.compute), ": every op casts",
+               want == DType::BF16 ? " and f16 overflows above 65504" : " and loses precision"),
+           cat("--compute-dtype ", lower_dtype(want)));
+    if (!gpu && !gpus_.empty())
+      warn("cpu_with_gpu", cat("the model runs on the CPU while ", gpus_.front().name, " is available"), "--device cuda");
+    if (gpu && plan.compute == DType::F32 && !o.tf32 && g && g->tf32)
+      warn("tf32_off", "f32 compute on a GPU with TF32 tensor cores, but TF32 is off", "--tf32 on");
+    if (tthreads == 1 && host_.logical_cores > 1)
+      warn("single_thread", cat("tokenizer and CPU work run on 1 thread of ", host_.logical_cores), "--threads 0");
+    if (gpu && plan.quant == QuantType::None && weights_fit)
+      info("dense_on_gpu",
+           cat("weights are dense ", lower_dtype(plan.compute), " (", format_bytes(est.dense_weight_bytes),
+               "); as 4-bit they would take about ", format_bytes(est.nf4_weight_bytes),
+               " and decode would read less memory per token"),
+           "--quant nf4 --double-quant");
+    if (gpu && !o.graphs) info("graphs_off", "decode launches kernel by kernel (no CUDA graph)", "drop --no-graphs");
+    if (gpu && plan.attn == AttnImpl::Eager && attn_why.empty())
+      info("eager_attn", "eager attention is the slow path (scores materialized)", "--attn flash or --attn sdpa");
+    if (!dense_fits && plan.quant != QuantType::None && weights_fit)
+      info("quant_needed", "4-bit weights are what makes this model fit", "");
+  }
+
+  void print_text(int warnings) const {
+    std::printf("nf4flash doctor %s (%s)\n", NF4FLASH_VERSION, built_with_cuda() ? "CUDA build" : "CPU-only build");
+    std::printf("GPUs\n");
+    if (gpus_.empty()) std::printf("  none: %s\n", out_.value("gpu_absent_reason", std::string()).c_str());
+    for (const GpuInfo& g : gpus_)
+      std::printf("  %d: %s | compute %d.%d, %d SMs | %s free of %s | driver %s (CUDA %s), runtime %s | bf16 %s, tf32 %s\n",
+                  g.index, g.name.c_str(), g.cc_major, g.cc_minor, g.sm_count, format_bytes(g.free_bytes).c_str(),
+                  format_bytes(g.total_bytes).c_str(), g.driver_version.empty() ? "?" : g.driver_version.c_str(),
+                  g.driver_cuda_version.c_str(), g.runtime_version.c_str(), g.bf16 ? "yes" : "no", g.tf32 ? "yes" : "no");
+    std::printf("host\n  %s | %d threads | %s | RAM %s, %s available | %s\n", host_.cpu_model.c_str(), host_.logical_cores,
+                host_.simd.c_str(), format_bytes(host_.mem_total_bytes).c_str(),
+                format_bytes(host_.mem_available_bytes).c_str(), host_.os.c_str());
+    if (out_.contains("model")) {
+      const json& m = out_["model"];
+      std::printf("model: %s\n  %s | %d layers, hidden %lld, %d heads / %d kv heads, head_dim %d, vocab %lld, max ctx %lld | %s weights%s\n",
+                  m["name"].get<std::string>().c_str(), m["architecture"].get<std::string>().c_str(), m["layers"].get<int>(),
+                  static_cast<long long>(m["hidden"].get<int64_t>()), m["heads"].get<int>(), m["kv_heads"].get<int>(),
+                  m["head_dim"].get<int>(), static_cast<long long>(m["vocab"].get<int64_t>()),
+                  static_cast<long long>(m["max_positions"].get<int64_t>()), m["weights_dtype"].get<std::string>().c_str(),
+                  m["prequantized"].get<bool>() ? " (bitsandbytes 4-bit checkpoint)" : "");
+    }
+    if (out_.contains("plan")) {
+      const json& p = out_["plan"];
+      const json& mem = out_["memory"];
+      const json& t = out_["tokenizer"];
+      if (p["loaded"].get<bool>())
+        std::printf("will run (loaded in %.0f ms)\n", p["load_ms"].get<double>());
+      else
+        std::printf("will run (plan only, not loaded)\n");
+      std::printf("  device     %s: %s\n", p["device"].get<std::string>().c_str(), p["backend"].get<std::string>().c_str());
+      std::printf("  compute    %s%s\n", p["compute_dtype"].get<std::string>().c_str(), p["tf32"].get<bool>() ? " (tf32 on)" : "");
+      std::printf("  quant      %s%s%s\n", p["quant"].get<std::string>().c_str(), p["double_quant"].get<bool>() ? " + double quant" : "",
+                  p["prequantized"].get<bool>() ? " (from the checkpoint)" : "");
+      std::printf("  attention  %s\n", p["attn"].get<std::string>().c_str());
+      std::printf("  linear     decode: %s | prefill: %s\n", p["linear_decode"].get<std::string>().c_str(),
+                  p["linear_prefill"].get<std::string>().c_str());
+      std::printf("  kv cache   %s, %s at ctx %lld (%s/token)\n", p["use_cache"].get<bool>() ? "on" : "OFF",
+                  format_bytes(mem["kv_bytes"].get<size_t>()).c_str(), static_cast<long long>(mem["ctx"].get<int64_t>()),
+                  format_bytes(mem["kv_bytes_per_token"].get<size_t>()).c_str());
+      std::printf("  graphs     %s\n", p["graphs"].get<bool>() ? "on" : "off");
+      std::printf("  memory     weights %s%s + KV %s + workspace ~%s = %s of %s free %s: %s\n",
+                  mem["weights_estimated"].get<bool>() ? "~" : "", format_bytes(mem["weight_bytes"].get<size_t>()).c_str(),
+                  format_bytes(mem["kv_bytes"].get<size_t>()).c_str(),
+                  format_bytes(mem["workspace_bytes_estimate"].get<size_t>()).c_str(),
+                  format_bytes(mem["needed_bytes"].get<size_t>()).c_str(), format_bytes(mem["free_bytes"].get<size_t>()).c_str(),
+                  mem["where"] == "gpu" ? "VRAM" : "host RAM", mem["fits"].get<bool>() ? "fits" : "DOES NOT FIT");
+      if (t["present"].get<bool>())
+        std::printf("  tokenizer  %s, encodes on %d threads\n", t["file"].get<std::string>().c_str(), t["threads"].get<int>());
+      else
+        std::printf("  tokenizer  none (token ids only), %d threads\n", t["threads"].get<int>());
+    }
+    for (const Finding& f : findings_)
+      std::printf("%s: %s%s%s\n", f.level.c_str(), f.message.c_str(), f.fix.empty() ? "" : " -> fix: ", f.fix.c_str());
+    if (warnings == 0) std::printf("ok: nothing wrong found\n");
+    else std::printf("%d warning%s\n", warnings, warnings == 1 ? "" : "s");
+  }
+
+  const DoctorArgs& a_;
+  std::vector<GpuInfo> gpus_;
+  HostInfo host_;
+  json out_ = json::object();
+  std::vector<Finding> findings_;
+};
+
+NF4FLASH_COMMAND("doctor", "Show the hardware, the paths that will really run, and every configuration pitfall",
+                 [](CLI::App& app) -> CommandRun {
+                   auto a = std::make_shared<DoctorArgs>();
+                   a->model.add(app, false);
+                   app.add_option("--preset", a->preset,
+                                  "check a synthetic preset instead of --model: llama3-8b, llama3.2-1b, qwen2.5-7b, "
+                                  "mistral-7b, tiny");
+                   app.add_flag("--json", a->json, "print one JSON object (ok, gpus, host, model, plan, memory, tokenizer, findings)");
+                   auto* l = app.add_flag("--load", a->load,
+                                          "always load the engine for the exact kernel names (default: only when the "
+                                          "weights are under 2 GiB and fit)");
+                   app.add_flag("--no-load", a->no_load, "never load; resolve the plan and estimate sizes only")->excludes(l);
+                   app.footer("\nExit status: 0 when nothing is wrong, 1 when a warning was printed (info lines do not count).");
+                   return [a] { return Doctor(*a).run(); };
+                 });
+
+}  // namespace
+}  // namespace nf4flash::cli
