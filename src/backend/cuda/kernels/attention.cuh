@@ -5,9 +5,9 @@
 //
 // attn_decode_kernel (flash-decoding, T <= 4): grid (n_kv * head_chunks, nsplit, T), 128 threads.
 //   A block takes up to 4 q heads sharing one kv head and a contiguous slice of the sequence; the
-//   slice length is ceil(L/nsplit) with L = pos0+t+1 read on the device, so a captured graph stays
-//   valid as the context grows. HD/8 lanes hold one position (16-byte loads of K and V rows), a warp
-//   covers 32/(HD/8) positions per step, two steps in flight. Partials (m, l, acc[hd]) go to the
+//   slice length is max(64, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a captured
+//   graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold one position
+//   (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two steps in flight. Partials (m, l, acc[hd]) go to the
 //   workspace; attn_combine_kernel merges the splits per (t, head).
 // attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
@@ -22,14 +22,34 @@ namespace nf4flash::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Eight consecutive cache values kept raw (16-byte load; two for f32) until they are used.
+template <typename T> struct Raw8 { uint4 v; };
+template <> struct Raw8<float> { float4 a, b; };
 template <typename T>
-__device__ __forceinline__ void load8(const T* p, float* f) {
+__device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
+  Raw8<T> r;
   if constexpr (sizeof(T) == 2) {
-    unpack8<T>(*reinterpret_cast<const uint4*>(p), f);
+    r.v = *reinterpret_cast<const uint4*>(p);
   } else {
-    const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w; f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    r.a = *reinterpret_cast<const float4*>(p);
+    r.b = *reinterpret_cast<const float4*>(p + 4);
   }
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ void unpack_raw8(const Raw8<T>& r, float* f) {
+  if constexpr (sizeof(T) == 2) {
+    unpack8<T>(r.v, f);
+  } else {
+    f[0] = r.a.x; f[1] = r.a.y; f[2] = r.a.z; f[3] = r.a.w; f[4] = r.b.x; f[5] = r.b.y; f[6] = r.b.z; f[7] = r.b.w;
+  }
+}
+
+// Sequence slice of one decode split: at least 64 positions, so short contexts use few splits
+// (the combine reads only the active ones).
+__host__ __device__ __forceinline__ int decode_chunk(int L, int nsplit) {
+  const int c = (L + nsplit - 1) / nsplit;
+  return c < 64 ? 64 : c;
 }
 
 // Merge online-softmax state (m2, l2, acc2) into (m, l, acc).
@@ -54,8 +74,9 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   const int h0 = kvh * G + hc * GT, nh = min(GT, G - hc * GT);
   const int t = blockIdx.z, split = blockIdx.y;
   const int L = a.pos0[0] + t + 1;
-  const int chunk = (L + nsplit - 1) / nsplit;
+  const int chunk = decode_chunk(L, nsplit);
   const int s0 = split * chunk, s1 = min(L, s0 + chunk);
+  if (s0 >= L) return;  // inactive split (whole block)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pg = lane / LP, li = lane % LP;
   const float qs = a.scale * kLog2e;
 
@@ -73,25 +94,28 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
   const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
 
-  constexpr int U = 2;
+  constexpr int U = 2;  // positions in flight per lane group (4 measured slower at ctx 32768)
   for (int pb = s0 + warp * PW; pb < s1; pb += NW * PW * U) {
-    float kf[U][8], vf[U][8];
+    Raw8<TK> kr[U], vr[U];
     bool valid[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int p = pb + u * NW * PW + pg;
       valid[u] = p < s1;
       const int pc = valid[u] ? p : s0;
-      load8<TK>(kb + int64_t(pc) * HD, kf[u]);
-      load8<TK>(vb + int64_t(pc) * HD, vf[u]);
+      kr[u] = load_raw8<TK>(kb + int64_t(pc) * HD);
+      vr[u] = load_raw8<TK>(vb + int64_t(pc) * HD);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
+      float kf[8], vf[8];
+      unpack_raw8<TK>(kr[u], kf);
+      unpack_raw8<TK>(vr[u], vf);
 #pragma unroll
       for (int g = 0; g < GT; ++g) {
         float s = 0.f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s = fmaf(q[g][i], kf[u][i], s);
+        for (int i = 0; i < 8; ++i) s = fmaf(q[g][i], kf[i], s);
 #pragma unroll
         for (int o = LP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (!valid[u]) s = -INFINITY;
@@ -100,7 +124,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
         const float pe = (s == -INFINITY) ? 0.f : exp2f(s - mn);
         l[g] = l[g] * corr + pe;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pe, vf[u][i], acc[g][i] * corr);
+        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(pe, vf[i], acc[g][i] * corr);
         m[g] = mn;
       }
     }
@@ -146,25 +170,41 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   }
 }
 
+// One block per (head, t): warp 0 turns the active splits' (m, l) into weights, then every
+// thread sums its dims over the splits (independent loads, unrolled).
 template <typename TA>
 __global__ void attn_combine_kernel(const AttnArgs a, int nsplit, int T) {
+  __shared__ float s_c[kDecodeMaxSplits];
+  __shared__ float s_inv_l;
   const int h = blockIdx.x, t = blockIdx.y, HD = a.head_dim;
   const int64_t n_heads = a.n_heads;
   const float* ws_ml = a.workspace;
   const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
   const int64_t base = (int64_t(t) * n_heads + h) * nsplit;
-  float M = -INFINITY;
-  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, ws_ml[(base + s) * 2]);
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float lsum = 0.f, asum = 0.f;
-    for (int s = 0; s < nsplit; ++s) {
+  const int L = a.pos0[0] + t + 1;
+  const int chunk = decode_chunk(L, nsplit);
+  const int nact = min(nsplit, (L + chunk - 1) / chunk);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float M = -INFINITY;
+    for (int s = lane; s < nact; s += 32) M = fmaxf(M, ws_ml[(base + s) * 2]);
+    M = warp_max(M);
+    float lsum = 0.f;
+    for (int s = lane; s < nact; s += 32) {
       const float ms = ws_ml[(base + s) * 2];
-      if (ms == -INFINITY) continue;
-      const float c = exp2f(ms - M);
-      lsum += ws_ml[(base + s) * 2 + 1] * c;
-      asum += ws_acc[(base + s) * HD + d] * c;
+      const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
+      s_c[s] = c;
+      lsum += c * ws_ml[(base + s) * 2 + 1];
     }
-    static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(asum / lsum);
+    lsum = warp_sum(lsum);
+    if (lane == 0) s_inv_l = 1.f / lsum;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], ws_acc[(base + s) * HD + d], acc);
+    static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(acc * s_inv_l);
   }
 }
 

@@ -1,0 +1,134 @@
+// Helpers of the CUDA op tests: a CPU f32 reference backend and a CUDA backend fed the same
+// random inputs (fresh seed each run, printed on failure), relative-L2 comparison.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+#include "io/safetensors.h"
+
+namespace nf4flash::test {
+
+#define NF4FLASH_REQUIRE_CUDA()                                                                     \
+  do {                                                                                              \
+    if (::nf4flash::cuda_device_count() == 0)                                                       \
+      GTEST_SKIP() << "no CUDA device: the CUDA op tests need a GPU (they run in scripts/gpu-check.sh)"; \
+  } while (0)
+
+inline std::mt19937& rng() {
+  static std::mt19937 g = [] {
+    const unsigned seed = std::random_device{}();
+    std::printf("[cuda op tests] seed %u\n", seed);
+    return std::mt19937(seed);
+  }();
+  return g;
+}
+
+inline std::vector<float> randn(size_t n, float scale = 1.f) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(rng());
+    if (x == 0.f) x = 1e-3f;
+  }
+  return v;
+}
+
+// Round every value to `dt` (so both backends see identical inputs).
+inline std::vector<float> rounded(std::vector<float> v, DType dt) {
+  for (auto& x : v) x = dt == DType::BF16 ? round_bf16(x) : dt == DType::F16 ? round_f16(x) : x;
+  return v;
+}
+
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(got[i]) - ref[i];
+    if (std::isnan(got[i])) return INFINITY;
+    num += d * d;
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+inline double tol_for(DType dt) { return dt == DType::F32 ? 2e-5 : dt == DType::F16 ? 3e-3 : 1e-2; }
+
+// Device memory of one backend holding a [rows, cols] activation in the backend's dtype.
+struct DevAct {
+  std::unique_ptr<Buffer> buf;
+  Act act;
+  Backend* be = nullptr;
+  DevAct(Backend& b, int64_t rows, int64_t cols, DType dt) : be(&b) {
+    buf = b.alloc(size_t(rows * cols) * dtype_size(dt) + 16);
+    act = Act{buf->data(), dt, rows, cols};
+  }
+  DevAct(Backend& b, int64_t rows, int64_t cols) : DevAct(b, rows, cols, b.act_dtype()) {}
+  void set(const std::vector<float>& v) {
+    std::vector<uint8_t> h(act.bytes());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (act.dtype == DType::F32) std::memcpy(h.data() + 4 * i, &v[i], 4);
+      else {
+        const uint16_t x = act.dtype == DType::BF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+        std::memcpy(h.data() + 2 * i, &x, 2);
+      }
+    }
+    be->upload(act.data, h.data(), h.size());
+  }
+  void poison() {
+    std::vector<uint8_t> h(act.bytes(), 0xff);  // NaN in every float type
+    be->upload(act.data, h.data(), h.size());
+  }
+  std::vector<float> get() const {
+    std::vector<uint8_t> h(act.bytes());
+    be->download(h.data(), act.data, h.size());
+    std::vector<float> v(size_t(act.numel()));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (act.dtype == DType::F32) std::memcpy(&v[i], h.data() + 4 * i, 4);
+      else {
+        uint16_t x;
+        std::memcpy(&x, h.data() + 2 * i, 2);
+        v[i] = act.dtype == DType::BF16 ? bf16_to_f32(x) : f16_to_f32(x);
+      }
+    }
+    return v;
+  }
+};
+
+// Device int32 values (ids, positions).
+struct DevInts {
+  std::unique_ptr<Buffer> buf;
+  DevInts(Backend& b, const std::vector<int32_t>& v) {
+    buf = b.alloc(std::max<size_t>(v.size(), 1) * 4);
+    if (!v.empty()) b.upload(buf->data(), v.data(), v.size() * 4);
+  }
+  int32_t* ptr() const { return static_cast<int32_t*>(buf->data()); }
+};
+
+inline TensorInfo f32_tensor(const std::vector<float>& v, std::vector<int64_t> shape) {
+  TensorInfo t;
+  t.name = "test";
+  t.dtype = DType::F32;
+  t.shape = std::move(shape);
+  t.data = reinterpret_cast<const uint8_t*>(v.data());
+  t.nbytes = v.size() * 4;
+  return t;
+}
+
+struct Backends {
+  std::unique_ptr<Backend> cpu, gpu;
+  explicit Backends(DType compute = DType::BF16) {
+    cpu = make_cpu_backend({DType::F32, 0});
+    CudaBackendOptions o;
+    o.compute = compute;
+    gpu = make_cuda_backend(o);
+  }
+};
+
+}  // namespace nf4flash::test

@@ -1,0 +1,318 @@
+// Every CUDA op against the CPU f32 backend on fresh random inputs: elementwise ops, dense and
+// 4-bit linear (GEMV and GEMM paths), RoPE, KV cache + attention (decode and prefill, GQA,
+// head_dim 64/128, pos0 > 0), graphs, greedy sampling.
+#include "ops/cuda_test_util.h"
+#include "quant/blockwise.h"
+
+namespace nf4flash::test {
+namespace {
+
+struct LinCase {
+  int64_t N, K, T;
+  bool bias, out_f32;
+};
+
+void run_dense_linear(DType compute, const LinCase& c) {
+  Backends b(compute);
+  auto W = rounded(randn(size_t(c.N * c.K), 0.05f), compute);
+  auto X = rounded(randn(size_t(c.T * c.K)), compute);
+  auto B = randn(size_t(c.N), 0.1f);
+  auto wc = b.cpu->upload_dense(f32_tensor(W, {c.N, c.K}), DType::F32);
+  auto wg = b.gpu->upload_dense(f32_tensor(W, {c.N, c.K}), compute);
+  auto bc = b.cpu->upload_dense(f32_tensor(B, {c.N}), DType::F32);
+  auto bg = b.gpu->upload_dense(f32_tensor(B, {c.N}), compute);
+  DevAct xc(*b.cpu, c.T, c.K), yc(*b.cpu, c.T, c.N);
+  DevAct xg(*b.gpu, c.T, c.K), yg(*b.gpu, c.T, c.N, c.out_f32 ? DType::F32 : compute);
+  xc.set(X);
+  xg.set(X);
+  yg.poison();
+  b.cpu->linear(xc.act, *wc, c.bias ? bc.get() : nullptr, yc.act);
+  b.gpu->linear(xg.act, *wg, c.bias ? bg.get() : nullptr, yg.act);
+  const double e = rel_l2(yg.get(), yc.get());
+  EXPECT_LT(e, tol_for(c.out_f32 ? compute : compute) + (compute == DType::F32 ? 1e-4 : 0))
+      << "dense N=" << c.N << " K=" << c.K << " T=" << c.T << " path " << b.gpu->linear_path(*wg, c.T);
+}
+
+TEST(CudaOps, LinearDense) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (LinCase c : {LinCase{123, 200, 1, true, false}, LinCase{1000, 512, 1, false, true},
+                      LinCase{515, 256, 3, true, false}, LinCase{300, 1024, 8, false, true},
+                      LinCase{257, 320, 17, true, false}, LinCase{64, 96, 40, false, true}})
+      run_dense_linear(dt, c);
+}
+
+struct Q4Case {
+  QuantType type;
+  bool dq;
+  int64_t N, K;
+  int bs;
+  int64_t T;
+};
+
+void run_q4_linear(DType compute, const Q4Case& c) {
+  Backends b(compute);
+  auto W = randn(size_t(c.N * c.K), 0.05f);
+  Quant4Options qo;
+  qo.type = c.type;
+  qo.blocksize = c.bs;
+  qo.double_quant = c.dq;
+  auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, c.N, c.K, qo));
+  auto X = rounded(randn(size_t(c.T * c.K)), compute);
+  auto B = randn(size_t(c.N), 0.1f);
+  auto wc = b.cpu->upload_quant4(q);
+  auto wg = b.gpu->upload_quant4(q);
+  auto bc = b.cpu->upload_dense(f32_tensor(B, {c.N}), DType::F32);
+  auto bg = b.gpu->upload_dense(f32_tensor(B, {c.N}), compute);
+  DevAct xc(*b.cpu, c.T, c.K), yc(*b.cpu, c.T, c.N);
+  DevAct xg(*b.gpu, c.T, c.K), yg(*b.gpu, c.T, c.N, DType::F32);
+  xc.set(X);
+  xg.set(X);
+  yg.poison();
+  b.cpu->linear(xc.act, *wc, bc.get(), yc.act);
+  b.gpu->linear(xg.act, *wg, bg.get(), yg.act);
+  const double e = rel_l2(yg.get(), yc.get());
+  EXPECT_LT(e, compute == DType::F32 ? 1e-4 : 5e-3)
+      << quant_type_name(c.type) << (c.dq ? "-dq" : "") << " N=" << c.N << " K=" << c.K << " bs=" << c.bs
+      << " T=" << c.T << " path " << b.gpu->linear_path(*wg, c.T);
+}
+
+TEST(CudaOps, LinearQuant4) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (Q4Case c : {Q4Case{QuantType::NF4, false, 100, 256, 64, 1}, Q4Case{QuantType::NF4, true, 333, 640, 64, 1},
+                     Q4Case{QuantType::FP4, false, 257, 512, 128, 3}, Q4Case{QuantType::FP4, true, 96, 1024, 64, 8},
+                     Q4Case{QuantType::NF4, true, 4100, 384, 256, 1}, Q4Case{QuantType::NF4, true, 200, 448, 64, 21},
+                     Q4Case{QuantType::NF4, false, 77, 96, 64, 2}, Q4Case{QuantType::NF4, true, 50, 200, 32, 1}})
+      run_q4_linear(dt, c);
+  run_q4_linear(DType::F32, Q4Case{QuantType::NF4, true, 130, 256, 64, 1});
+  run_q4_linear(DType::F32, Q4Case{QuantType::FP4, false, 65, 320, 64, 12});
+}
+
+TEST(CudaOps, Quant4PathNames) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  auto W = randn(64 * 128, 0.05f);
+  auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, 64, 128, QuantType::NF4, 64, true));
+  auto w = b.gpu->upload_quant4(q);
+  EXPECT_NE(b.gpu->linear_path(*w, 1).find("gemv_q4"), std::string::npos);
+  EXPECT_NE(b.gpu->linear_path(*w, 100).find("cublas"), std::string::npos);
+}
+
+void run_elementwise(DType dt) {
+  Backends b(dt);
+  // rms_norm: block path (cols 3000), warp path (per-head views, cols 64 / 128)
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 3000}, {21, 128}, {10, 64}, {2, 4096}}) {
+    auto X = rounded(randn(size_t(rows * cols), 3.f), dt);
+    auto Wn = randn(size_t(cols), 1.f);
+    auto wc = b.cpu->upload_dense(f32_tensor(Wn, {cols}), DType::F32);
+    auto wg = b.gpu->upload_dense(f32_tensor(Wn, {cols}), dt);
+    DevAct xc(*b.cpu, rows, cols), xg(*b.gpu, rows, cols), yc(*b.cpu, rows, cols), yg(*b.gpu, rows, cols);
+    xc.set(X);
+    xg.set(X);
+    yg.poison();
+    b.cpu->rms_norm(xc.act, *wc, 1e-5f, yc.act);
+    b.gpu->rms_norm(xg.act, *wg, 1e-5f, yg.act);
+    EXPECT_LT(rel_l2(yg.get(), yc.get()), tol_for(dt)) << "rms_norm " << rows << "x" << cols;
+    b.gpu->rms_norm(xg.act, *wg, 1e-5f, xg.act);  // in place
+    EXPECT_LT(rel_l2(xg.get(), yc.get()), tol_for(dt)) << "rms_norm in place";
+  }
+  // silu_mul, add (odd sizes; add in place)
+  const int64_t n = 4099;
+  auto G = rounded(randn(n, 2.f), dt), U = rounded(randn(n), dt);
+  DevAct gc(*b.cpu, 1, n), uc(*b.cpu, 1, n), oc(*b.cpu, 1, n), gg(*b.gpu, 1, n), ug(*b.gpu, 1, n), og(*b.gpu, 1, n);
+  gc.set(G); uc.set(U); gg.set(G); ug.set(U);
+  og.poison();
+  b.cpu->silu_mul(gc.act, uc.act, oc.act);
+  b.gpu->silu_mul(gg.act, ug.act, og.act);
+  EXPECT_LT(rel_l2(og.get(), oc.get()), tol_for(dt)) << "silu_mul";
+  b.cpu->add(gc.act, uc.act, gc.act);
+  b.gpu->add(gg.act, ug.act, gg.act);
+  EXPECT_LT(rel_l2(gg.get(), gc.get()), tol_for(dt)) << "add";
+  // embed
+  const int64_t vocab = 1001, hidden = 96;
+  auto E = randn(size_t(vocab * hidden));
+  auto ec = b.cpu->upload_dense(f32_tensor(E, {vocab, hidden}), DType::F32);
+  auto eg = b.gpu->upload_dense(f32_tensor(E, {vocab, hidden}), dt);
+  std::vector<int32_t> ids = {5, 1000, 0, 77, 5, 999, 123};
+  DevInts ic(*b.cpu, ids), ig(*b.gpu, ids);
+  DevAct ac(*b.cpu, int64_t(ids.size()), hidden), ag(*b.gpu, int64_t(ids.size()), hidden);
+  ag.poison();
+  b.cpu->embed(*ec, ic.ptr(), ac.act);
+  b.gpu->embed(*eg, ig.ptr(), ag.act);
+  EXPECT_LT(rel_l2(ag.get(), ac.get()), tol_for(dt)) << "embed";
+}
+
+TEST(CudaOps, Elementwise) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) run_elementwise(dt);
+}
+
+TEST(CudaOps, Rope) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F32})
+    for (int hd : {64, 128})
+      for (int pos0 : {0, 37, 5000}) {
+        Backends b(dt);
+        const int64_t T = 5, nq = 4, nk = 2;
+        std::vector<float> inv(size_t(hd / 2));
+        for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
+        auto Q = rounded(randn(size_t(T * nq * hd)), dt), K = rounded(randn(size_t(T * nk * hd)), dt);
+        DevAct qc(*b.cpu, T, nq * hd), kc(*b.cpu, T, nk * hd), qg(*b.gpu, T, nq * hd), kg(*b.gpu, T, nk * hd);
+        DevAct ifc(*b.cpu, 1, hd / 2, DType::F32), ifg(*b.gpu, 1, hd / 2, DType::F32);
+        ifc.set(inv); ifg.set(inv);
+        qc.set(Q); kc.set(K); qg.set(Q); kg.set(K);
+        DevInts pc(*b.cpu, {pos0}), pg(*b.gpu, {pos0});
+        RopeParams rc{hd, static_cast<const float*>(ifc.act.data)}, rg{hd, static_cast<const float*>(ifg.act.data)};
+        b.cpu->rope(qc.act, kc.act, rc, StepState{pc.ptr()});
+        b.gpu->rope(qg.act, kg.act, rg, StepState{pg.ptr()});
+        EXPECT_LT(rel_l2(qg.get(), qc.get()), tol_for(dt)) << "rope q hd=" << hd << " pos0=" << pos0;
+        EXPECT_LT(rel_l2(kg.get(), kc.get()), tol_for(dt)) << "rope k hd=" << hd << " pos0=" << pos0;
+      }
+}
+
+struct AttnCase {
+  int n_heads, n_kv, hd, pos0, T;
+};
+
+void run_attention(DType dt, const AttnCase& c) {
+  Backends b(dt);
+  const int64_t cap = c.pos0 + c.T + 5, kvw = int64_t(c.n_kv) * c.hd, qw = int64_t(c.n_heads) * c.hd;
+  const int layers = 2, layer = 1;
+  b.cpu->kv_allocate({layers, c.n_kv, c.hd, cap, DType::F32});
+  b.gpu->kv_allocate({layers, c.n_kv, c.hd, cap, dt});
+  auto fill = [&](int64_t T, int32_t p0) {
+    auto K = rounded(randn(size_t(T * kvw)), dt), V = rounded(randn(size_t(T * kvw)), dt);
+    DevAct kc(*b.cpu, T, kvw), vc(*b.cpu, T, kvw), kg(*b.gpu, T, kvw), vg(*b.gpu, T, kvw);
+    kc.set(K); vc.set(V); kg.set(K); vg.set(V);
+    DevInts pc(*b.cpu, {p0}), pg(*b.gpu, {p0});
+    b.cpu->kv_write(layer, kc.act, vc.act, StepState{pc.ptr()});
+    b.gpu->kv_write(layer, kg.act, vg.act, StepState{pg.ptr()});
+  };
+  if (c.pos0 > 0) fill(c.pos0, 0);  // the existing context
+  fill(c.T, c.pos0);                // this step's rows
+  auto Q = rounded(randn(size_t(c.T * qw), 2.f), dt);
+  DevAct qc(*b.cpu, c.T, qw), qg(*b.gpu, c.T, qw), oc(*b.cpu, c.T, qw), og(*b.gpu, c.T, qw);
+  qc.set(Q); qg.set(Q);
+  og.poison();
+  DevInts pc(*b.cpu, {c.pos0}), pg(*b.gpu, {c.pos0});
+  AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
+  b.cpu->attention(layer, qc.act, oc.act, p, StepState{pc.ptr()});
+  b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()});
+  EXPECT_LT(rel_l2(og.get(), oc.get()), tol_for(dt)) << "attention heads " << c.n_heads << "/" << c.n_kv
+                                                   << " hd " << c.hd << " pos0 " << c.pos0 << " T " << c.T;
+}
+
+TEST(CudaOps, AttentionDecode) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F32})
+    for (AttnCase c : {AttnCase{8, 2, 128, 0, 1}, AttnCase{8, 2, 64, 50, 1}, AttnCase{32, 8, 128, 3000, 1},
+                       AttnCase{14, 2, 64, 700, 1}, AttnCase{4, 4, 128, 33, 3}, AttnCase{16, 1, 64, 257, 4},
+                       AttnCase{12, 2, 128, 1, 2}})
+      run_attention(dt, c);
+}
+
+TEST(CudaOps, AttentionPrefill) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (AttnCase c : {AttnCase{8, 2, 128, 0, 17}, AttnCase{8, 2, 64, 50, 33}, AttnCase{4, 4, 128, 0, 128},
+                       AttnCase{14, 2, 64, 100, 100}, AttnCase{8, 8, 64, 0, 5}})
+      run_attention(dt, c);
+  run_attention(DType::F32, AttnCase{6, 2, 128, 20, 40});
+}
+
+TEST(CudaOps, AttentionUnsupported) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  EXPECT_NE(b.gpu->attn_unsupported_reason(AttnImpl::Auto, 96).find("96"), std::string::npos);
+  EXPECT_EQ(b.gpu->attn_unsupported_reason(AttnImpl::Auto, 128), "");
+  EXPECT_EQ(b.gpu->attn_unsupported_reason(AttnImpl::Sdpa, 64), "");
+}
+
+// A captured step (norm -> 4-bit linear -> rope -> kv_write -> attention -> add) replayed at a
+// new position gives what running it eagerly there gives.
+TEST(CudaOps, GraphReplay) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  auto& g = *b.gpu;
+  ASSERT_TRUE(g.graphs_supported());
+  const int64_t H = 256, hd = 64, nh = 4, nkv = 2;
+  g.kv_allocate({1, int(nkv), int(hd), 64, DType::BF16});
+  auto Wq = randn(size_t(nh * hd * H), 0.05f), Wk = randn(size_t(nkv * hd * H), 0.05f), Nw = randn(size_t(H));
+  auto qq = std::make_shared<Quant4Tensor>(quantize_4bit(Wq.data(), DType::F32, nh * hd, H, QuantType::NF4, 64, true));
+  auto qk = std::make_shared<Quant4Tensor>(quantize_4bit(Wk.data(), DType::F32, nkv * hd, H, QuantType::NF4, 64, true));
+  auto wq = g.upload_quant4(qq), wk = g.upload_quant4(qk);
+  auto nw = g.upload_dense(f32_tensor(Nw, {H}), DType::BF16);
+  std::vector<float> inv(size_t(hd / 2));
+  for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(10000.f, -2.f * i / hd);
+  DevAct invd(g, 1, hd / 2, DType::F32), x(g, 1, H), xn(g, 1, H), q(g, 1, nh * hd), k(g, 1, nkv * hd), o(g, 1, nh * hd);
+  invd.set(inv);
+  DevInts pos(g, {0});
+  StepState s{pos.ptr()};
+  RopeParams rp{int(hd), static_cast<const float*>(invd.act.data)};
+  AttnParams ap{int(nh), int(nkv), int(hd), 0.125f, AttnImpl::Auto};
+  auto step = [&] {
+    g.rms_norm(x.act, *nw, 1e-6f, xn.act);
+    g.linear(xn.act, *wq, nullptr, q.act);
+    g.linear(xn.act, *wk, nullptr, k.act);
+    g.rope(q.act, k.act, rp, s);
+    g.kv_write(0, k.act, k.act, s);
+    g.attention(0, q.act, o.act, ap, s);
+    g.add(o.act, q.act, o.act);
+  };
+  // positions 0..9 eagerly, remember the outputs at 7..9
+  std::vector<std::vector<float>> xs, eager;
+  for (int p = 0; p < 10; ++p) {
+    g.upload(pos.ptr(), &p, 4);
+    xs.push_back(rounded(randn(size_t(H)), DType::BF16));
+    x.set(xs.back());
+    step();
+    eager.push_back(o.get());
+  }
+  // replay the same steps from position 7 with a graph captured once
+  int p = 7;
+  g.upload(pos.ptr(), &p, 4);
+  x.set(xs[7]);
+  g.capture_begin();
+  step();
+  const int id = g.capture_end();
+  for (p = 7; p < 10; ++p) {
+    g.upload(pos.ptr(), &p, 4);
+    x.set(xs[size_t(p)]);
+    g.replay(id);
+    g.sync();
+    EXPECT_LT(rel_l2(o.get(), eager[size_t(p)]), 1e-6) << "graph replay at position " << p;
+  }
+}
+
+TEST(CudaOps, SampleGreedy) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  const int64_t vocab = 128257;
+  auto L = randn(size_t(vocab), 3.f);
+  DevAct lg(*b.gpu, 1, vocab, DType::F32);
+  lg.set(L);
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i)
+    if (L[size_t(i)] > L[size_t(best)]) best = i;
+  SamplingParams sp;
+  int32_t id = -1;
+  ASSERT_TRUE(b.gpu->sample(lg.act, sp, nullptr, 0, 0.5f, &id));
+  EXPECT_EQ(id, best);
+  // repetition penalty on the best id (twice in history: applied once) moves the choice
+  std::vector<int32_t> hist = {int32_t(best), 3, int32_t(best)};
+  DevInts hd(*b.gpu, hist);
+  sp.repeat_penalty = 1e6f;
+  ASSERT_TRUE(b.gpu->sample(lg.act, sp, hd.ptr(), 3, 0.5f, &id));
+  std::vector<float> P = L;
+  for (int32_t h : {int32_t(best), 3}) P[size_t(h)] = P[size_t(h)] < 0 ? P[size_t(h)] * 1e6f : P[size_t(h)] / 1e6f;
+  int64_t best2 = 0;
+  for (int64_t i = 1; i < vocab; ++i)
+    if (P[size_t(i)] > P[size_t(best2)]) best2 = i;
+  EXPECT_EQ(id, best2);
+  sp.temperature = 0.7f;
+  EXPECT_FALSE(b.gpu->sample(lg.act, sp, nullptr, 0, 0.5f, &id));  // left to the host
+}
+
+}  // namespace
+}  // namespace nf4flash::test
