@@ -284,7 +284,7 @@ void dequantize_4bit_range(const Quant4Tensor& q, const float* absmax, int64_t b
   while (i < end) {
     const int64_t b = i / bs;
     const int64_t seg_end = std::min<int64_t>(end, (b + 1) * bs);
-    const float scale = absmax[b];
+    const float scale = absmax ? absmax[b] : q.block_absmax(b);
     // Scalar head to reach an even (byte-aligned) element.
     if (i & 1) {
       const float v = table[q.packed[i >> 1] & 0x0F] * scale;

@@ -71,6 +71,7 @@ void quant4_prepare(Quant4Tensor& q);
 void dequantize_4bit(const Quant4Tensor& q, float* out);
 void dequantize_4bit_bf16(const Quant4Tensor& q, uint16_t* out);
 // Dequantize flat elements [begin, begin + count) to float (optionally rounded to bf16 values).
+// absmax: the expanded float absmax (expand_absmax), or nullptr to expand block by block.
 void dequantize_4bit_range(const Quant4Tensor& q, const float* absmax, int64_t begin,
                            int64_t count, bool round_bf16, float* out);
 

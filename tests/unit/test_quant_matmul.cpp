@@ -1,5 +1,5 @@
 // cpu_matmul_q4 against dequantize + a naive double-precision matmul, on random inputs with odd
-// sizes: m = 1, 3, 17, 70 (more than one x tile), blocks spanning rows, odd cols, plain and double
+// sizes: m = 1..5 (register-decoded path and its edge), 17, 70 (more than one x tile), blocks spanning rows, odd cols, plain and double
 // quant, NF4 and FP4, weights rounded to bf16 or not.
 #include <gtest/gtest.h>
 
@@ -25,7 +25,7 @@ void check(int64_t rows, int64_t cols, int blocksize, QuantType t, bool dq, bool
   std::vector<float> wd(rows * cols);
   dequantize_4bit(q, wd.data());
   for (bool bf16 : {false, true}) {
-    for (int64_t m : {1, 3, 17, 70}) {
+    for (int64_t m : {1, 2, 3, 4, 5, 17, 70}) {
       std::vector<float> x(m * cols), y(m * rows, NAN);
       for (float& v : x) v = nd(rng);
       cpu_matmul_q4(x.data(), m, q, y.data(), bf16);
@@ -54,6 +54,7 @@ TEST(QuantMatmul, MatchesDequantizedNaive) {
   check(37, 96, 64, QuantType::FP4, true, true, 3);    // with the expanded absmax cache
   check(5, 33, 32, QuantType::FP4, false, false, 4);   // odd cols: rows start mid-byte
   check(9, 7, 128, QuantType::NF4, true, false, 5);    // a block spans many rows
+  check(9, 7, 128, QuantType::NF4, true, true, 7);
   check(130, 200, 256, QuantType::NF4, false, false, 6);
 }
 

@@ -1,7 +1,9 @@
 // CPU fused dequantizing 4-bit matmul (see matmul_q4.h for the contract).
-// Loop nest: x tiles of kTileM rows (serial) → weight row groups of kRowsPerGroup (parallel) →
-// dequantize the group's rows once into a thread-local buffer → 4x2 register-blocked dot products
-// (4 weight rows × 2 x rows, 8 AVX2 accumulators) over cols.
+// m <= 4 (decode): each weight row is decoded in registers (per block a 16-entry LUT of
+//   code * absmax, then permute lookups) and multiplied straight into m accumulators.
+// m > 4: x tiles of kTileM rows (serial) → weight row groups of kRowsPerGroup (parallel) →
+//   dequantize the group's rows once into a thread-local buffer → 4x2 register-blocked dot
+//   products (4 weight rows × 2 x rows, 8 AVX2 accumulators) over cols.
 #include "backend/cpu/matmul_q4.h"
 
 #include <algorithm>
@@ -10,6 +12,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "quant/blockwise.h"
+#include "quant/codebook.h"
+#include "quant/simd4.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -95,6 +99,54 @@ void dot_group(const float* x, int64_t j0, int64_t j1, int64_t cols, const float
   }
 }
 
+// y[j, r] for r in [r0, r1), j < M: weights decoded in registers, never stored.
+template <int M>
+void fused_rows(const Quant4Tensor& w, const float* absmax, bool bf16, const float* x, int64_t r0,
+                int64_t r1, float* y) {
+  const float* table = dequant_table4(w.type).data();
+  const int64_t cols = w.cols, rows = w.rows, bs = w.blocksize;
+  const uint8_t* packed = w.packed.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t row0 = r * cols;
+    int64_t i = row0;
+    const int64_t end = row0 + cols;
+    float tail[M] = {};
+#ifdef __AVX2__
+    __m256 acc[M];
+    for (int j = 0; j < M; ++j) acc[j] = _mm256_setzero_ps();
+#endif
+    while (i < end) {
+      const int64_t b = i / bs;
+      const int64_t seg_end = std::min(end, (b + 1) * bs);
+      const float scale = absmax ? absmax[b] : w.block_absmax(b);
+      auto scalar_one = [&](int64_t e) {
+        const uint8_t byte = packed[e >> 1];
+        float v = table[(e & 1) ? (byte & 0x0F) : (byte >> 4)] * scale;
+        if (bf16) v = round_bf16(v);
+        for (int j = 0; j < M; ++j) tail[j] += x[j * cols + (e - row0)] * v;
+      };
+      if (i & 1) scalar_one(i++);
+#ifdef __AVX2__
+      const simd4::Lut16 lut = simd4::make_lut(table, scale, bf16);
+      for (; i + 8 <= seg_end; i += 8) {
+        const __m256 wv = simd4::lookup(lut, simd4::nibbles8(packed + (i >> 1)));
+        const int64_t k = i - row0;
+        for (int j = 0; j < M; ++j)
+          acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + j * cols + k), wv, acc[j]);
+      }
+#endif
+      for (; i < seg_end; ++i) scalar_one(i);
+    }
+    for (int j = 0; j < M; ++j) {
+      float s = tail[j];
+#ifdef __AVX2__
+      s += hsum(acc[j]);
+#endif
+      y[j * rows + r] = s;
+    }
+  }
+}
+
 }  // namespace
 
 void cpu_matmul_q4(const float* x, int64_t m, const Quant4Tensor& w, float* y,
@@ -102,17 +154,24 @@ void cpu_matmul_q4(const float* x, int64_t m, const Quant4Tensor& w, float* y,
   validate_quant4(w, "cpu_matmul_q4 weight");
   NF4FLASH_CHECK(m >= 0, "cpu_matmul_q4: negative row count ", m);
   if (m == 0) return;
-  std::vector<float> expanded;
-  const float* absmax = nullptr;
-  if (!w.double_quant) {
-    absmax = w.absmax.data();
-  } else if (!w.absmax_f32.empty()) {
-    absmax = w.absmax_f32.data();
-  } else {
-    expanded = expand_absmax(w);
-    absmax = expanded.data();
-  }
+  // Double quant without the quant4_prepare cache: absmax is expanded per block as it is used
+  // (one lookup, multiply and add per block), so no per-call buffer is needed.
+  const float* absmax = !w.double_quant ? w.absmax.data()
+                        : w.absmax_f32.empty() ? nullptr
+                                               : w.absmax_f32.data();
   const int64_t rows = w.rows, cols = w.cols;
+  if (m <= 4) {
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
+    thread_pool().parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
+      switch (m) {
+        case 1: fused_rows<1>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        case 2: fused_rows<2>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        case 3: fused_rows<3>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        default: fused_rows<4>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+      }
+    });
+    return;
+  }
   const int64_t groups = (rows + kRowsPerGroup - 1) / kRowsPerGroup;
   for (int64_t t0 = 0; t0 < m; t0 += kTileM) {
     const int64_t t1 = std::min(m, t0 + kTileM);

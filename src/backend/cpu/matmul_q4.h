@@ -7,12 +7,14 @@
 // the nearest bf16 value, as bitsandbytes' bf16 compute path dequantizes to bf16 before its GEMM.
 // Accumulation is float32 (FMA), so results match a dequantize + naive matmul to rounding only.
 //
-// No full-size copy of W is made: each thread dequantizes 4 weight rows at a time into a small
-// buffer (4 * cols floats) and multiplies them with a tile of up to 64 x rows, so every weight
-// block is dequantized once per x tile. Threads split the weight rows (thread_pool()). AVX2/FMA
+// No full-size copy of W is made. m <= 4: weights are decoded in registers (a per-block 16-entry
+// LUT of code * absmax) and multiplied straight in. m > 4: each thread dequantizes 4 weight rows
+// at a time into a small buffer (4 * cols floats) and multiplies them with a tile of up to 64 x
+// rows, so every weight block is dequantized once per x tile. Threads split the weight rows (thread_pool()). AVX2/FMA
 // when compiled with it, scalar otherwise. Blocks may span rows (cols % blocksize != 0) and cols
-// may be odd. Double-quant absmax is expanded per call unless w.absmax_f32 is filled
-// (quant4_prepare at load time: num_blocks floats, 1/16 of the bf16 weight size at blocksize 64).
+// may be odd. Double-quant absmax is expanded block by block as it is used (exactly, no FMA)
+// unless w.absmax_f32 is filled by quant4_prepare (num_blocks floats: 1/8 of the packed size at
+// blocksize 64; not needed for speed, measured within noise).
 #pragma once
 #include <cstdint>
 
