@@ -16,7 +16,6 @@ std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store
     auto q = std::make_shared<Quant4Tensor>(read_bnb_weight(store, name));
     if (q->rows != rows || q->cols != cols)
       fail(t.file, ": tensor ", name, " quant_state shape [", q->rows, ", ", q->cols, "], expected [", rows, ", ", cols, "]");
-    quant4_prepare(*q);
     auto w = be.upload_quant4(std::move(q));
     store.release(name);
     return w;
@@ -29,7 +28,6 @@ std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store
     o.blocksize = p.blocksize;
     o.double_quant = p.double_quant;
     auto q = std::make_shared<Quant4Tensor>(quantize_4bit(t.data, t.dtype, rows, cols, o));
-    quant4_prepare(*q);
     store.release(name);
     return be.upload_quant4(std::move(q));
   }
