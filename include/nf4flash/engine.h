@@ -15,6 +15,7 @@
 namespace nf4flash {
 
 class Tokenizer;
+class ChatTemplate;
 struct ModelConfig;
 
 // What actually runs: reported by run/score/bench/doctor.
@@ -85,6 +86,8 @@ class Engine {
   const EngineReport& report() const;
   const ModelConfig& config() const;
   const Tokenizer* tokenizer() const;  // null when the folder has none
+  const ChatTemplate* chat_template() const;  // null when tokenizer_config.json has none
+  const std::string& chat_template_error() const;  // why it could not be loaded, if it could not
   std::vector<int32_t> eos_ids() const;
   int64_t vocab_size() const;
   int64_t ctx_size() const;

@@ -82,9 +82,23 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   const Plan plan = make_plan(opts, cfg);
   im->be = plan.device == Device::CUDA ? make_cuda_backend({plan.compute, 0, opts.tf32})
                                        : make_cpu_backend({plan.compute, opts.threads});
-  if (plan.attn != AttnImpl::Auto) {
-    const std::string why = im->be->attn_unsupported_reason(plan.attn, cfg.head_dim);
+  // Attention: an explicit request must be servable (else an error, never a fallback); auto
+  // takes the first implementation the backend serves, in the order flash, sdpa, eager.
+  AttnImpl attn = plan.attn;
+  if (attn != AttnImpl::Auto) {
+    const std::string why = im->be->attn_unsupported_reason(attn, cfg.head_dim);
     if (!why.empty()) fail(why);
+  } else {
+    std::string why;
+    for (AttnImpl a : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager}) {
+      const std::string w = im->be->attn_unsupported_reason(a, cfg.head_dim);
+      if (w.empty()) {
+        attn = a;
+        break;
+      }
+      why = w;
+    }
+    if (attn == AttnImpl::Auto) fail(why);
   }
   im->cfg = cfg;
   im->store = std::move(store);
@@ -99,7 +113,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   const int64_t max_rows = std::max<int64_t>(1, opts.ubatch);
   auto prog = [&](int done, int total) { if (progress) progress("loading weights", done, total); };
   im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog);
-  im->dec->set_attn_impl(plan.attn);
+  im->dec->set_attn_impl(attn);
 
   // context size: requested, else the model's maximum capped by what memory allows
   const size_t kv_elt = plan.device == Device::CPU ? 4 : dtype_size(plan.compute);
@@ -137,7 +151,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.quant = std::string(quant_type_name(plan.quant));
   r.double_quant = plan.double_quant;
   r.prequantized = plan.prequantized;
-  r.attn = plan.device == Device::CPU ? "cpu-eager" : std::string(attn_impl_name(plan.attn == AttnImpl::Auto ? AttnImpl::Flash : plan.attn));
+  r.attn = plan.device == Device::CPU ? std::string("cpu-eager") : std::string(attn_impl_name(attn));
   r.linear_decode = im->dec->linear_path(1);
   r.linear_prefill = im->dec->linear_path(max_rows);
   r.use_cache = opts.use_cache;
@@ -167,6 +181,8 @@ std::unique_ptr<Engine> Engine::load(const LoadOptions& opts, const ProgressFn& 
 const EngineReport& Engine::report() const { return impl_->report; }
 const ModelConfig& Engine::config() const { return impl_->cfg; }
 const Tokenizer* Engine::tokenizer() const { return impl_->tok.get(); }
+const ChatTemplate* Engine::chat_template() const { return impl_->chat.get(); }
+const std::string& Engine::chat_template_error() const { return impl_->chat_error; }
 int64_t Engine::vocab_size() const { return impl_->cfg.vocab_size; }
 int64_t Engine::ctx_size() const { return impl_->ctx; }
 

@@ -22,6 +22,8 @@ struct Engine::Impl {
   std::unique_ptr<Backend> be;
   std::unique_ptr<Decoder> dec;
   std::shared_ptr<Tokenizer> tok;
+  std::shared_ptr<ChatTemplate> chat;
+  std::string chat_error;
   EngineReport report;
   int64_t ctx = 0;
 
