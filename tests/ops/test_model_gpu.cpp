@@ -1,0 +1,123 @@
+// The whole model on the GPU against the transformers goldens, through prefill (score) and
+// decode (greedy generate, KV cache, CUDA graphs): bf16 and the 4-bit variants (quantized on
+// load and pre-quantized) must land no further from the goldens than twice transformers' own
+// bf16-vs-f32 distance (log-probs pooled over the three sequences, logits per sequence); f32
+// compute within 1e-3 of the f32 golden (tf32 off).
+#include <gtest/gtest.h>
+
+#include "cuda_test_util.h"
+#include "nf4flash/engine.h"
+#include "runtime/engine_impl.h"
+#include "test_util.h"
+
+using namespace nf4flash;
+using namespace nf4flash::test;
+
+namespace {
+
+struct GpuCase {
+  const char* model;
+  const char* variant;  // golden variant: bf16 | nf4 | fp4 | f32
+  const char* folder_suffix;  // "" or "-bnb-nf4" ...
+  QuantChoice quant;
+  bool dq;
+  ComputeDType compute;
+};
+
+std::unique_ptr<Engine> load_gpu(const GpuCase& c, AttnChoice attn = AttnChoice::Auto, bool graphs = true) {
+  LoadOptions o;
+  o.model_dir = model_dir(std::string(c.model) + c.folder_suffix);
+  o.device = DeviceChoice::CUDA;
+  o.compute = c.compute;
+  o.quant = c.quant;
+  o.double_quant = c.dq;
+  o.attn = attn;
+  o.graphs = graphs;
+  o.ctx_size = 512;
+  o.load_tokenizer = false;
+  return Engine::load(o);
+}
+
+class GpuModel : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(GpuModel, ScoreMatchesGoldens) {
+  NF4FLASH_REQUIRE_CUDA();
+  const GpuCase c = GetParam();
+  Golden g(c.model);
+  auto e = load_gpu(c);
+  const bool f32 = std::string(c.variant) == "f32";
+  std::vector<float> lp, lp_ref, lp16, lp32;
+  auto app = [](std::vector<float>& d, const std::vector<float>& s) { d.insert(d.end(), s.begin(), s.end()); };
+  for (int i = 0; i < 3; ++i) {
+    const ScoreResult r = e->score(g.i32(cat("tokens_", i)), false, true);
+    app(lp, r.next_token_logprobs);
+    app(lp_ref, g.f32(cat("nextlogprob_", c.variant, "_", i)));
+    app(lp16, g.f32(cat("nextlogprob_bf16_", i)));
+    app(lp32, g.f32(cat("nextlogprob_f32_", i)));
+    const auto rows = flatten(r.logits, i == 0 ? 0 : r.logits.size() - 4);
+    const double tol = f32 ? 1e-3 : 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
+    EXPECT_LE(rel_l2(rows, g.f32(cat("logits_", c.variant, "_", i))), tol) << c.model << " " << c.variant << " seq " << i;
+  }
+  const double tol = f32 ? 1e-3 : 2 * rel_l2(lp16, lp32);
+  EXPECT_LE(rel_l2(lp, lp_ref), tol) << c.model << " " << c.variant << " log-probs";
+}
+
+TEST_P(GpuModel, DecodeStepMatchesPrefillLogits) {
+  NF4FLASH_REQUIRE_CUDA();
+  const GpuCase c = GetParam();
+  Golden g(c.model);
+  auto e = load_gpu(c);
+  const auto toks = g.i32("tokens_1");
+  const ScoreResult full = e->score(toks, false, true);
+  auto& im = e->internals();
+  const int64_t V = e->vocab_size(), k = 9;
+  std::vector<float> row(V);
+  im.forward_tokens(toks.data(), k, 0, false, [](int64_t, Act) {});
+  double worst = 0;
+  for (int64_t p = k; p < static_cast<int64_t>(toks.size()); ++p) {
+    im.decode_step(toks[p], p);
+    im.be->download(row.data(), im.logits_act(1).data, V * 4);
+    worst = std::max(worst, rel_l2(row, full.logits[p]));
+  }
+  // decode (GEMV, flash-decoding) and prefill (GEMM, tiled attention) round differently in bf16
+  EXPECT_LT(worst, std::string(c.variant) == "f32" ? 1e-4 : 2e-2) << c.model << " " << c.variant;
+}
+
+const GpuCase kGpuCases[] = {
+    {"llama-gqa-hd64", "f32", "", QuantChoice::Auto, false, ComputeDType::F32},
+    {"llama-gqa-hd64", "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama-gqa-hd64", "nf4", "", QuantChoice::NF4, true, ComputeDType::BF16},
+    {"llama-gqa-hd64", "nf4", "-bnb-nf4", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama-gqa-hd64", "fp4", "-bnb-fp4", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama3-hd128-ropescaled", "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama3-hd128-ropescaled", "nf4", "-bnb-nf4", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama3-hd128-ropescaled", "fp4", "", QuantChoice::FP4, false, ComputeDType::BF16},
+    {"qwen2-bias", "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"qwen2-bias", "nf4", "-bnb-nf4", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"qwen2-bias", "fp4", "-bnb-fp4", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama2-tok-hd64", "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16},
+    {"llama2-tok-hd64", "nf4", "", QuantChoice::NF4, true, ComputeDType::BF16},
+};
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuModel, ::testing::ValuesIn(kGpuCases), [](const auto& info) {
+  std::string s = cat(info.param.model, info.param.folder_suffix, "_", info.param.variant);
+  for (auto& ch : s)
+    if (ch == '-' || ch == '.') ch = '_';
+  return s;
+});
+
+TEST(GpuModelGreedy, GreedyWithGraphsEqualsWithoutAndMatchesGoldenPrefix) {
+  NF4FLASH_REQUIRE_CUDA();
+  Golden g("llama-gqa-hd64");
+  const GpuCase c{"llama-gqa-hd64", "f32", "", QuantChoice::Auto, false, ComputeDType::F32};
+  GenerateOptions go;
+  go.max_new_tokens = 24;
+  go.ignore_eos = true;
+  auto with = load_gpu(c, AttnChoice::Auto, true);
+  auto without = load_gpu(c, AttnChoice::Auto, false);
+  const auto a = with->generate(g.i32("tokens_1"), go), b = without->generate(g.i32("tokens_1"), go);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.tokens, g.i32("greedy_f32_from_1"));
+}
+
+}  // namespace
