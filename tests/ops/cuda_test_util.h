@@ -47,7 +47,7 @@ inline std::vector<float> rounded(std::vector<float> v, DType dt) {
   return v;
 }
 
-inline double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+inline double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = double(got[i]) - ref[i];

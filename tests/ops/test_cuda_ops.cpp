@@ -28,7 +28,7 @@ void run_dense_linear(DType compute, const LinCase& c) {
   yg.poison();
   b.cpu->linear(xc.act, *wc, c.bias ? bc.get() : nullptr, yc.act);
   b.gpu->linear(xg.act, *wg, c.bias ? bg.get() : nullptr, yg.act);
-  const double e = rel_l2(yg.get(), yc.get());
+  const double e = rel_err(yg.get(), yc.get());
   EXPECT_LT(e, tol_for(c.out_f32 ? compute : compute) + (compute == DType::F32 ? 1e-4 : 0))
       << "dense N=" << c.N << " K=" << c.K << " T=" << c.T << " path " << b.gpu->linear_path(*wg, c.T);
 }
@@ -71,7 +71,7 @@ void run_q4_linear(DType compute, const Q4Case& c) {
   yg.poison();
   b.cpu->linear(xc.act, *wc, bc.get(), yc.act);
   b.gpu->linear(xg.act, *wg, bg.get(), yg.act);
-  const double e = rel_l2(yg.get(), yc.get());
+  const double e = rel_err(yg.get(), yc.get());
   EXPECT_LT(e, compute == DType::F32 ? 1e-4 : 5e-3)
       << quant_type_name(c.type) << (c.dq ? "-dq" : "") << " N=" << c.N << " K=" << c.K << " bs=" << c.bs
       << " T=" << c.T << " path " << b.gpu->linear_path(*wg, c.T);
@@ -113,9 +113,9 @@ void run_elementwise(DType dt) {
     yg.poison();
     b.cpu->rms_norm(xc.act, *wc, 1e-5f, yc.act);
     b.gpu->rms_norm(xg.act, *wg, 1e-5f, yg.act);
-    EXPECT_LT(rel_l2(yg.get(), yc.get()), tol_for(dt)) << "rms_norm " << rows << "x" << cols;
+    EXPECT_LT(rel_err(yg.get(), yc.get()), tol_for(dt)) << "rms_norm " << rows << "x" << cols;
     b.gpu->rms_norm(xg.act, *wg, 1e-5f, xg.act);  // in place
-    EXPECT_LT(rel_l2(xg.get(), yc.get()), tol_for(dt)) << "rms_norm in place";
+    EXPECT_LT(rel_err(xg.get(), yc.get()), tol_for(dt)) << "rms_norm in place";
   }
   // silu_mul, add (odd sizes; add in place)
   const int64_t n = 4099;
@@ -125,10 +125,10 @@ void run_elementwise(DType dt) {
   og.poison();
   b.cpu->silu_mul(gc.act, uc.act, oc.act);
   b.gpu->silu_mul(gg.act, ug.act, og.act);
-  EXPECT_LT(rel_l2(og.get(), oc.get()), tol_for(dt)) << "silu_mul";
+  EXPECT_LT(rel_err(og.get(), oc.get()), tol_for(dt)) << "silu_mul";
   b.cpu->add(gc.act, uc.act, gc.act);
   b.gpu->add(gg.act, ug.act, gg.act);
-  EXPECT_LT(rel_l2(gg.get(), gc.get()), tol_for(dt)) << "add";
+  EXPECT_LT(rel_err(gg.get(), gc.get()), tol_for(dt)) << "add";
   // embed
   const int64_t vocab = 1001, hidden = 96;
   auto E = randn(size_t(vocab * hidden));
@@ -140,7 +140,7 @@ void run_elementwise(DType dt) {
   ag.poison();
   b.cpu->embed(*ec, ic.ptr(), ac.act);
   b.gpu->embed(*eg, ig.ptr(), ag.act);
-  EXPECT_LT(rel_l2(ag.get(), ac.get()), tol_for(dt)) << "embed";
+  EXPECT_LT(rel_err(ag.get(), ac.get()), tol_for(dt)) << "embed";
 }
 
 TEST(CudaOps, Elementwise) {
@@ -166,8 +166,8 @@ TEST(CudaOps, Rope) {
         RopeParams rc{hd, static_cast<const float*>(ifc.act.data)}, rg{hd, static_cast<const float*>(ifg.act.data)};
         b.cpu->rope(qc.act, kc.act, rc, StepState{pc.ptr()});
         b.gpu->rope(qg.act, kg.act, rg, StepState{pg.ptr()});
-        EXPECT_LT(rel_l2(qg.get(), qc.get()), tol_for(dt)) << "rope q hd=" << hd << " pos0=" << pos0;
-        EXPECT_LT(rel_l2(kg.get(), kc.get()), tol_for(dt)) << "rope k hd=" << hd << " pos0=" << pos0;
+        EXPECT_LT(rel_err(qg.get(), qc.get()), tol_for(dt)) << "rope q hd=" << hd << " pos0=" << pos0;
+        EXPECT_LT(rel_err(kg.get(), kc.get()), tol_for(dt)) << "rope k hd=" << hd << " pos0=" << pos0;
       }
 }
 
@@ -199,7 +199,7 @@ void run_attention(DType dt, const AttnCase& c) {
   AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
   b.cpu->attention(layer, qc.act, oc.act, p, StepState{pc.ptr()});
   b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()});
-  EXPECT_LT(rel_l2(og.get(), oc.get()), tol_for(dt)) << "attention heads " << c.n_heads << "/" << c.n_kv
+  EXPECT_LT(rel_err(og.get(), oc.get()), tol_for(dt)) << "attention heads " << c.n_heads << "/" << c.n_kv
                                                    << " hd " << c.hd << " pos0 " << c.pos0 << " T " << c.T;
 }
 
@@ -281,7 +281,7 @@ TEST(CudaOps, GraphReplay) {
     x.set(xs[size_t(p)]);
     g.replay(id);
     g.sync();
-    EXPECT_LT(rel_l2(o.get(), eager[size_t(p)]), 1e-6) << "graph replay at position " << p;
+    EXPECT_LT(rel_err(o.get(), eager[size_t(p)]), 1e-6) << "graph replay at position " << p;
   }
 }
 

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <cstdlib>
 #include <random>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -138,12 +140,17 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         for (auto& v : xh) v = f32_to_bf16(nd(g));
         be->upload(xb->data(), xh.data(), xh.size() * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
-        const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
-                                      o.reps, o.trials);
-        const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
-        report(cat("gemv nf4", dq ? "-dq" : "", " ", s.rows, "x", s.cols, " T=", T), sec, bytes,
-               {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"copies", copies},
-                {"path", be->linear_path(*ws[0], T)}});
+        for (const char* variant : {"regs", "async"}) {
+          if (std::string(variant) == "async" && T != 1) continue;
+          setenv("NF4FLASH_GEMV_Q4", variant, 1);
+          const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                        o.reps, o.trials);
+          const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
+          report(cat("gemv nf4", dq ? "-dq" : "", " ", s.rows, "x", s.cols, " T=", T, " ", variant), sec, bytes,
+                 {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"copies", copies},
+                  {"variant", variant}, {"path", be->linear_path(*ws[0], T)}});
+        }
+        unsetenv("NF4FLASH_GEMV_Q4");
       }
     }
 

@@ -1,4 +1,7 @@
 // Launchers of the GEMV kernels (4-bit fused and dense) and of the 4-bit repack/dequantize kernels.
+#include <cstdlib>
+#include <string_view>
+
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
 
@@ -15,19 +18,37 @@ int num_sms() {
   return n;
 }
 
+// Default: the register-prefetch kernel. NF4FLASH_GEMV_Q4=async selects the cp.async ring variant
+// (kernel-bench times both; on the H200, 2026-12-02 run 5, async was 1.3-1.5x slower: 28.1 vs
+// 18.2 us on nf4-dq 4096x14336, and decode 189 vs 232 tok/s end to end).
+bool gemv_q4_use_async() {
+  const char* v = std::getenv("NF4FLASH_GEMV_Q4");
+  return v && std::string_view(v) == "async";
+}
+
 template <typename TA, bool DQ>
 void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
   Q4KernelArgs a{*g.w, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32};
+  const bool async = gemv_q4_use_async();
+  auto kernel = async ? gemv_q4_async_kernel<TA, DQ> : gemv_q4_kernel<TA, DQ>;
+  const int dyn = async ? kQ4AsyncRingBytes : 0;
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_async_kernel<TA, DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    kQ4AsyncRingBytes));
+    attr_set = true;
+  }
   int grid = g.grid;
   if (grid <= 0) {
-    static int per_sm = [] {
-      int v = 0;
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, gemv_q4_kernel<TA, DQ>, kQ4Warps * 32, 0));
-      return v > 0 ? v : 1;
-    }();
-    grid = static_cast<int>(std::min<int64_t>(g.w->RT, int64_t(per_sm) * num_sms()));
+    static int per_sm[2] = {0, 0};
+    int& ps = per_sm[async ? 1 : 0];
+    if (ps == 0) {
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, kernel, kQ4Warps * 32, dyn));
+      if (ps <= 0) ps = 1;
+    }
+    grid = static_cast<int>(std::min<int64_t>(g.w->RT, int64_t(ps) * num_sms()));
   }
-  gemv_q4_kernel<TA, DQ><<<grid, kQ4Warps * 32, 0, st>>>(a);
+  kernel<<<grid, kQ4Warps * 32, dyn, st>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace
