@@ -334,6 +334,7 @@ BenchResult run_bench(const BenchSpec& spec, const BenchLoader& loader, const Be
     }
     cr.host_peak_rss_bytes = host_peak_rss_bytes();
     cr.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    stage(cr.error.empty() ? cat("done in ", static_cast<int64_t>(cr.wall_s * 10 + 0.5) / 10.0, " s") : cat("error: ", cr.error));
     res.peak_vram_bytes = std::max(res.peak_vram_bytes, cr.peak_vram_bytes);
     res.host_peak_rss_bytes = std::max(res.host_peak_rss_bytes, cr.host_peak_rss_bytes);
     res.configs.push_back(std::move(cr));

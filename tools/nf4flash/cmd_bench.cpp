@@ -171,6 +171,8 @@ each -p length; decode tok/s for each --ctx depth over -n minus 1 steps (the fir
 the prefill and is excluded; the context is prefilled, untimed, first). Each number is the median
 with min-max over -r repetitions after --warmup unrecorded runs. Peak VRAM = max(total - free)
 sampled after each load and timed section (device 0, all processes); host peak RSS = VmHWM.
+The KV cache is sized to what the largest -p, or --ctx plus -n, needs (unless --ctx-size is given),
+capped by the model's max_position_embeddings; a depth beyond it is an error in its cell.
 
 Example (the reference H200 run):
   nf4flash bench --preset llama3-8b --quant none,nf4 --double-quant --attn flash,sdpa,eager \

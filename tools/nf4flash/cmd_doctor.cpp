@@ -187,7 +187,12 @@ class Doctor {
     try {
       be = gpu ? make_cuda_backend({plan.compute, 0, o.tf32}) : make_cpu_backend({plan.compute, o.threads});
     } catch (const Error& e) {
-      warn("backend_unavailable", e.what(), gpu ? "--device cpu" : "");
+      const std::string m = e.what();
+      const DType w = cq.present && cq.compute != DType::F32 ? cq.compute : cfg.weights_dtype;
+      std::string fix = gpu ? "--device cpu" : "";
+      if (m.find("--compute-dtype") != std::string::npos)  // e.g. f16 on the CPU: the weights' own dtype fixes it
+        fix = cat("--compute-dtype ", w == DType::BF16 || w == DType::F16 ? lower_dtype(w) : std::string("f32"));
+      warn("backend_unavailable", m, fix);
       return;
     }
     const std::string attn_why = be->attn_unsupported_reason(plan.attn, cfg.head_dim);
