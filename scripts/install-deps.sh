@@ -11,3 +11,17 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
+
+# ---- tokenizer differential test and benchmark (owner: tokenizer) ---------------------------------
+# Node.js and the Hugging Face tokenizers binding (@anush008/tokenizers, pinned in
+# tests/differential/package-lock.json) for tests/differential and scripts/bench-tokenizer.sh.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm
+fi
+_diff_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/differential"
+if [ ! -d "$_diff_dir/node_modules/@anush008/tokenizers" ]; then
+  (cd "$_diff_dir" && { npm ci --no-audit --no-fund --loglevel=error || npm install --no-audit --no-fund --loglevel=error; }) ||
+    echo "install-deps: npm install in tests/differential failed; the differential test will skip" >&2
+fi
+# ---- end tokenizer section ------------------------------------------------------------------------

@@ -1,0 +1,120 @@
+// Tokenizer: streaming decode (concatenated output == decode), batch encode == single encode,
+// long inputs encoded on several threads == single-threaded, and errors that name the file.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "test_tokenizer_common.h"
+#include "tokenizer/tokenizer_impl.h"
+
+namespace nf4flash::test {
+namespace {
+
+std::string stream_all(const Tokenizer& tok, const std::vector<int32_t>& ids, bool skip = false) {
+  StreamDecoder sd(tok, skip);
+  std::string out;
+  for (int32_t id : ids) out += sd.push(id);
+  out += sd.flush();
+  return out;
+}
+
+class TokenizerStream : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TokenizerStream, ConcatenationEqualsDecode) {
+  const Tokenizer& tok = fixture_tokenizer(GetParam());
+  std::vector<int32_t> all;
+  for (const auto& c : golden_cases(GetParam())) {
+    EXPECT_EQ(stream_all(tok, c.ids), tok.decode(c.ids)) << c.text;
+    EXPECT_EQ(stream_all(tok, c.ids_with_special, true), tok.decode(c.ids_with_special, true)) << c.text;
+    all.insert(all.end(), c.ids.begin(), c.ids.end());
+  }
+  EXPECT_EQ(stream_all(tok, all), tok.decode(all));
+}
+
+TEST_P(TokenizerStream, HoldsIncompleteUtf8) {
+  const Tokenizer& tok = fixture_tokenizer(GetParam());
+  // Korean and emoji: llama2 spells them with byte-fallback tokens, byte-level BPE with partial
+  // byte tokens; no push may return a broken character.
+  auto ids = tok.encode("🙂 점검 🇰🇷", false);
+  StreamDecoder sd(tok);
+  std::string out;
+  for (int32_t id : ids) {
+    std::string piece = sd.push(id);
+    EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos);
+    out += piece;
+  }
+  out += sd.flush();
+  EXPECT_EQ(out, tok.decode(ids));
+}
+
+TEST_P(TokenizerStream, BatchEqualsSingle) {
+  const Tokenizer& tok = fixture_tokenizer(GetParam());
+  std::vector<std::string> texts;
+  for (const auto& c : golden_cases(GetParam())) texts.push_back(c.text);
+  auto batch = tok.encode_batch(texts, true, 2);
+  ASSERT_EQ(batch.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], tok.encode_single_thread(texts[i], true));
+}
+
+TEST_P(TokenizerStream, LongInputParallelEqualsSingle) {
+  const Tokenizer& tok = fixture_tokenizer(GetParam());
+  std::string text;
+  int k = 0;
+  while (text.size() < 400 * 1024) {
+    for (const auto& c : golden_cases(GetParam())) {
+      text += c.text;
+      text += (++k % 7 == 0) ? "\n\n" : (k % 3 == 0 ? "  " : " ");
+    }
+  }
+  auto single = tok.encode_single_thread(text, true);
+  EXPECT_TRUE(tok.impl().chunkable());
+  std::vector<int32_t> parallel;
+  tok.impl().encode_parallel(text, parallel, 4);
+  tok.impl().add_special(parallel);
+  EXPECT_EQ(parallel.size(), single.size());
+  EXPECT_TRUE(parallel == single);
+  EXPECT_TRUE(tok.encode(text, true) == single);  // the public entry point (pool-sized threads)
+}
+
+INSTANTIATE_TEST_SUITE_P(Tokenizer, TokenizerStream, ::testing::Values("llama3", "qwen3", "llama2"),
+                         [](const auto& info) { return info.param; });
+
+std::string write_temp(const std::string& name, const std::string& content) {
+  auto dir = std::filesystem::temp_directory_path() / "nf4flash_tok_test";
+  std::filesystem::create_directories(dir);
+  auto p = (dir / name).string();
+  std::ofstream(p) << content;
+  return p;
+}
+
+void expect_error_naming(const std::string& path, const std::string& fragment) {
+  try {
+    Tokenizer::from_files(path, "");
+    FAIL() << "no error for " << path;
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+  }
+}
+
+TEST(TokenizerErrors, NameTheFile) {
+  expect_error_naming(write_temp("bad.json", "{ this is not json"), "invalid JSON");
+  expect_error_naming(write_temp("nomodel.json", "{\"added_tokens\": []}"), "model");
+  expect_error_naming(write_temp("wordpiece.json", R"({"model": {"type": "WordPiece", "vocab": {}}})"), "WordPiece");
+  expect_error_naming(
+      write_temp("regex.json",
+                 R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                     "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[a-z]+"}, "behavior": "Isolated", "invert": false}})"),
+      "[a-z]+");
+  expect_error_naming(write_temp("merge.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})"),
+                      "merges");
+  expect_error_naming("/nonexistent/tokenizer.json", "cannot open");
+  EXPECT_THROW(Tokenizer::from_dir("/nonexistent-dir"), Error);
+}
+
+}  // namespace
+}  // namespace nf4flash::test
