@@ -14,7 +14,9 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv \
   >"$out/gpu.txt" 2>&1 || true
 start=$(date +%s)
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$root/.device-deps/usr" \
+commit_flag=()
+[ -n "${NF4FLASH_COMMIT:-}" ] && commit_flag=(-DCMAKE_CXX_FLAGS="-DNF4FLASH_GIT_COMMIT=\\\"$NF4FLASH_COMMIT\\\"")
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$root/.device-deps/usr" "${commit_flag[@]}" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DNF4FLASH_NATIVE=ON >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 targets=(nf4flash)
 [ "${NF4FLASH_GPU_TESTS:-1}" = 1 ] && targets+=(nf4flash_gpu_tests)
@@ -37,12 +39,14 @@ bench_status="skipped"
 if [ "${NF4FLASH_GPU_BENCH:-1}" = 1 ]; then
   ./build-gpu/nf4flash kernel-bench --json "$out/kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
   bench_status=$([ $? = 0 ] && echo "ok" || echo "FAIL")
-  # the model benchmark, once the bench subcommand exists
-  if ./build-gpu/nf4flash --help 2>/dev/null | grep -qE '^\s+bench\b'; then
-    ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --json "$out/bench.json" \
-      >"$out/bench.txt" 2>&1 || echo "model bench failed (see bench.txt)"
-    tail -20 "$out/bench.txt"
-  fi
+  # the reference model benchmark (DESIGN.md "how we measure"), then peak VRAM for NF4 at ctx 8192
+  ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant none,nf4 --double-quant \
+    --attn flash,sdpa,eager -p 512,4096 -n 128 --ctx 512,32768 --no-cache -r 3 \
+    --json "$out/h200-llama3-8b.json" --svg "$out/h200-llama3-8b.svg" --markdown "$out/h200-llama3-8b.md" \
+    >"$out/bench.txt" 2>"$out/bench.err" || echo "model bench failed (see bench.err)"
+  ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 \
+    -p 512 --ctx 8000 -n 32 -r 1 --json "$out/h200-llama3-8b-vram-ctx8192.json" \
+    >"$out/bench-vram.txt" 2>&1 || echo "vram bench failed"
 fi
 
 echo
@@ -50,4 +54,6 @@ echo "== gpu-check summary ($(head -2 "$out/gpu.txt" | tail -1)) =="
 printf "%-12s %s\n" build "${build_s}s" tests "$test_status" kernel-bench "$bench_status"
 [ -f "$out/gpu-tests.log" ] && grep -E "tests passed|tests failed|PASSED|FAILED  " "$out/gpu-tests.log" | tail -3
 [ -f "$out/kernel-bench.txt" ] && cat "$out/kernel-bench.txt"
+[ -f "$out/bench.txt" ] && cat "$out/bench.txt"
+[ -f "$out/bench-vram.txt" ] && grep -E "peak VRAM" "$out/bench-vram.txt" | tail -1
 [ "$test_status" = pass ] || [ "$test_status" = skipped ]
