@@ -133,4 +133,23 @@ TEST(CliRunScore, BrokenCheckpointsAreRefusedByName) {
   fs::remove_all(d1.parent_path());
 }
 
+
+TEST(CliRunScore, Llama2FixturePrintsTheDecodingOfTransformersGreedyIds) {
+  Golden g("llama2-tok-hd64");
+  const auto prompt = g.i32("tokens_1"), want = g.i32("greedy_f32_from_1");
+  std::string plist, wlist;
+  for (size_t i = 0; i < prompt.size(); ++i) plist += (i ? "," : "") + std::to_string(prompt[i]);
+  for (size_t i = 0; i < want.size(); ++i) wlist += (i ? "," : "") + std::to_string(want[i]);
+  const std::string base = "run -q --device cpu --model " + kLlama2 + " --prompt-tokens " + plist + " -n 24 --ignore-eos";
+  const CliResult ids = run_cli(base + " --ids");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  EXPECT_EQ(ids.out, wlist + "\n");
+  const CliResult text = run_cli(base);
+  const CliResult dec = run_cli("tokenize --model " + kLlama2 + " --decode --skip-special-tokens --text " + wlist);
+  ASSERT_EQ(text.code, 0) << text.err;
+  ASSERT_EQ(dec.code, 0) << dec.err;
+  EXPECT_FALSE(text.out.empty());
+  EXPECT_EQ(text.out, dec.out.back() == '\n' ? dec.out : dec.out + "\n");
+}
+
 }  // namespace
