@@ -43,12 +43,14 @@ std::vector<int32_t> id_list(const json& v) {
 
 }  // namespace
 
-ModelConfig parse_model_config(const json& j, const std::string& src) {
+static ModelConfig parse_model_config_impl(const json& j, const std::string& src) {
   ModelConfig c;
   c.source = src;
   if (!j.is_object()) fail(src, ": not a JSON object");
-  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty()) {
+    if (!j["architectures"][0].is_string()) fail(src, ": architectures[0] is not a string (", j["architectures"][0].dump(), ")");
     c.architecture = j["architectures"][0].get<std::string>();
+  }
   c.model_type = get_or<std::string>(j, "model_type", "", src);
   if (j.contains("text_config") && !j.contains("hidden_size"))
     fail(src, ": multimodal configs (text_config) are not supported; architecture ", c.architecture);
@@ -109,6 +111,14 @@ ModelConfig parse_model_config(const json& j, const std::string& src) {
   if (j.contains("eos_token_id")) c.eos_ids = id_list(j["eos_token_id"]);
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_id = j["bos_token_id"].get<int32_t>();
   return c;
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& src) {
+  try {
+    return parse_model_config_impl(j, src);
+  } catch (const json::exception& e) {  // a field of an unexpected JSON type deep inside an object
+    fail(src, ": unexpected value (", e.what(), ")");
+  }
 }
 
 ModelConfig load_model_config(const std::string& model_dir) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/hf_config.h"
 #include "nf4flash/engine.h"
 #include "test_util.h"
 
@@ -135,4 +136,15 @@ TEST(ModelBinding, EmptyTokenListIsAnError) {
   EXPECT_THROW(e->generate({}, GenerateOptions{}), Error);
 }
 
+}  // namespace
+
+namespace {
+// Found by tests/fuzz/fuzz_config.cpp: a non-string architecture and a string where an id belongs.
+TEST(ConfigReader, WrongJsonTypesAreErrorsNotExceptionsFromTheJsonLibrary) {
+  const auto bad1 = nlohmann::json::parse(R"({"architectures": [0], "bos_token_id": "max_positibemfdin"})");
+  EXPECT_THROW(nf4flash::parse_model_config(bad1, "config.json"), nf4flash::Error);
+  const auto bad2 = nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1, "rope_scaling": {"rope_type": 3}})");
+  EXPECT_THROW(nf4flash::parse_model_config(bad2, "config.json"), nf4flash::Error);
+}
 }  // namespace
