@@ -49,6 +49,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     map_ = nullptr;
     fail(path, ": mmap failed");
   }
+  try {
+    parse_header();
+  } catch (...) {  // the destructor does not run for a constructor that throws: unmap here
+    ::munmap(map_, map_size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+void SafetensorsFile::parse_header() {
+  const std::string& path = path_;
   const auto* base = static_cast<const uint8_t*>(map_);
   uint64_t header_len = 0;
   std::memcpy(&header_len, base, 8);

@@ -38,6 +38,8 @@ class SafetensorsFile {
   const TensorInfo* find(const std::string& name) const;
 
  private:
+  void parse_header();
+
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;
