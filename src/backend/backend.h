@@ -123,6 +123,11 @@ class Backend {
   // 1-D tensors become [1, n].
   virtual std::unique_ptr<Weight> upload_dense(const TensorInfo& t, DType store) = 0;
   virtual std::unique_ptr<Weight> upload_quant4(std::shared_ptr<const Quant4Tensor> q) = 0;
+  // The token embedding table (only embed() reads it unless `tied`: then it is the lm_head too).
+  // CUDA keeps an untied table in pinned host memory (as llama.cpp does): a step gathers T rows.
+  virtual std::unique_ptr<Weight> upload_embedding(const TensorInfo& t, DType store, bool tied) {
+    return upload_dense(t, store);
+  }
 
   // ---- ops ----------------------------------------------------------------------------------
   // out[t, :] = table[ids[t], :]           ids: backend memory, out.rows of them
@@ -141,6 +146,34 @@ class Backend {
   virtual void silu_mul(Act gate, Act up, Act out) = 0;
   // out = a + b (out may alias a)
   virtual void add(Act a, Act b, Act out) = 0;
+
+  // ---- fused ops: the defaults compose the primitives above; a backend overrides what it fuses ----
+  struct LinearOut {
+    const Weight* w = nullptr;
+    const Weight* bias = nullptr;
+    Act out;
+  };
+  // outs[i].out = x W_i^T + b_i for n (<= 3) weights sharing in_features (q, k and v).
+  virtual void linear_multi(Act x, const LinearOut* outs, int n) {
+    for (int i = 0; i < n; ++i) linear(x, *outs[i].w, outs[i].bias, outs[i].out);
+  }
+  // resid += x W^T + b (the sum rounded as add() rounds it); tmp: scratch [x.rows, W.rows].
+  virtual void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
+    linear(x, w, bias, tmp);
+    add(resid, tmp, resid);
+  }
+  // out = silu(x G^T + bg) * (x U^T + bu); g_tmp: scratch of out's shape.
+  virtual void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
+                             Act g_tmp, Act out) {
+    linear(x, gate, bg, g_tmp);
+    linear(x, up, bu, out);
+    silu_mul(g_tmp, out, out);
+  }
+  // rope(q, k) then kv_write(layer, k, v).
+  virtual void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) {
+    rope(q, k, p, s);
+    kv_write(layer, k, v, s);
+  }
 
   // ---- KV cache -----------------------------------------------------------------------------
   virtual void kv_allocate(const KVCacheDesc& d) = 0;

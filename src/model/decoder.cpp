@@ -55,7 +55,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     const TensorInfo& e = store.get("model.embed_tokens.weight");
     if (e.shape.size() != 2 || e.shape[0] != V || e.shape[1] != H)
       fail(e.file, ": model.embed_tokens.weight has shape ", e.shape_str(), ", expected [", V, ", ", H, "]");
-    embed_ = be_.upload_dense(e, policy.dense_store);
+    embed_ = be_.upload_embedding(e, policy.dense_store, cfg.tie_embeddings);
     stats_.weight_bytes += embed_->resident_bytes();
   }
   tick();
@@ -137,24 +137,19 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   for (int i = 0; i < cfg_.n_layers; ++i) {
     const LayerWeights& L = layers_[i];
     be_.rms_norm(x, *L.attn_norm, eps, xn);
-    be_.linear(xn, *L.wq, L.bq.get(), q);
-    be_.linear(xn, *L.wk, L.bk.get(), k);
-    be_.linear(xn, *L.wv, L.bv.get(), v);
+    const Backend::LinearOut qkv[3] = {{L.wq.get(), L.bq.get(), q}, {L.wk.get(), L.bk.get(), k},
+                                       {L.wv.get(), L.bv.get(), v}};
+    be_.linear_multi(xn, qkv, 3);
     if (arch_.qk_norm) {
       be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
       be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
     }
-    be_.rope(q, k, rope_, s);
-    be_.kv_write(i, k, v, s);
+    be_.rope_kv_write(i, q, k, v, rope_, s);
     be_.attention(i, q, att, attn_, s);
-    be_.linear(att, *L.wo, L.bo.get(), o);
-    be_.add(x, o, x);
+    be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
     be_.rms_norm(x, *L.mlp_norm, eps, xn);
-    be_.linear(xn, *L.gate, L.b_gate.get(), g);
-    be_.linear(xn, *L.up, L.b_up.get(), u);
-    be_.silu_mul(g, u, g);
-    be_.linear(g, *L.down, L.b_down.get(), o);
-    be_.add(x, o, x);
+    be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+    be_.linear_residual(u, *L.down, L.b_down.get(), o, x);
   }
   Act last = x.slice_rows(T - n_logits, n_logits);
   Act last_n = xn.slice_rows(0, n_logits);

@@ -8,6 +8,7 @@
 //   dense, T <= 8                   : warp-per-row GEMV (16-byte streaming loads)
 //   dense, T > 8                    : cublasGemmEx (weight converted to the compute dtype if needed)
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -32,6 +33,18 @@ class CudaBuffer : public Buffer {
   }
 };
 
+// Pinned, mapped host memory (reachable from kernels through unified addressing).
+class CudaHostBuffer : public Buffer {
+ public:
+  explicit CudaHostBuffer(size_t bytes) {
+    bytes_ = bytes;
+    if (bytes) CUDA_CHECK(cudaHostAlloc(&data_, bytes, cudaHostAllocMapped));
+  }
+  ~CudaHostBuffer() override {
+    if (data_) cudaFreeHost(data_);
+  }
+};
+
 class CudaDense : public Weight {
  public:
   CudaDense(DType dt, int64_t rows, int64_t cols) {
@@ -40,8 +53,10 @@ class CudaDense : public Weight {
     rows_ = rows;
     cols_ = cols;
   }
-  void set_size() { bytes_ = (data ? data->bytes() : 0) + (f32 ? f32->bytes() : 0); }
-  std::unique_ptr<CudaBuffer> data;
+  // resident_bytes(): GPU memory only (a host-resident table counts 0)
+  void set_size() { bytes_ = (data && !on_host ? data->bytes() : 0) + (f32 ? f32->bytes() : 0); }
+  std::unique_ptr<Buffer> data;
+  bool on_host = false;
   std::unique_ptr<CudaBuffer> f32;  // vectors (norm weights, biases): an f32 copy for the kernels
 };
 
@@ -60,6 +75,7 @@ class CudaQ4 : public Weight {
   void set_bytes(size_t b) { bytes_ = b; }
   std::unique_ptr<CudaDense> fallback;  // dequantized at load when the tiled layout cannot hold it
   std::string fallback_why;
+  std::vector<float> nested_code_host;  // double quant: to tell whether two weights can share a launch
 };
 
 const CudaDense& as_dense(const Weight& w, const char* what) {
@@ -117,6 +133,14 @@ class CudaBackend : public Backend {
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
     CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     sample_scratch_ = std::make_unique<CudaBuffer>(2 * kArgmaxBlocks * 4 + 64);
+    stream_gemv_ = gemv_q4_stream_supported();
+    if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, kGemvMaxRows);
+    if (stream_gemv_) {
+      qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
+      qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
+      CUDA_CHECK(cudaMemsetAsync(qs_counters_->data(), 0, qs_counters_->bytes(), stream_));
+      sync();
+    }
     CUDA_CHECK(cudaMallocHost(&host_id_, sizeof(int32_t)));
   }
   ~CudaBackend() override {
@@ -176,6 +200,22 @@ class CudaBackend : public Backend {
       upload(w->f32->data(), f.data(), w->f32->bytes());
     }
     if (store != act_) reserve_scratch(n);
+    w->set_size();
+    return w;
+  }
+
+  std::unique_ptr<Weight> upload_embedding(const TensorInfo& t, DType store, bool tied) override {
+    if (tied || t.shape.size() != 2) return upload_dense(t, store);
+    NF4FLASH_CHECK(store == DType::F32 || store == DType::BF16 || store == DType::F16, t.name,
+                   ": cannot store as ", dtype_name(store), " on CUDA");
+    auto w = std::make_unique<CudaDense>(store, t.shape[0], t.shape[1]);
+    const int64_t n = t.numel();
+    auto hb = std::make_unique<CudaHostBuffer>(size_t(n) * dtype_size(store));
+    uint8_t* dst = static_cast<uint8_t*>(hb->data());
+    if (t.dtype == store) std::memcpy(dst, t.data, hb->bytes());
+    else for (int64_t i = 0; i < n; ++i) host_store(dst, store, i, host_load(t.data, t.dtype, i));
+    w->data = std::move(hb);
+    w->on_host = true;
     w->set_size();
     return w;
   }
@@ -260,6 +300,7 @@ class CudaBackend : public Backend {
       w->nested_code = std::make_unique<CudaBuffer>(256 * 4);
       upload(w->nested_code->data(), q.nested_code.data(), 256 * 4);
       d.nested_code = static_cast<const float*>(w->nested_code->data());
+      w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
     }
     reserve_scratch(q.numel());
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
@@ -281,6 +322,48 @@ class CudaBackend : public Backend {
     cuda::rms_norm(x.data, vec_f32(w, x.cols, "rms_norm weight"), eps, x.rows, x.cols, out.data, act_, stream_);
   }
   void linear(Act x, const Weight& w, const Weight* bias, Act out) override;
+  void linear_multi(Act x, const LinearOut* outs, int n) override;
+  void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) override;
+  void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp,
+                     Act out) override;
+  void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) override {
+    check_layer(layer);
+    check_act(q, "rope");
+    check_act(k, "rope");
+    check_act(v, "kv_write");
+    NF4FLASH_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && q.cols % p.head_dim == 0 && k.cols % p.head_dim == 0,
+                   "rope: head_dim ", p.head_dim, " does not divide q/k widths");
+    NF4FLASH_CHECK(q.rows == k.rows && v.rows == k.rows, "rope_kv_write: q, k, v rows differ");
+    NF4FLASH_CHECK(k.cols == int64_t(kv_.n_kv_heads) * kv_.head_dim && v.cols == k.cols && p.head_dim == kv_.head_dim,
+                   "kv_write: k/v width ", k.cols, " != n_kv_heads*head_dim ", kv_.n_kv_heads * kv_.head_dim);
+    RopeArgs r;
+    r.q = q.data;
+    r.k = k.data;
+    r.act = act_;
+    r.T = q.rows;
+    r.n_q_heads = int(q.cols / p.head_dim);
+    r.n_k_heads = int(k.cols / p.head_dim);
+    r.head_dim = p.head_dim;
+    r.q_stride = q.cols;
+    r.k_stride = k.cols;
+    r.inv_freq = p.inv_freq;
+    r.pos0 = s.pos0;
+    KvWriteArgs a;
+    a.k = k.data;
+    a.v = v.data;
+    a.act = act_;
+    a.k_stride = k.cols;
+    a.v_stride = v.cols;
+    a.k_cache = layer_ptr(k_cache_.get(), layer);
+    a.v_cache = layer_ptr(v_cache_.get(), layer);
+    a.kv_dtype = kv_.dtype;
+    a.T = k.rows;
+    a.capacity = kv_.capacity;
+    a.n_kv = kv_.n_kv_heads;
+    a.head_dim = kv_.head_dim;
+    a.pos0 = s.pos0;
+    cuda::rope_kv_write(r, a, stream_);
+  }
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override {
     check_act(q, "rope");
     check_act(k, "rope");
@@ -469,6 +552,41 @@ class CudaBackend : public Backend {
     }
   }
   void gemm(const void* w, int64_t N, int64_t K, Act x, Act out);
+  void check_linear(const Act& x, const Weight& w, const Act& out) const {
+    check_act(x, "linear");
+    NF4FLASH_CHECK(out.dtype == act_ || out.dtype == DType::F32, "linear: output dtype ", dtype_name(out.dtype));
+    NF4FLASH_CHECK(x.cols == w.cols() && out.cols == w.rows() && out.rows == x.rows, "linear: x [", x.rows, ", ",
+                   x.cols, "] * W[", w.rows(), ", ", w.cols(), "]^T -> out [", out.rows, ", ", out.cols, "]");
+  }
+  // The 4-bit weight when `rows` rows take the stream-K GEMV, else null.
+  const CudaQ4* stream_q4(const Weight& w, int64_t rows) const {
+    auto* q = dynamic_cast<const CudaQ4*>(&w);
+    if (!q || q->fallback || !stream_gemv_ || act_ == DType::F32 || rows < 1 || rows > gemv_max_rows_ ||
+        !gemv_q4_stream_enabled())
+      return nullptr;
+    return q;
+  }
+  static bool same_q4_params(const CudaQ4& a, const CudaQ4& b) {
+    const Q4Device &x = a.dev, &y = b.dev;
+    return x.cols == y.cols && x.double_quant == y.double_quant && x.log2_blocksize == y.log2_blocksize &&
+           x.log2_nested == y.log2_nested && std::equal(x.code, x.code + 16, y.code) &&
+           a.nested_code_host == b.nested_code_host;
+  }
+  GemvQ4MultiArgs multi_args(Act x) const {
+    GemvQ4MultiArgs a;
+    a.x = x.data;
+    a.act = act_;
+    a.T = int(x.rows);
+    a.out_dtype = act_;
+    a.partials = static_cast<float*>(qs_partials_->data());
+    a.counters = static_cast<int*>(qs_counters_->data());
+    a.counters_len = kQsCounters;
+    return a;
+  }
+  static constexpr int64_t kQsCounters = 1 << 16;
+  bool stream_gemv_ = false;
+  int gemv_max_rows_ = kGemvMaxRows;  // 4-bit rows up to this take a GEMV, more the GEMM path
+  std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
 
   DType act_;
   bool tf32_;
@@ -503,7 +621,15 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     if (q->fallback) {
       wp = q->fallback.get();
-    } else if (x.rows <= kGemvMaxRows && act_ != DType::F32) {
+    } else if (stream_q4(w, x.rows)) {
+      GemvQ4MultiArgs a = multi_args(x);
+      a.w[0] = &q->dev;
+      a.bias[0] = b;
+      a.out[0] = out.data;
+      a.out_dtype = out.dtype;
+      gemv_q4_multi(a, stream_);
+      return;
+    } else if (x.rows <= gemv_max_rows_ && act_ != DType::F32) {
       GemvQ4Args a;
       a.w = &q->dev;
       a.x = x.data;
@@ -546,11 +672,64 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   if (b) bias_add(out.data, out.dtype, b, out.rows, out.cols, stream_);
 }
 
+void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
+  const CudaQ4* q[kQsMaxSegs] = {};
+  bool fuse = n >= 1 && n <= kQsMaxSegs;
+  for (int i = 0; fuse && i < n; ++i) {
+    q[i] = stream_q4(*outs[i].w, x.rows);
+    fuse = q[i] && outs[i].out.dtype == act_ && same_q4_params(*q[0], *q[i]);
+  }
+  if (!fuse) return Backend::linear_multi(x, outs, n);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.nseg = n;
+  for (int i = 0; i < n; ++i) {
+    check_linear(x, *outs[i].w, outs[i].out);
+    a.w[i] = &q[i]->dev;
+    a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
+    a.out[i] = outs[i].out.data;
+  }
+  gemv_q4_multi(a, stream_);
+}
+
+void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
+  const CudaQ4* q = stream_q4(w, x.rows);
+  if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
+  check_linear(x, w, resid);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.ep = GemvEpilogue::Residual;
+  a.w[0] = &q->dev;
+  a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
+  a.out[0] = resid.data;
+  gemv_q4_multi(a, stream_);
+}
+
+void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
+                                Act g_tmp, Act out) {
+  const CudaQ4* qg = stream_q4(gate, x.rows);
+  const CudaQ4* qu = stream_q4(up, x.rows);
+  if (!qg || !qu || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu))
+    return Backend::linear_swiglu(x, gate, bg, up, bu, g_tmp, out);
+  check_linear(x, gate, out);
+  check_linear(x, up, out);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.ep = GemvEpilogue::SwiGLU;
+  a.nseg = 2;
+  a.w[0] = &qg->dev;
+  a.w[1] = &qu->dev;
+  a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+  a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+  a.out[0] = out.data;
+  gemv_q4_multi(a, stream_);
+}
+
 std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
     if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
-    if (rows <= kGemvMaxRows && act_ != DType::F32)
+    if (stream_q4(w, rows))
+      return cat("gemv_q4 stream-K fused ", qn, " (tile16x64 via cp.async.bulk, ", dtype_name(act_),
+                 " mma, f32 accum; qkv / gate+up+silu / residual fused)");
+    if (rows <= gemv_max_rows_ && act_ != DType::F32)
       return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
     return cat("dequant ", qn, " -> ", dtype_name(act_), " scratch + cublasGemmEx");
   }

@@ -20,6 +20,8 @@
 namespace nf4flash {
 namespace {
 
+constexpr int kGemvMaxRowsForBench = 8;  // cuda::kGemvMaxRows (launchers.h is CUDA-only here)
+
 using cuda::to_f32;
 
 double median(std::vector<double> v) {
@@ -124,25 +126,45 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     rows.push_back(extra);
   };
 
-  // ---- 4-bit GEMV on the MLP shapes, T = 1 (and T = 4 once)
+  // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
+  //   stream (stream-K bulk-copy, 8 warps), stream16 (16 warps), regs (register prefetch), async
+  std::normal_distribution<float> nd;
+  auto rand_act = [&](int64_t rows, int64_t cols) {
+    auto b = be->alloc(size_t(rows * cols) * 2);
+    std::vector<uint16_t> h(size_t(rows * cols));
+    for (auto& v : h) v = f32_to_bf16(nd(g));
+    be->upload(b->data(), h.data(), h.size() * 2);
+    return b;
+  };
+  auto copies_for = [&](int64_t bytes) { return int(std::max<int64_t>(2, (4 * int64_t(prop.l2CacheSize)) / bytes + 1)); };
+  auto with_variant = [&](const char* v) {
+    if (std::string(v).rfind("stream", 0) == 0) {
+      setenv("NF4FLASH_GEMV_Q4", "stream", 1);
+      setenv("NF4FLASH_GEMV_WARPS", std::string(v) == "stream-bulk16" ? "16" : "8", 1);
+      setenv("NF4FLASH_GEMV_FEED", std::string(v).rfind("stream-bulk", 0) == 0 ? "bulk" : "regs", 1);
+    } else {
+      setenv("NF4FLASH_GEMV_Q4", v, 1);
+    }
+  };
+  auto reset_variant = [] {
+    unsetenv("NF4FLASH_GEMV_Q4");
+    unsetenv("NF4FLASH_GEMV_WARPS");
+    unsetenv("NF4FLASH_GEMV_FEED");
+  };
   struct Shape { int64_t rows, cols; };
   for (Shape s : {Shape{4096, 14336}, Shape{14336, 4096}, Shape{4096, 4096}, Shape{1024, 4096}})
     for (bool dq : {true, false}) {
       const int64_t wbytes = s.rows * s.cols / 2;
-      const int copies = int(std::max<int64_t>(2, (4 * int64_t(prop.l2CacheSize)) / wbytes + 1));
+      const int copies = copies_for(wbytes);
       std::vector<std::unique_ptr<Weight>> ws;
       for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(s.rows, s.cols, dq, g)));
       for (int T : {1, 4}) {
         if (T == 4 && !(s.rows == 14336 && dq)) continue;
-        auto xb = be->alloc(size_t(T * s.cols) * 2), yb = be->alloc(size_t(T * s.rows) * 2);
-        std::vector<uint16_t> xh(size_t(T * s.cols));
-        std::normal_distribution<float> nd;
-        for (auto& v : xh) v = f32_to_bf16(nd(g));
-        be->upload(xb->data(), xh.data(), xh.size() * 2);
+        auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
-        for (const char* variant : {"regs", "async"}) {
+        for (const char* variant : {"stream", "stream-bulk", "stream-bulk16", "regs", "async"}) {
           if (std::string(variant) == "async" && T != 1) continue;
-          setenv("NF4FLASH_GEMV_Q4", variant, 1);
+          with_variant(variant);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                         o.reps, o.trials);
           const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
@@ -150,9 +172,143 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
                  {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"copies", copies},
                   {"variant", variant}, {"path", be->linear_path(*ws[0], T)}});
         }
-        unsetenv("NF4FLASH_GEMV_Q4");
+        reset_variant();
       }
     }
+
+  // ---- stream kernel diagnostics on nf4-dq 14336x4096, T = 1: ring depth, and streaming alone
+  //   (NF4FLASH_GEMV_NOCOMPUTE: the weights are copied in, the math is skipped; wrong results)
+  {
+    const int64_t R = 14336, K = 4096;
+    const int copies = copies_for(R * K / 2);
+    std::vector<std::unique_ptr<Weight>> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(R, K, true, g)));
+    auto xb = rand_act(1, K), yb = be->alloc(size_t(R) * 2);
+    Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
+    for (int nocompute : {0, 1})
+      for (int stages : {2, 8}) {
+        setenv("NF4FLASH_GEMV_STAGES", std::to_string(stages).c_str(), 1);
+        setenv("NF4FLASH_GEMV_FEED", "bulk", 1);
+        setenv("NF4FLASH_GEMV_NOCOMPUTE", nocompute ? "1" : "0", 1);
+        const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                      o.reps, o.trials);
+        report(cat("stream diag 14336x4096 stages=", stages, nocompute ? " copy-only" : ""), sec,
+               double(ws[0]->resident_bytes()) + (K + R) * 2.0, {{"stages", stages}, {"nocompute", nocompute}});
+      }
+    unsetenv("NF4FLASH_GEMV_STAGES");
+    unsetenv("NF4FLASH_GEMV_NOCOMPUTE");
+    unsetenv("NF4FLASH_GEMV_FEED");
+  }
+
+  // ---- fused decode GEMVs (nf4-dq, T = 1) against the same work unfused:
+  //   qkv: q 4096x4096 + k, v 1024x4096 in one launch vs three;  gate+up+silu: 2 x 14336x4096 vs
+  //   two GEMVs + silu_mul;  down + residual: 4096x14336 with the add vs GEMV + add
+  {
+    const int64_t H = 4096, I = 14336, KV = 1024;
+    struct Set { std::unique_ptr<Weight> q, k, v, gate, up, down; };
+    const int64_t set_bytes = (H * H + 2 * KV * H + 3 * I * H) / 2;
+    const int copies = copies_for(set_bytes / 3);
+    std::vector<Set> sets(static_cast<size_t>(copies));
+    for (auto& st : sets) {
+      st.q = be->upload_quant4(random_q4(H, H, true, g));
+      st.k = be->upload_quant4(random_q4(KV, H, true, g));
+      st.v = be->upload_quant4(random_q4(KV, H, true, g));
+      st.gate = be->upload_quant4(random_q4(I, H, true, g));
+      st.up = be->upload_quant4(random_q4(I, H, true, g));
+      st.down = be->upload_quant4(random_q4(H, I, true, g));
+    }
+    auto xb = rand_act(1, H), qb = be->alloc(H * 2), kb = be->alloc(KV * 2), vb = be->alloc(KV * 2);
+    auto gb = rand_act(1, I), ub = be->alloc(I * 2), rb = rand_act(1, H), ob = be->alloc(H * 2);
+    Act x = xb->as_act(DType::BF16, 1, H), qa = qb->as_act(DType::BF16, 1, H), ka = kb->as_act(DType::BF16, 1, KV),
+        va = vb->as_act(DType::BF16, 1, KV), ga = gb->as_act(DType::BF16, 1, I), ua = ub->as_act(DType::BF16, 1, I),
+        ra = rb->as_act(DType::BF16, 1, H), oa = ob->as_act(DType::BF16, 1, H);
+    auto wb = [](const Weight& w) { return double(w.resident_bytes()); };
+    const double qkv_bytes = wb(*sets[0].q) + wb(*sets[0].k) + wb(*sets[0].v) + 2.0 * (H + H + 2 * KV);
+    const double gu_bytes = wb(*sets[0].gate) + wb(*sets[0].up) + 2.0 * (H + I);
+    const double dn_bytes = wb(*sets[0].down) + 2.0 * (I + 2 * H);
+    for (bool fused : {true, false}) {
+      const char* tag = fused ? "fused" : "unfused";
+      double sec = time_graph(*be, [&](int i) {
+        Set& st = sets[size_t(i % copies)];
+        if (fused) {
+          const Backend::LinearOut outs[3] = {{st.q.get(), nullptr, qa}, {st.k.get(), nullptr, ka}, {st.v.get(), nullptr, va}};
+          be->linear_multi(x, outs, 3);
+        } else {
+          be->linear(x, *st.q, nullptr, qa);
+          be->linear(x, *st.k, nullptr, ka);
+          be->linear(x, *st.v, nullptr, va);
+        }
+      }, o.reps, o.trials);
+      report(cat("qkv nf4-dq 6144x4096 T=1 ", tag), sec, qkv_bytes, {{"fused", fused}, {"copies", copies}});
+      sec = time_graph(*be, [&](int i) {
+        Set& st = sets[size_t(i % copies)];
+        if (fused) be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
+        else {
+          be->linear(x, *st.gate, nullptr, ga);
+          be->linear(x, *st.up, nullptr, ua);
+          be->silu_mul(ga, ua, ua);
+        }
+      }, o.reps, o.trials);
+      report(cat("gate+up+silu nf4-dq 2x14336x4096 T=1 ", tag), sec, gu_bytes, {{"fused", fused}, {"copies", copies}});
+      sec = time_graph(*be, [&](int i) {
+        Set& st = sets[size_t(i % copies)];
+        if (fused) be->linear_residual(ua, *st.down, nullptr, oa, ra);
+        else {
+          be->linear(ua, *st.down, nullptr, oa);
+          be->add(ra, oa, ra);
+        }
+      }, o.reps, o.trials);
+      report(cat("down+residual nf4-dq 4096x14336 T=1 ", tag), sec, dn_bytes, {{"fused", fused}, {"copies", copies}});
+    }
+  }
+
+  // ---- GEMV vs GEMM by row count (the threshold of linear()): nf4-dq 14336x4096 and 4096x14336;
+  //   "gemv" = the stream kernel (T <= 8), "gemm" = dequantize to bf16 scratch + cublasGemmEx
+  {
+    setenv("NF4FLASH_GEMV_MAX_ROWS", "0", 1);
+    auto be_gemm = make_cuda_backend(bo);
+    unsetenv("NF4FLASH_GEMV_MAX_ROWS");
+    json thr = json::array();
+    for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}}) {
+      const int copies = copies_for(s.rows * s.cols / 2);
+      std::vector<std::unique_ptr<Weight>> wg, wm;
+      for (int c = 0; c < copies; ++c) {
+        auto q = random_q4(s.rows, s.cols, true, g);
+        wg.push_back(be->upload_quant4(q));
+        wm.push_back(be_gemm->upload_quant4(q));
+      }
+      for (int T : {1, 2, 3, 4, 6, 8, 12, 16}) {
+        auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
+        auto xm = be_gemm->alloc(size_t(T * s.cols) * 2), ym = be_gemm->alloc(size_t(T * s.rows) * 2);
+        CUDA_CHECK(cudaMemcpy(xm->data(), xb->data(), size_t(T * s.cols) * 2, cudaMemcpyDeviceToDevice));
+        Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
+        Act x2 = xm->as_act(DType::BF16, T, s.cols), y2 = ym->as_act(DType::BF16, T, s.rows);
+        const double bytes = double(wg[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
+        json row = {{"rows", s.rows}, {"cols", s.cols}, {"T", T}};
+        if (T <= kGemvMaxRowsForBench) {
+          const double sec = time_graph(*be, [&](int i) { be->linear(x, *wg[size_t(i % copies)], nullptr, y); },
+                                        std::max(8, o.reps / 4), o.trials);
+          report(cat("threshold gemv ", s.rows, "x", s.cols, " T=", T), sec, bytes, {{"T", T}, {"path", "gemv"}});
+          row["gemv_us"] = sec * 1e6;
+        }
+        const double sec = time_graph(*be_gemm, [&](int i) { be_gemm->linear(x2, *wm[size_t(i % copies)], nullptr, y2); },
+                                      std::max(8, o.reps / 4), o.trials);
+        report(cat("threshold gemm ", s.rows, "x", s.cols, " T=", T), sec, bytes,
+               {{"T", T}, {"path", be_gemm->linear_path(*wm[0], T)}});
+        row["gemm_us"] = sec * 1e6;
+        if (T == 16) {  // the same with the old 2-column dequantize kernel
+          setenv("NF4FLASH_Q4_DEQUANT", "v1", 1);
+          const double s1 = time_graph(*be_gemm, [&](int i) { be_gemm->linear(x2, *wm[size_t(i % copies)], nullptr, y2); },
+                                       std::max(8, o.reps / 4), o.trials);
+          unsetenv("NF4FLASH_Q4_DEQUANT");
+          report(cat("threshold gemm ", s.rows, "x", s.cols, " T=", T, " dequant-v1"), s1, bytes, {{"T", T}});
+          row["gemm_dequant_v1_us"] = s1 * 1e6;
+        }
+        thr.push_back(row);
+      }
+    }
+    out["gemv_gemm_threshold"] = thr;
+  }
 
   // ---- dense bf16 GEMV, lm_head shape
   {

@@ -39,6 +39,40 @@ struct GemvQ4Args {
 void gemv_q4(const GemvQ4Args& a, cudaStream_t st);
 constexpr int kGemvMaxRows = 8;
 
+// Stream-K GEMV over up to kQsMaxSegs 4-bit weights sharing cols, code, quantization params
+// and (double quant) nested code, with a fused epilogue (kernels/gemv_q4_stream.cuh). sm_90+.
+constexpr int kQsMaxSegs = 3;
+enum class GemvEpilogue : int { Store = 0, Residual = 1, SwiGLU = 2 };
+struct Q4StreamSeg {
+  const uint8_t* tiles = nullptr;
+  const void* absmax = nullptr;          // f32 [RT][KT][16], or u8 codes (double quant)
+  const float* nested_absmax = nullptr;  // double quant
+  float offset = 0.0f;                   // double quant
+  const float* bias = nullptr;           // [rows] or null
+  void* out = nullptr;                   // [T, rows]: Store/SwiGLU (segment 0)/Residual (in place)
+  int64_t rows = 0, RT = 0;
+};
+struct GemvQ4MultiArgs {
+  const Q4Device* w[kQsMaxSegs] = {};
+  const float* bias[kQsMaxSegs] = {};
+  void* out[kQsMaxSegs] = {};
+  int nseg = 1;
+  GemvEpilogue ep = GemvEpilogue::Store;  // SwiGLU: w[0] = gate, w[1] = up, out[0] = result
+  const void* x = nullptr;
+  DType act = DType::BF16;
+  int T = 1;
+  DType out_dtype = DType::BF16;  // F32 only with Store
+  float* partials = nullptr;      // >= gemv_q4_stream_partials_floats()
+  int* counters = nullptr;        // zeroed, >= units (sum of row tiles; SwiGLU: gate row tiles)
+  int64_t counters_len = 0;
+};
+void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
+int64_t gemv_q4_stream_partials_floats();
+// Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected
+// (NF4FLASH_GEMV_Q4 unset or "stream"); callers use gemv_q4 + elementwise ops otherwise.
+bool gemv_q4_stream_enabled();
+bool gemv_q4_stream_supported();  // sm_90+, whatever NF4FLASH_GEMV_Q4 says
+
 // Dequantize the whole weight into a dense [rows, cols] buffer of `dtype` (F32/F16/BF16).
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st);
 
@@ -89,6 +123,9 @@ struct KvWriteArgs {
   const int32_t* pos0 = nullptr;
 };
 void kv_write(const KvWriteArgs& a, cudaStream_t st);
+
+// rope(q, k) then kv_write(k, v) in one kernel (r.k must be kv.k).
+void rope_kv_write(const RopeArgs& r, const KvWriteArgs& kv, cudaStream_t st);
 
 // ---- attention (kernels/attention_*.cuh) --------------------------------------------------------
 struct AttnArgs {

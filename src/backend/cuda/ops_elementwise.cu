@@ -96,4 +96,18 @@ void kv_write(const KvWriteArgs& a, cudaStream_t st) {
   });
 }
 
+void rope_kv_write(const RopeArgs& r, const KvWriteArgs& kv, cudaStream_t st) {
+  NF4FLASH_CHECK(r.T == kv.T && r.n_k_heads == kv.n_kv && r.head_dim == kv.head_dim && r.k == kv.k && r.act == kv.act,
+                 "rope_kv_write: rope and cache arguments disagree");
+  const int64_t n = r.T * (r.n_q_heads + r.n_k_heads) * (r.head_dim / 2) + kv.T * kv.n_kv * kv.head_dim;
+  if (n == 0) return;
+  NF4FLASH_DISPATCH_ACT(r.act, "rope_kv_write", [&] {
+    using TA = T;
+    NF4FLASH_DISPATCH_ACT(kv.kv_dtype, "rope_kv_write (cache)", [&] {
+      rope_kv_kernel<TA, T><<<grid_for(n), 256, 0, st>>>(r, kv);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
 }  // namespace nf4flash::cuda

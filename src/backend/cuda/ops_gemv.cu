@@ -1,9 +1,11 @@
 // Launchers of the GEMV kernels (4-bit fused and dense) and of the 4-bit repack/dequantize kernels.
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/gemv_q4_stream.cuh"
 
 namespace nf4flash::cuda {
 
@@ -26,11 +28,75 @@ bool gemv_q4_use_async() {
   return v && std::string_view(v) == "async";
 }
 
+int device_cc_major() {
+  static int m = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
+    return v;
+  }();
+  return m;
+}
+
+// Warps per block of the stream kernel (NF4FLASH_GEMV_WARPS=8|16; kernel-bench compares them).
+int stream_warps() {
+  const char* v = std::getenv("NF4FLASH_GEMV_WARPS");
+  return v && std::string_view(v) == "16" ? 16 : 8;
+}
+
+// Feed of the stream kernel: "regs" (default: register prefetch, 2 blocks/SM) or "bulk"
+// (cp.async.bulk ring, 1 block/SM; NF4FLASH_GEMV_FEED=bulk).
+bool stream_bulk() {
+  const char* v = std::getenv("NF4FLASH_GEMV_FEED");
+  return v && std::string_view(v) == "bulk";
+}
+
+int stream_grid(bool bulk) { return bulk ? num_sms() : 2 * num_sms(); }
+
+// Dynamic shared memory the stream kernel may take (ring + table + staged x): the opt-in limit
+// less the static arrays and a margin.
+int stream_smem_limit() {
+  static int v = [] {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return optin - 24 * 1024;
+  }();
+  return v;
+}
+
+template <typename TA, bool DQ, int W, bool BULK>
+void launch_stream(Q4StreamKArgs& k, cudaStream_t st) {
+  auto kernel = gemv_q4_stream_kernel<TA, DQ, W, BULK>;
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, stream_smem_limit()));
+    attr_set = true;
+  }
+  // x in shared memory when it fits (decode: always; T = 8 x 14336 columns: not)
+  k.stages = BULK ? kQsStages : 0;
+  k.nocompute = 0;
+  if (const char* v = std::getenv("NF4FLASH_GEMV_STAGES"); v && BULK) k.stages = std::clamp(std::atoi(v), 2, kQsMaxStages);
+  // two blocks per SM without the ring: half the shared memory each
+  const int limit = BULK ? stream_smem_limit() : stream_smem_limit() / 2 - 8 * 1024;
+  if (const char* v = std::getenv("NF4FLASH_GEMV_NOCOMPUTE")) k.nocompute = std::atoi(v) != 0;
+  const int64_t xb = int64_t(k.T) * qs_x_stride(k.cols);
+  k.x_stride = qs_dyn_smem<DQ>(k.stages) + xb <= limit ? qs_x_stride(k.cols) : 0;
+  const int dyn = qs_dyn_smem<DQ>(k.stages) + (k.x_stride ? int(xb) : 0);
+  NF4FLASH_CHECK(dyn <= stream_smem_limit(), "gemv_q4_multi: ", k.stages, " stages need ", dyn, " bytes of shared memory");
+  // every block must own >= 1 tile (the stream-K fix-up counts the blocks between two tiles)
+  const int grid = int(std::min<int64_t>(stream_grid(BULK), k.N));
+  kernel<<<grid, W * 32, dyn, st>>>(k);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <typename TA, bool DQ>
 void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
   Q4KernelArgs a{*g.w, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32};
   const bool async = gemv_q4_use_async();
-  auto kernel = async ? gemv_q4_async_kernel<TA, DQ> : gemv_q4_kernel<TA, DQ>;
+  const char* ev = std::getenv("NF4FLASH_GEMV_Q4");
+  const bool regs3 = ev && std::string_view(ev) == "regs3";  // register cap for 3 blocks/SM
+  auto kernel = async ? gemv_q4_async_kernel<TA, DQ> : regs3 ? gemv_q4_kernel<TA, DQ, 3> : gemv_q4_kernel<TA, DQ>;
   const int dyn = async ? kQ4AsyncRingBytes : 0;
   static bool attr_set = false;
   if (!attr_set) {
@@ -40,8 +106,8 @@ void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
   }
   int grid = g.grid;
   if (grid <= 0) {
-    static int per_sm[2] = {0, 0};
-    int& ps = per_sm[async ? 1 : 0];
+    static int per_sm[3] = {0, 0, 0};
+    int& ps = per_sm[async ? 1 : regs3 ? 2 : 0];
     if (ps == 0) {
       CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, kernel, kQ4Warps * 32, dyn));
       if (ps <= 0) ps = 1;
@@ -74,13 +140,98 @@ void gemv_q4(const GemvQ4Args& g, cudaStream_t st) {
   }
 }
 
+bool gemv_q4_stream_supported() { return device_cc_major() >= 9; }
+
+bool gemv_q4_stream_enabled() {
+  const char* v = std::getenv("NF4FLASH_GEMV_Q4");
+  if (v && *v && std::string_view(v) != "stream") return false;
+  return gemv_q4_stream_supported();
+}
+
+int64_t gemv_q4_stream_partials_floats() { return int64_t(std::max(stream_grid(true), stream_grid(false))) * 2 * 256; }
+
+void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
+  NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, "gemv_q4_multi: T=", g.T, " outside 1..", kGemvMaxRows);
+  NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kQsMaxSegs, "gemv_q4_multi: ", g.nseg, " segments");
+  NF4FLASH_CHECK(gemv_q4_stream_enabled(), "gemv_q4_multi: the stream kernel needs sm_90");
+  const Q4Device& w0 = *g.w[0];
+  Q4StreamKArgs k{};
+  for (int i = 0; i < 16; ++i) k.code[i] = w0.code[i];
+  k.nested_code = w0.nested_code;
+  k.cols = w0.cols;
+  k.KT = w0.KT;
+  k.log2_blocksize = w0.log2_blocksize;
+  k.log2_nested = w0.log2_nested;
+  k.nseg = g.nseg;
+  k.T = g.T;
+  k.ep = int(g.ep);
+  k.x = g.x;
+  k.out_f32 = g.out_dtype == DType::F32;
+  NF4FLASH_CHECK(!k.out_f32 || g.ep == GemvEpilogue::Store, "gemv_q4_multi: f32 output only with a plain store");
+  NF4FLASH_CHECK(g.ep != GemvEpilogue::SwiGLU || g.nseg == 2, "gemv_q4_multi: SwiGLU takes gate and up");
+  NF4FLASH_CHECK(g.ep != GemvEpilogue::Residual || g.nseg == 1, "gemv_q4_multi: residual takes one weight");
+  int64_t units = 0;
+  for (int s = 0; s < g.nseg; ++s) {
+    const Q4Device& w = *g.w[s];
+    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
+                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
+                   "gemv_q4_multi: segment ", s, " differs in shape or quantization from segment 0");
+    Q4StreamSeg& q = k.seg[s];
+    q.tiles = w.tiles;
+    q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
+    q.nested_absmax = w.nested_absmax;
+    q.offset = w.offset;
+    q.bias = g.bias[s];
+    q.out = g.out[s];
+    q.rows = w.rows;
+    q.RT = w.RT;
+    units += w.RT;
+    k.unit_end[s] = units;
+  }
+  if (g.ep == GemvEpilogue::SwiGLU) {
+    NF4FLASH_CHECK(g.w[1]->rows == w0.rows, "gemv_q4_multi: gate and up differ in rows");
+    k.nsub = 2;
+    units = w0.RT;
+  } else {
+    k.nsub = 1;
+  }
+  k.units = units;
+  k.N = units * k.nsub * k.KT;
+  NF4FLASH_CHECK(units <= g.counters_len, "gemv_q4_multi: ", units, " row tiles exceed the ", g.counters_len,
+                 " stream-K counters");
+  k.partials = g.partials;
+  k.counters = g.counters;
+  const bool w16 = stream_warps() == 16, bulk = stream_bulk();
+  auto go = [&](auto ta) {
+    using TA = decltype(ta);
+    if (bulk) {
+      if (w0.double_quant) w16 ? launch_stream<TA, true, 16, true>(k, st) : launch_stream<TA, true, 8, true>(k, st);
+      else w16 ? launch_stream<TA, false, 16, true>(k, st) : launch_stream<TA, false, 8, true>(k, st);
+    } else {
+      if (w0.double_quant) launch_stream<TA, true, 8, false>(k, st);
+      else launch_stream<TA, false, 8, false>(k, st);
+    }
+  };
+  if (g.act == DType::BF16) go(__nv_bfloat16{});
+  else if (g.act == DType::F16) go(__half{});
+  else fail("gemv_q4_multi: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+}
+
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st) {
-  const int64_t n = w.rows * (w.cols / 2);
+  // the 8-column kernel (16-byte stores); the 2-column one remains for NF4FLASH_Q4_DEQUANT=v1
+  const char* v = std::getenv("NF4FLASH_Q4_DEQUANT");
+  const bool v1 = v && std::string_view(v) == "v1";
+  const int64_t n = v1 ? w.rows * (w.cols / 2) : w.rows * (w.cols / 8);
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>((n + threads - 1) / threads);
   NF4FLASH_DISPATCH_ACT(dtype, "q4_dequant", [&] {
-    if (w.double_quant) q4_dequant_kernel<T, true><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
-    else q4_dequant_kernel<T, false><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
+    if (v1) {
+      if (w.double_quant) q4_dequant_kernel<T, true><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
+      else q4_dequant_kernel<T, false><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
+    } else {
+      if (w.double_quant) q4_dequant8_kernel<T, true><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
+      else q4_dequant8_kernel<T, false><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
+    }
     CUDA_CHECK_LAUNCH();
   });
 }

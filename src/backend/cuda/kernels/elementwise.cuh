@@ -130,4 +130,47 @@ __global__ void kv_write_kernel(const KvWriteArgs a) {
   }
 }
 
+// rope + kv_write in one pass (decode and prefill): q and k rotated in place exactly as
+// rope_kernel does, the rotated k (rounded to the compute dtype, as kv_write would read it) and v
+// written to the cache at positions pos0 + t. Index space: T*(nq+nk)*hd/2 rotation pairs, then
+// T*nkv*hd v elements.
+template <typename TA, typename TK>
+__global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
+  const int half = r.head_dim / 2;
+  const int heads = r.n_q_heads + r.n_k_heads;
+  const int64_t total_r = r.T * heads * half, total_v = kv.T * int64_t(kv.n_kv) * kv.head_dim;
+  const int64_t pos0 = r.pos0[0];
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total_r + total_v;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (i < total_r) {
+      const int d = int(i % half);
+      const int h = int((i / half) % heads);
+      const int64_t t = i / (int64_t(half) * heads);
+      const bool is_k = h >= r.n_q_heads;
+      TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * r.head_dim
+                       : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * r.head_dim;
+      float sn, cs;
+      sincosf(float(pos0 + t) * r.inv_freq[d], &sn, &cs);
+      const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
+      const TA y1 = from_f32<TA>(x1 * cs - x2 * sn), y2 = from_f32<TA>(x2 * cs + x1 * sn);
+      base[d] = y1;
+      base[d + half] = y2;
+      const int64_t pos = pos0 + t;
+      if (is_k && pos >= 0 && pos < kv.capacity) {
+        TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + pos) * kv.head_dim;
+        dst[d] = from_f32<TK>(to_f32<TA>(y1));
+        dst[d + half] = from_f32<TK>(to_f32<TA>(y2));
+      }
+    } else {
+      const int64_t j = i - total_r, per_t = int64_t(kv.n_kv) * kv.head_dim;
+      const int64_t t = j / per_t, hd = j % per_t;
+      const int64_t h = hd / kv.head_dim, d = hd % kv.head_dim;
+      const int64_t pos = pos0 + t;
+      if (pos < 0 || pos >= kv.capacity) continue;
+      static_cast<TK*>(kv.v_cache)[(h * kv.capacity + pos) * kv.head_dim + d] =
+          from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + hd]));
+    }
+  }
+}
+
 }  // namespace nf4flash::cuda

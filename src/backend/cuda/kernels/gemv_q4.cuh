@@ -92,8 +92,8 @@ __device__ __forceinline__ float q4_scale(const Q4Device& w, const float* s_nest
 // Software-pipelined: each warp walks its batches (kQ4Unroll column tiles, stride kQ4Warps) of
 // the block's row tiles and issues the next batch's weight/absmax loads before decoding the
 // current one, across row-tile boundaries too (first run: 30-47% of copy bandwidth without it).
-template <typename TA, bool DQ>
-__global__ void __launch_bounds__(kQ4Warps * 32) gemv_q4_kernel(const Q4KernelArgs a) {
+template <typename TA, bool DQ, int MINB = 1>
+__global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4KernelArgs a) {
   __shared__ __align__(16) uint32_t lut[256 * 32];
   __shared__ float red[kQ4Warps][16][8];
   __shared__ float s_nested_code[256];
@@ -358,6 +358,48 @@ __global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t row
   const int64_t r0 = rt * 16 + g, r1 = r0 + 8, c0 = kt * 32 + 8 * t + 2 * j, rb = cols / 2;
   auto src = [&](int64_t r, int64_t c) -> uint32_t { return r < rows ? packed[r * rb + c] : 0u; };
   tiles[wi] = src(r0, c0) | (src(r1, c0) << 8) | (src(r0, c0 + 1) << 16) | (src(r1, c0 + 1) << 24);
+}
+
+// Inverse of the layout, coalesced: one thread per (row, 8 consecutive columns) reads the two
+// 4-byte words of the tile that hold them (one 8-byte load) and writes 8 values (16 bytes for
+// bf16/f16, 32 for f32). Thread (r, cg): tile (r/16, cg/8), m = cg%8 -> source bytes 4m..4m+3 of
+// the row in this tile = words j0 = 2(m%2), j0+1 of lane 4(r%8) + m/2, byte 2e + (r%16)/8.
+template <typename TO, bool DQ>
+__global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
+  __shared__ float s_nested_code[256];
+  if constexpr (DQ) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = w.nested_code[i];
+    __syncthreads();
+  }
+  const int64_t groups = w.cols / 8;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * groups) return;
+  const int64_t row = i / groups, cg = i % groups;
+  const int64_t kt = cg >> 3, rt = row >> 4;
+  const int m = int(cg & 7), rr = int(row & 15), lane = 4 * (rr & 7) + (m >> 1), hi = rr >> 3;
+  const uint2 wd = *reinterpret_cast<const uint2*>(w.tiles + (rt * w.KT + kt) * 512 + lane * 16 + (m & 1) * 8);
+  const float s = q4_scale<DQ>(w, s_nested_code, rt, kt, rr);
+  float v[8];
+  const uint32_t words[2] = {wd.x, wd.y};
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint32_t byte = (words[j] >> (8 * (2 * e + hi))) & 0xffu;
+      v[4 * j + 2 * e] = w.code[byte >> 4] * s;
+      v[4 * j + 2 * e + 1] = w.code[byte & 15] * s;
+    }
+  TO* o = out + row * w.cols + cg * 8;
+  if constexpr (sizeof(TO) == 2) {
+    uint4 pk;
+    TO* h = reinterpret_cast<TO*>(&pk);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) h[k] = from_f32<TO>(v[k]);
+    *reinterpret_cast<uint4*>(o) = pk;
+  } else {
+    reinterpret_cast<float4*>(o)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(o)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
 }
 
 // Inverse of the layout: one thread per (row, source byte) writes two dequantized values.
