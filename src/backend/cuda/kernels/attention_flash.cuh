@@ -7,14 +7,15 @@
 // head h / (n_heads/n_kv) (K/V never repeated; heads of one group are adjacent in blockIdx.x so
 // they share the tiles through L2).
 //
-//   grid (n_heads, ceil(T_rows/128)), 256 threads (8 warps), dynamic smem (128 + 4*64) * HD * 2 B
-//   (hd128: 96 KiB, hd64: 48 KiB). A block owns 128 query rows of one head; warp w owns rows
+//   grid (n_heads, ceil(T_rows/128)), 256 threads (8 warps), dynamic smem (128 + 2*STAGES*64)*HD*2 B
+//   (hd128: 96 KiB with 2 stages, 128 KiB with 3). A block owns 128 query rows of one head; warp w owns rows
 //   16w..16w+15 (one m16 tile): 8 warps x 16 rows keeps Q (HD/16 A-fragments), the O accumulator
 //   (HD/8 n-tiles) and one S tile (64/8 n-tiles) in registers at ~150 regs for hd128 with no
 //   spills, where 4 warps x 32 rows would need ~250 (FA2 re-reads Q from smem for that).
 //   blockIdx.y is reversed so the longest (last) query tiles of every head start first and the
 //   short ones fill the tail.
-//   K/V tiles of 64 positions, double-buffered with cp.async (tile j+1 loads while j computes).
+//   K/V tiles of 64 positions in a ring of STAGES buffers filled by cp.async (tile j+1 loads while j
+//   computes); STAGES = 3 needs one barrier per tile instead of two (see the loop's end).
 //   Shared-memory rows are HD*2 bytes in 16-byte chunks stored at chunk ^ (row & 7): the 8 rows
 //   an ldmatrix phase reads land in 8 different bank groups (conflict-free), and cp.async writes
 //   whole chunks.
@@ -43,7 +44,7 @@ constexpr int kFlashBK = 64;      // cache positions per tile
 constexpr int kFlashWarps = 8;
 constexpr int kFlashThreads = 32 * kFlashWarps;
 
-__host__ __device__ constexpr int flash_smem_bytes(int hd) { return (kFlashBQ + 4 * kFlashBK) * hd * 2; }
+__host__ __device__ constexpr int flash_smem_bytes(int hd, int stages) { return (kFlashBQ + 2 * stages * kFlashBK) * hd * 2; }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -121,13 +122,14 @@ __device__ __forceinline__ void load_tile(uint32_t s_base, const T* g, int64_t s
   }
 }
 
-template <typename T, int HD>
+template <typename T, int HD, int STAGES>
 __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const AttnArgs a) {
+  static_assert(STAGES == 2 || STAGES == 3, "2 or 3 K/V stages");
   constexpr int BQ = kFlashBQ, BK = kFlashBK, KS = HD / 16, NT_S = BK / 8, NT_O = HD / 8;
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_q = smem_u32(smem);
-  const uint32_t s_k0 = s_q + BQ * HD * 2;  // K stage s at s_k0 + s*BK*HD*2, V after both K stages
-  const uint32_t s_v0 = s_k0 + 2 * BK * HD * 2;
+  const uint32_t s_k0 = s_q + BQ * HD * 2;  // K stage s at s_k0 + s*BK*HD*2, V after the K stages
+  const uint32_t s_v0 = s_k0 + STAGES * BK * HD * 2;
 
   const int h = blockIdx.x, G = a.n_heads / a.n_kv, kvh = h / G;
   const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
@@ -161,11 +163,11 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
   for (int j = 0; j < n_tiles; ++j) {
-    const int st = j & 1;
+    const int st = j % STAGES, nx = (j + 1) % STAGES;
     if (j + 1 < n_tiles) {
       const int kb1 = (j + 1) * BK;
-      load_tile<T, HD, BK>(s_k0 + (st ^ 1) * BK * HD * 2, kg + int64_t(kb1) * HD, HD, kv_end - kb1);
-      load_tile<T, HD, BK>(s_v0 + (st ^ 1) * BK * HD * 2, vg + int64_t(kb1) * HD, HD, kv_end - kb1);
+      load_tile<T, HD, BK>(s_k0 + nx * BK * HD * 2, kg + int64_t(kb1) * HD, HD, kv_end - kb1);
+      load_tile<T, HD, BK>(s_v0 + nx * BK * HD * 2, vg + int64_t(kb1) * HD, HD, kv_end - kb1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -263,7 +265,10 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
         }
       }
     }
-    __syncthreads();  // the next iteration refills this stage
+    // 2 stages: the next iteration refills this stage, so wait for every warp. 3 stages: the
+    // stage refilled next was last read two tiles ago, before this iteration's barrier, so warps
+    // may drift by a tile (one warp's softmax overlaps another's MMAs).
+    if constexpr (STAGES == 2) __syncthreads();
   }
 
   // ---- normalize and store
