@@ -115,4 +115,12 @@ void attention_flash(const AttnArgs& a, cudaStream_t st) {
   else pick(std::integral_constant<int, 3>{});
 }
 
+void attention_eager_softmax(const EagerSoftmaxArgs& a, cudaStream_t st) {
+  if (a.rows == 0 || a.heads == 0) return;
+  NF4FLASH_DISPATCH_ACT(a.p_dtype, "attention (eager softmax)", [&] {
+    attn_eager_softmax_kernel<T><<<dim3(unsigned(a.rows), unsigned(a.heads)), 256, 0, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
 }  // namespace nf4flash::cuda
