@@ -39,6 +39,10 @@ bench_status="skipped"
 if [ "${NF4FLASH_GPU_BENCH:-1}" = 1 ]; then
   ./build-gpu/nf4flash kernel-bench --json "$out/kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
   bench_status=$([ $? = 0 ] && echo "ok" || echo "FAIL")
+  # yardstick for the prefill attention rows of kernel-bench: torch SDPA, where torch is installed
+  if python3 -c "import torch" 2>/dev/null; then
+    python3 scripts/sdpa_bench.py --json "$out/torch-sdpa.json" >"$out/torch-sdpa.txt" 2>&1 || echo "sdpa_bench failed"
+  fi
   # the reference model benchmark (DESIGN.md "how we measure"), then peak VRAM for NF4 at ctx 8192
   ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant none,nf4 --double-quant \
     --attn flash,sdpa,eager -p 512,4096 -n 128 --ctx 512,32768 --no-cache -r 3 \
@@ -54,6 +58,7 @@ echo "== gpu-check summary ($(head -2 "$out/gpu.txt" | tail -1)) =="
 printf "%-12s %s\n" build "${build_s}s" tests "$test_status" kernel-bench "$bench_status"
 [ -f "$out/gpu-tests.log" ] && grep -E "tests passed|tests failed|PASSED|FAILED  " "$out/gpu-tests.log" | tail -3
 [ -f "$out/kernel-bench.txt" ] && cat "$out/kernel-bench.txt"
+[ -f "$out/torch-sdpa.txt" ] && grep -vE "Warning|warn|return F" "$out/torch-sdpa.txt"
 [ -f "$out/bench.txt" ] && cat "$out/bench.txt"
 [ -f "$out/bench-vram.txt" ] && grep -E "peak VRAM" "$out/bench-vram.txt" | tail -1
 [ "$test_status" = pass ] || [ "$test_status" = skipped ]

@@ -93,6 +93,10 @@ struct AttnParams {
 // Device-resident per-step values read by the ops (written by the runtime before each step).
 struct StepState {
   int32_t* pos0 = nullptr;  // backend memory: absolute position of row 0 of the step
+  // The same position when the host knows it for this step (prefill chunks, uncaptured decode);
+  // -1 while a graph is being captured (replays change pos0 in device memory only). Ops may use
+  // it to size work on the host (eager CUDA attention: key length pos0_host + T).
+  int64_t pos0_host = -1;
 };
 
 struct KVCacheDesc {

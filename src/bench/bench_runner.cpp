@@ -46,10 +46,12 @@ class EngineAdapter final : public BenchEngine {
     if (impl != im.dec->attn_impl()) {
       im.dec->set_attn_impl(impl);
       im.graph_id = -1;  // a captured decode step holds the previous attention kernel
-      // the engine's reporting rule (build_engine): CPU runs its eager kernel; CUDA auto = flash
-      im.report.attn = im.be->device() == Device::CPU
-                           ? "cpu-eager"
-                           : std::string(attn_impl_name(impl == AttnImpl::Auto ? AttnImpl::Flash : impl));
+      // the engine's reporting rule (build_engine): CPU runs its eager kernel; CUDA auto = the
+      // first of flash, sdpa, eager that serves (what the backend runs for auto)
+      AttnImpl ran = impl;
+      for (AttnImpl a : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager})
+        if (ran == AttnImpl::Auto && im.be->attn_unsupported_reason(a, im.cfg.head_dim).empty()) ran = a;
+      im.report.attn = im.be->device() == Device::CPU ? "cpu-eager" : std::string(attn_impl_name(ran));
     }
     im.opts.graphs = graphs != 0;
     im.report.graphs = im.opts.graphs && im.be->graphs_supported();

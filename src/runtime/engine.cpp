@@ -34,6 +34,7 @@ Act Engine::Impl::logits_act(int64_t rows) {
 void Engine::Impl::set_pos(int64_t pos0) {
   const int32_t p = static_cast<int32_t>(pos0);
   be->upload(pos_buf->data(), &p, 4);
+  state.pos0_host = pos0;
 }
 
 void Engine::Impl::forward_tokens(const int32_t* tokens, int64_t n, int64_t pos0, bool all_rows,
@@ -63,6 +64,7 @@ void Engine::Impl::decode_step(int32_t token, int64_t pos) {
   set_pos(pos);
   if (opts.graphs && be->graphs_supported()) {
     if (graph_id < 0) {
+      state.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
       be->capture_begin();
       dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
       graph_id = be->capture_end();

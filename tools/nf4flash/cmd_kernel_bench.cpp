@@ -17,11 +17,13 @@ CommandRun setup(CLI::App& app) {
   struct Opts {
     std::string json;
     int reps = 50, trials = 9, device = 0;
+    bool attention_only = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--json", o->json, "write the JSON report to this file");
   app.add_option("--reps", o->reps, "kernels per timed graph replay")->check(CLI::Range(1, 10000));
   app.add_option("--trials", o->trials, "timed replays (median reported)")->check(CLI::Range(1, 1000));
+  app.add_flag("--attention-only", o->attention_only, "only the prefill attention kernels (flash, sdpa, eager)");
   app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
   return [o]() -> int {
 #ifdef NF4FLASH_HAVE_CUDA
@@ -29,6 +31,7 @@ CommandRun setup(CLI::App& app) {
     ko.reps = o->reps;
     ko.trials = o->trials;
     ko.device = o->device;
+    ko.attention_only = o->attention_only;
     const std::string js = cuda_kernel_bench(ko);
     if (!o->json.empty()) {
       std::ofstream f(o->json);
@@ -44,6 +47,6 @@ CommandRun setup(CLI::App& app) {
 
 }  // namespace
 
-NF4FLASH_COMMAND("kernel-bench", "Time the CUDA decode kernels (4-bit GEMV, lm_head GEMV, decode attention) against copy bandwidth", setup);
+NF4FLASH_COMMAND("kernel-bench", "Time the CUDA kernels (4-bit GEMV, lm_head GEMV, decode attention against copy bandwidth; prefill attention in TFLOP/s)", setup);
 
 }  // namespace nf4flash::cli

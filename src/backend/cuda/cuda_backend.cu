@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/attn_eager.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/launchers.h"
 #include "io/safetensors.h"
@@ -433,7 +434,10 @@ class CudaBackend : public Backend {
     a.scale = p.scale;
     a.pos0 = s.pos0;
     a.num_sms = props_.multiProcessorCount;
-    if (a.T <= kDecodeMaxRows) {
+    const AttnImpl impl = resolve_attn(p.impl);
+    if (impl == AttnImpl::Eager) {
+      attention_eager_run(a, capturing_ ? -1 : s.pos0_host);
+    } else if (a.T <= kDecodeMaxRows) {
       const int64_t need = attention_decode_workspace_floats(kDecodeMaxRows, p.n_heads, p.head_dim);
       if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
         NF4FLASH_CHECK(!capturing_, "attention: decode workspace must be sized before graph capture");
@@ -442,6 +446,8 @@ class CudaBackend : public Backend {
       a.workspace = static_cast<float*>(attn_ws_->data());
       a.workspace_floats = need;
       attention_decode(a, stream_);
+    } else if (impl == AttnImpl::Flash) {
+      attention_flash(a, stream_);
     } else {
       attention_prefill(a, stream_);
     }
@@ -486,11 +492,15 @@ class CudaBackend : public Backend {
   std::string attn_unsupported_reason(AttnImpl impl, int head_dim) const override {
     if (head_dim != 64 && head_dim != 128)
       return cat("unsupported head_dim ", head_dim, " for the CUDA attention kernels; supported: 64, 128");
-    if (impl == AttnImpl::Flash)
-      return "--attn flash: the FlashAttention-2 tensor-core kernel is not built yet on CUDA; --attn sdpa (or auto) "
-             "runs the fused online-softmax kernels";
-    if (impl == AttnImpl::Eager) return "--attn eager: not implemented on CUDA yet; use --attn sdpa or auto";
+    // flash needs the KV cache in the compute dtype: the engine allocates it so (checked per call too)
+    if (impl == AttnImpl::Flash) return attention_flash_unsupported(act_, act_, head_dim);
     return "";
+  }
+  // Auto: flash where it serves (bf16/f16 compute), else sdpa. The kernel of a step: T <= 4 rows
+  // take the flash-decoding kernel for flash, sdpa and auto; eager materializes scores always.
+  AttnImpl resolve_attn(AttnImpl impl) const {
+    if (impl != AttnImpl::Auto) return impl;
+    return attention_flash_unsupported(act_, act_, 128).empty() ? AttnImpl::Flash : AttnImpl::Sdpa;
   }
   std::string linear_path(const Weight& w, int64_t rows) const override;
 
@@ -587,13 +597,30 @@ class CudaBackend : public Backend {
   bool stream_gemv_ = false;
   int gemv_max_rows_ = kGemvMaxRows;  // 4-bit rows up to this take a GEMV, more the GEMM path
   std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
+  // Eager attention: the score buffer is sized outside graph capture (for this call and for a
+  // captured decode step over the whole cache), never inside it.
+  void attention_eager_run(const AttnArgs& a, int64_t pos0_host) {
+    size_t need = attention_eager_plan(a, pos0_host).bytes;
+    if (!capturing_) {
+      AttnArgs d = a;
+      d.T = std::min<int>(kDecodeMaxRows, int(a.capacity));
+      need = std::max(need, attention_eager_plan(d, -1).bytes);
+    }
+    if (!eager_ws_ || eager_ws_->bytes() < need) {
+      NF4FLASH_CHECK(!capturing_, "attention (eager): the score buffer (", need >> 20,
+                     " MiB) must be allocated before graph capture; run an uncaptured step first");
+      eager_ws_.reset();
+      eager_ws_ = std::make_unique<CudaBuffer>(need);
+    }
+    attention_eager(a, pos0_host, cublas_, tf32_, eager_ws_->data(), eager_ws_->bytes(), stream_);
+  }
 
   DType act_;
   bool tf32_;
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, sample_scratch_, k_cache_, v_cache_;
+  std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
   int32_t* host_id_ = nullptr;
   KVCacheDesc kv_;
   std::vector<cudaGraphExec_t> graphs_;

@@ -3,6 +3,7 @@
 // is replayed once to warm up, then `trials` replays are timed with CUDA events on the backend
 // stream; the median per-kernel time is reported. Bytes are the minimum each kernel must move.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -76,6 +77,54 @@ std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std
   return q;
 }
 
+// Prefill attention kernels alone (--attn flash | sdpa | eager), Llama-3-8B layer shape (32 q
+// heads, 8 kv heads, head_dim 128), bf16, batch 1, causal, pos0 = 0, T = seq. Timed per call
+// (1 warm-up, then `trials` calls each followed by a synchronize; median), not in a graph: eager
+// sizes its score chunks from the host-known length. FLOP convention (causal, as FlashAttention's
+// benchmarks): 4 * seq^2 / 2 * head_dim * n_heads (two GEMMs of 2*seq*seq*hd, half masked).
+nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g) {
+  using nlohmann::json;
+  json rows = json::array();
+  const int nh = 32, nkv = 8, hd = 128;
+  std::printf("\n%-44s %10s %10s\n", "attention prefill (causal, 32/8 heads, hd128, bf16)", "ms", "TFLOP/s");
+  for (int seq : {4096, 16384}) {
+    be.kv_allocate({1, nkv, hd, seq, DType::BF16});
+    auto qb = be.alloc(size_t(seq) * nh * hd * 2), ob = be.alloc(size_t(seq) * nh * hd * 2), pb = be.alloc(4);
+    {
+      std::normal_distribution<float> nd;
+      std::vector<uint16_t> h(size_t(seq) * nh * hd);
+      for (auto& v : h) v = f32_to_bf16(nd(g));
+      be.upload(qb->data(), h.data(), h.size() * 2);
+      const int32_t zero = 0;
+      be.upload(pb->data(), &zero, 4);
+      Act kv = qb->as_act(DType::BF16, seq, nkv * hd);  // the first seq*nkv*hd random values
+      be.kv_write(0, kv, kv, StepState{static_cast<int32_t*>(pb->data()), 0});
+      be.sync();
+    }
+    Act q = qb->as_act(DType::BF16, seq, nh * hd), o = ob->as_act(DType::BF16, seq, nh * hd);
+    const StepState st{static_cast<int32_t*>(pb->data()), 0};
+    const double flops = 4.0 * double(seq) * seq / 2 * hd * nh;
+    for (AttnImpl impl : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager}) {
+      const std::string name = cat("attn prefill ", attn_impl_name(impl), " seq=", seq);
+      const AttnParams ap{nh, nkv, hd, 1.f / std::sqrt(float(hd)), impl};
+      std::vector<double> t;
+      for (int k = 0; k <= trials; ++k) {
+        be.sync();
+        const auto t0 = std::chrono::steady_clock::now();
+        be.attention(0, q, o, ap, st);
+        be.sync();
+        if (k > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      const double sec = median(t);
+      std::printf("%-44s %10.3f %10.1f\n", name.c_str(), sec * 1e3, flops / sec / 1e12);
+      rows.push_back({{"name", name}, {"impl", std::string(attn_impl_name(impl))}, {"seq", seq}, {"n_heads", nh},
+                      {"n_kv_heads", nkv}, {"head_dim", hd}, {"dtype", "bf16"}, {"causal", true}, {"ms", sec * 1e3},
+                      {"flops", flops}, {"tflops", flops / sec / 1e12}, {"trials", trials}});
+    }
+  }
+  return rows;
+}
+
 }  // namespace
 
 std::string cuda_kernel_bench(const KernelBenchOptions& o) {
@@ -125,6 +174,12 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     extra["pct_of_copy"] = 100.0 * gbs / copy_gbs;
     rows.push_back(extra);
   };
+
+  if (o.attention_only) {
+    out["attention_prefill_flop_convention"] = "4 * seq^2 / 2 * head_dim * n_heads (causal)";
+    out["attention_prefill"] = bench_attention_prefill(*be, std::max(5, o.trials), g);
+    return out.dump(2);
+  }
 
   // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
   //   stream (stream-K bulk-copy, 8 warps), stream16 (16 warps), regs (register prefetch), async
@@ -363,6 +418,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
            {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}});
   }
   out["kernels"] = rows;
+  out["attention_prefill_flop_convention"] = "4 * seq^2 / 2 * head_dim * n_heads (causal)";
+  out["attention_prefill"] = bench_attention_prefill(*be, std::max(5, o.trials), g);
   return out.dump(2);
 }
 

@@ -1,6 +1,7 @@
 // Microbenchmark of the CUDA decode kernels (the `kernel-bench` subcommand): device-to-device copy
 // bandwidth, the fused 4-bit GEMV on the Llama-3-8B MLP shapes (plain and double-quant absmax),
-// the dense bf16 GEMV on the lm_head shape and split-K decode attention, all in one run.
+// the dense bf16 GEMV on the lm_head shape, split-K decode attention and the prefill attention
+// kernels (flash, sdpa, eager; TFLOP/s), all in one run.
 #pragma once
 #include <string>
 
@@ -10,6 +11,7 @@ struct KernelBenchOptions {
   int reps = 50;      // kernels per timed graph replay
   int trials = 9;     // timed replays (median reported)
   int device = 0;
+  bool attention_only = false;  // only the copy reference and the prefill attention kernels
 };
 
 // Runs the benchmark, prints a table on stdout and returns the JSON report.

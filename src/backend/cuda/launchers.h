@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype.h"
 
@@ -149,8 +150,29 @@ void attention_decode(const AttnArgs& a, cudaStream_t st);
 constexpr int kDecodeMaxRows = 4;
 constexpr int kDecodeMaxSplits = 128;
 int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim);
-// Tiled causal attention with online softmax (any T), CUDA cores.
+// Tiled causal attention with online softmax (any T), CUDA cores ("sdpa").
 void attention_prefill(const AttnArgs& a, cudaStream_t st);
+// FlashAttention-2 forward on tensor cores (any T; used for T > kDecodeMaxRows): bf16/f16 compute,
+// KV cache of the same dtype, head_dim 64 or 128. Empty string = servable, else why not.
+std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim);
+void attention_flash(const AttnArgs& a, cudaStream_t st);
+
+// Eager (materialized scores, as transformers' eager): S = Q K^T and O = P V by cuBLAS per kv-head
+// group (strided batches over the group's q heads, K/V never repeated), softmax kernel between.
+// Scores are f32 [heads][rows][L]; P is in the compute dtype. L = the key length computed over:
+// pos0_host + T when the host knows pos0 (rows are then chunked with causal lengths), else the
+// whole cache capacity with the tail masked (capturable: pos0 stays in device memory).
+struct EagerSoftmaxArgs {
+  const float* s = nullptr;  // [heads][rows][L] raw scores
+  void* p = nullptr;         // [heads][rows][L] probabilities, dtype p_dtype
+  DType p_dtype = DType::BF16;
+  int heads = 0, rows = 0;
+  int64_t L = 0;
+  int row0 = 0;              // query row of rows[0] within the step (position pos0 + row0 + r)
+  float scale = 1.0f;
+  const int32_t* pos0 = nullptr;
+};
+void attention_eager_softmax(const EagerSoftmaxArgs& a, cudaStream_t st);
 
 // ---- sampling ---------------------------------------------------------------------------------
 // Greedy argmax over logits [vocab] (F32) with an optional repetition penalty over history ids;

@@ -1,8 +1,12 @@
-// Launchers of the attention kernels (kernels/attention.cuh): one dispatch over (act dtype,
-// cache dtype, head_dim); head_dim other than 64/128 is refused by name.
+// Launchers of the attention kernels (kernels/attention.cuh, kernels/attention_flash.cuh): one
+// dispatch over (act dtype, cache dtype, head_dim); head_dim other than 64/128 is refused by name.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/kernels/attention.cuh"
+#include "backend/cuda/kernels/attention_eager.cuh"
+#include "backend/cuda/kernels/attention_flash.cuh"
 
 namespace nf4flash::cuda {
 
@@ -62,6 +66,59 @@ void attention_prefill(const AttnArgs& a, cudaStream_t st) {
     constexpr int HD = decltype(hd)::value;
     dim3 grid(static_cast<unsigned>((a.T + 15) / 16), static_cast<unsigned>(a.n_heads));
     attn_prefill_kernel<TA, TK, HD><<<grid, 128, 0, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim) {
+  if (act != DType::BF16 && act != DType::F16)
+    return cat("--attn flash: the FlashAttention-2 tensor-core kernel needs bf16 or f16 compute, not ",
+               dtype_name(act), " (use --attn sdpa or eager, or --compute-dtype bf16)");
+  if (kv_dtype != act)
+    return cat("--attn flash: the KV cache dtype ", dtype_name(kv_dtype), " must equal the compute dtype ", dtype_name(act));
+  if (head_dim != 64 && head_dim != 128)
+    return cat("unsupported head_dim ", head_dim, " for --attn flash; supported: 64, 128");
+  return "";
+}
+
+void attention_flash(const AttnArgs& a, cudaStream_t st) {
+  const std::string why = attention_flash_unsupported(a.act, a.kv_dtype, a.head_dim);
+  NF4FLASH_CHECK(why.empty(), why);
+  NF4FLASH_CHECK(a.n_kv > 0 && a.n_heads % a.n_kv == 0, "attention: n_heads ", a.n_heads,
+                 " not a multiple of n_kv_heads ", a.n_kv);
+  NF4FLASH_CHECK(a.q_stride % 8 == 0 && a.out_stride % 2 == 0, "attention_flash: q/out row strides must be multiples of 8/2 elements");
+  if (a.T == 0) return;
+  // K/V ring depth; NF4FLASH_FLASH_STAGES=2|3 selects it for measurements (kernel-bench).
+  static const int stages = [] {
+    const char* e = std::getenv("NF4FLASH_FLASH_STAGES");
+    return e && std::string(e) == "2" ? 2 : 3;
+  }();
+  auto launch = [&](auto kernel, int hd) {
+    const int smem = flash_smem_bytes(hd, stages);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>((a.T + kFlashBQ - 1) / kFlashBQ));
+    kernel<<<grid, kFlashThreads, smem, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+  };
+  const bool bf = a.act == DType::BF16;
+  auto pick = [&](auto s) {
+    constexpr int S = decltype(s)::value;
+    if (a.head_dim == 64) {
+      if (bf) launch(attn_flash_kernel<__nv_bfloat16, 64, S>, 64);
+      else launch(attn_flash_kernel<__half, 64, S>, 64);
+    } else {
+      if (bf) launch(attn_flash_kernel<__nv_bfloat16, 128, S>, 128);
+      else launch(attn_flash_kernel<__half, 128, S>, 128);
+    }
+  };
+  if (stages == 2) pick(std::integral_constant<int, 2>{});
+  else pick(std::integral_constant<int, 3>{});
+}
+
+void attention_eager_softmax(const EagerSoftmaxArgs& a, cudaStream_t st) {
+  if (a.rows == 0 || a.heads == 0) return;
+  NF4FLASH_DISPATCH_ACT(a.p_dtype, "attention (eager softmax)", [&] {
+    attn_eager_softmax_kernel<T><<<dim3(unsigned(a.rows), unsigned(a.heads)), 256, 0, st>>>(a);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -1,0 +1,292 @@
+// FlashAttention-2 forward on tensor cores (portable sm_80+: mma.sync m16n8k16, ldmatrix, cp.async).
+//
+// attn_flash_kernel<T, HD>: causal attention of q [T_rows, n_heads*HD] (row stride q_stride) over the
+// KV cache of one layer, K and V each [n_kv][capacity][HD] of the same dtype T (bf16 or f16);
+// out [T_rows, n_heads*HD] (row stride out_stride). Query row t has absolute position pos0+t
+// (pos0 read from device memory) and sees cache positions [0, pos0+t]. GQA: q head h reads kv
+// head h / (n_heads/n_kv) (K/V never repeated; heads of one group are adjacent in blockIdx.x so
+// they share the tiles through L2).
+//
+//   grid (n_heads, ceil(T_rows/128)), 256 threads (8 warps), dynamic smem (128 + 2*STAGES*64)*HD*2 B
+//   (hd128: 96 KiB with 2 stages, 128 KiB with 3). A block owns 128 query rows of one head; warp w owns rows
+//   16w..16w+15 (one m16 tile): 8 warps x 16 rows keeps Q (HD/16 A-fragments), the O accumulator
+//   (HD/8 n-tiles) and one S tile (64/8 n-tiles) in registers at ~150 regs for hd128 with no
+//   spills, where 4 warps x 32 rows would need ~250 (FA2 re-reads Q from smem for that).
+//   blockIdx.y is reversed so the longest (last) query tiles of every head start first and the
+//   short ones fill the tail.
+//   K/V tiles of 64 positions in a ring of STAGES buffers filled by cp.async (tile j+1 loads while j
+//   computes); STAGES = 3 needs one barrier per tile instead of two (see the loop's end).
+//   Shared-memory rows are HD*2 bytes in 16-byte chunks stored at chunk ^ (row & 7): the 8 rows
+//   an ldmatrix phase reads land in 8 different bank groups (conflict-free), and cp.async writes
+//   whole chunks.
+//   S = Q K^T: A = Q fragments (registers), B = K rows via ldmatrix (non-transposed: K row-major
+//   is the "col" B operand). O += P V: A = P re-packed from the S accumulators (no smem round
+//   trip), B = V via ldmatrix.trans.
+//   Online softmax in registers, base 2: scores are scaled by scale*log2(e) inside one FFMA
+//   before ex2.approx; row max/sum over the 4 lanes of a quad; the row sum stays per-lane until
+//   the end. Causal mask only on tiles crossing the block's diagonal; tiles past a warp's last
+//   row are skipped by that warp; tiles past the block's last row are never loaded.
+//   Rows past T_rows and cache rows past the block's last position are zero-filled (cp.async
+//   src-size 0) and never written.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace nf4flash::cuda {
+
+constexpr int kFlashBQ = 128;     // query rows per block
+constexpr int kFlashBK = 64;      // cache positions per tile
+constexpr int kFlashWarps = 8;
+constexpr int kFlashThreads = 32 * kFlashWarps;
+
+__host__ __device__ constexpr int flash_smem_bytes(int hd, int stages) { return (kFlashBQ + 2 * stages * kFlashBK) * hd * 2; }
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy global -> shared; src_bytes 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// D (16x8 f32) += A (16x16, row) * B (16x8, col)
+template <typename T>
+__device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with HD-element rows.
+template <int HD>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+  return uint32_t(r * HD * 2 + ((c ^ (r & 7)) << 4));
+}
+
+// Copy `rows` rows of HD elements (global row stride `stride` elements) into a swizzled tile;
+// rows >= valid are zero-filled.
+template <typename T, int HD, int ROWS>
+__device__ __forceinline__ void load_tile(uint32_t s_base, const T* g, int64_t stride, int valid) {
+  constexpr int CPR = HD / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int i = 0; i < ROWS * CPR / kFlashThreads; ++i) {
+    const int idx = i * kFlashThreads + threadIdx.x;
+    const int r = idx / CPR, c = idx % CPR;
+    const bool ok = r < valid;
+    const T* src = ok ? g + int64_t(r) * stride + c * 8 : g;
+    cp_async16(s_base + swz<HD>(r, c), src, ok ? 16 : 0);
+  }
+}
+
+template <typename T, int HD, int STAGES>
+__global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const AttnArgs a) {
+  static_assert(STAGES == 2 || STAGES == 3, "2 or 3 K/V stages");
+  constexpr int BQ = kFlashBQ, BK = kFlashBK, KS = HD / 16, NT_S = BK / 8, NT_O = HD / 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t s_q = smem_u32(smem);
+  const uint32_t s_k0 = s_q + BQ * HD * 2;  // K stage s at s_k0 + s*BK*HD*2, V after the K stages
+  const uint32_t s_v0 = s_k0 + STAGES * BK * HD * 2;
+
+  const int h = blockIdx.x, G = a.n_heads / a.n_kv, kvh = h / G;
+  const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
+  const int t0 = qt * BQ;
+  const int pos0 = a.pos0[0];
+  const int rows = min(BQ, a.T - t0);
+  const int kv_end = pos0 + t0 + rows;  // exclusive: last visible position + 1
+  const int n_tiles = (kv_end + BK - 1) / BK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, c = lane & 3;
+
+  const T* qg = static_cast<const T*>(a.q) + int64_t(t0) * a.q_stride + int64_t(h) * HD;
+  const T* kg = static_cast<const T*>(a.k_cache) + int64_t(kvh) * a.capacity * HD;
+  const T* vg = static_cast<const T*>(a.v_cache) + int64_t(kvh) * a.capacity * HD;
+
+  load_tile<T, HD, BQ>(s_q, qg, a.q_stride, rows);
+  load_tile<T, HD, BK>(s_k0, kg, HD, kv_end);
+  load_tile<T, HD, BK>(s_v0, vg, HD, kv_end);
+  cp_async_commit();
+
+  // rows of this lane: r_lo = 16*warp + g and r_lo + 8; absolute positions:
+  const int q_lo = pos0 + t0 + 16 * warp + g, q_hi = q_lo + 8;
+  const int warp_qmax = pos0 + t0 + 16 * warp + 15;  // last position any row of the warp sees
+  const int block_qmin = pos0 + t0;
+  const float sl2 = a.scale * 1.4426950408889634f;
+
+  uint32_t qf[KS][4];
+  float o[NT_O][4];
+#pragma unroll
+  for (int n = 0; n < NT_O; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int st = j % STAGES, nx = (j + 1) % STAGES;
+    if (j + 1 < n_tiles) {
+      const int kb1 = (j + 1) * BK;
+      load_tile<T, HD, BK>(s_k0 + nx * BK * HD * 2, kg + int64_t(kb1) * HD, HD, kv_end - kb1);
+      load_tile<T, HD, BK>(s_v0 + nx * BK * HD * 2, vg + int64_t(kb1) * HD, HD, kv_end - kb1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+      const int r = 16 * warp + (lane & 15);
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+        ldsm_x4(s_q + swz<HD>(r, 2 * ks + (lane >> 4)), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+    }
+    const int kb = j * BK;
+    if (kb <= warp_qmax) {
+      const uint32_t sk = s_k0 + st * BK * HD * 2, sv = s_v0 + st * BK * HD * 2;
+      // ---- S = Q K^T (16 x BK per warp)
+      float s[NT_S][4];
+#pragma unroll
+      for (int n = 0; n < NT_S; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+        for (int np = 0; np < NT_S / 2; ++np) {
+          uint32_t b0, b1, b2, b3;
+          const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldsm_x4(sk + swz<HD>(r, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
+          mma_16816<T>(s[2 * np], qf[ks], b0, b1);
+          mma_16816<T>(s[2 * np + 1], qf[ks], b2, b3);
+        }
+      }
+      // ---- causal mask on tiles crossing the diagonal
+      if (kb + BK - 1 > block_qmin) {
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) {
+          const int p = kb + n * 8 + 2 * c;
+          if (p > q_lo) s[n][0] = -INFINITY;
+          if (p + 1 > q_lo) s[n][1] = -INFINITY;
+          if (p > q_hi) s[n][2] = -INFINITY;
+          if (p + 1 > q_hi) s[n][3] = -INFINITY;
+        }
+      }
+      // ---- online softmax (rows g and g+8 of the warp's tile)
+      float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+      for (int n = 0; n < NT_S; ++n) {
+        mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
+        mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
+      }
+#pragma unroll
+      for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+      }
+      // scaled maxima; a row with nothing visible yet keeps 0 as its base (no inf - inf)
+      const float ms_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2;
+      const float ms_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
+      const float corr_lo = fast_exp2(m_lo == -INFINITY ? -INFINITY : m_lo * sl2 - ms_lo);
+      const float corr_hi = fast_exp2(m_hi == -INFINITY ? -INFINITY : m_hi * sl2 - ms_hi);
+      m_lo = mx_lo;
+      m_hi = mx_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+      for (int n = 0; n < NT_S; ++n) {
+        s[n][0] = fast_exp2(fmaf(s[n][0], sl2, -ms_lo));
+        s[n][1] = fast_exp2(fmaf(s[n][1], sl2, -ms_lo));
+        s[n][2] = fast_exp2(fmaf(s[n][2], sl2, -ms_hi));
+        s[n][3] = fast_exp2(fmaf(s[n][3], sl2, -ms_hi));
+        sum_lo += s[n][0] + s[n][1];
+        sum_hi += s[n][2] + s[n][3];
+      }
+      l_lo = l_lo * corr_lo + sum_lo;
+      l_hi = l_hi * corr_hi + sum_hi;
+#pragma unroll
+      for (int n = 0; n < NT_O; ++n) {
+        o[n][0] *= corr_lo;
+        o[n][1] *= corr_lo;
+        o[n][2] *= corr_hi;
+        o[n][3] *= corr_hi;
+      }
+      // ---- O += P V
+#pragma unroll
+      for (int kp = 0; kp < BK / 16; ++kp) {
+        uint32_t pa[4];
+        pa[0] = pack2<T>(s[2 * kp][0], s[2 * kp][1]);
+        pa[1] = pack2<T>(s[2 * kp][2], s[2 * kp][3]);
+        pa[2] = pack2<T>(s[2 * kp + 1][0], s[2 * kp + 1][1]);
+        pa[3] = pack2<T>(s[2 * kp + 1][2], s[2 * kp + 1][3]);
+#pragma unroll
+        for (int nd = 0; nd < HD / 16; ++nd) {
+          uint32_t b0, b1, b2, b3;
+          const int r = kp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          ldsm_x4_t(sv + swz<HD>(r, 2 * nd + (lane >> 4)), b0, b1, b2, b3);
+          mma_16816<T>(o[2 * nd], pa, b0, b1);
+          mma_16816<T>(o[2 * nd + 1], pa, b2, b3);
+        }
+      }
+    }
+    // 2 stages: the next iteration refills this stage, so wait for every warp. 3 stages: the
+    // stage refilled next was last read two tiles ago, before this iteration's barrier, so warps
+    // may drift by a tile (one warp's softmax overlaps another's MMAs).
+    if constexpr (STAGES == 2) __syncthreads();
+  }
+
+  // ---- normalize and store
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  const int r_lo = t0 + 16 * warp + g, r_hi = r_lo + 8;
+  T* og = static_cast<T*>(a.out) + int64_t(h) * HD + 2 * c;
+#pragma unroll
+  for (int n = 0; n < NT_O; ++n) {
+    if (r_lo < a.T)
+      *reinterpret_cast<uint32_t*>(og + int64_t(r_lo) * a.out_stride + n * 8) = pack2<T>(o[n][0] * inv_lo, o[n][1] * inv_lo);
+    if (r_hi < a.T)
+      *reinterpret_cast<uint32_t*>(og + int64_t(r_hi) * a.out_stride + n * 8) = pack2<T>(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  }
+}
+
+}  // namespace nf4flash::cuda
