@@ -7,6 +7,8 @@
 #include "ops/cuda_test_util.h"
 #include "quant/blockwise.h"
 
+#include <cstdlib>
+
 namespace nf4flash::test {
 namespace {
 
@@ -97,11 +99,15 @@ void run_residual(DType dt, QuantType type, bool dq, int64_t N, int64_t K, int64
 
 TEST(CudaFused, LinearResidual) {
   NF4FLASH_REQUIRE_CUDA();
+  // default: register GEMV + add; NF4FLASH_GEMV_Q4=stream: the stream-K kernel's residual epilogue
+  for (const char* mode : {"auto", "stream"})
   for (DType dt : {DType::BF16, DType::F16}) {
+    setenv("NF4FLASH_GEMV_Q4", mode, 1);
     run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, false);
     run_residual(dt, QuantType::NF4, true, 4096, 4096, 4, true);
     run_residual(dt, QuantType::FP4, false, 77, 192, 8, true);
     run_residual(dt, QuantType::NF4, false, 16, 64, 1, false);
+    unsetenv("NF4FLASH_GEMV_Q4");
   }
 }
 

@@ -18,12 +18,14 @@ CommandRun setup(CLI::App& app) {
     std::string json;
     int reps = 50, trials = 9, device = 0;
     bool attention_only = false;
+    bool gemv_only = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--json", o->json, "write the JSON report to this file");
   app.add_option("--reps", o->reps, "kernels per timed graph replay")->check(CLI::Range(1, 10000));
   app.add_option("--trials", o->trials, "timed replays (median reported)")->check(CLI::Range(1, 1000));
   app.add_flag("--attention-only", o->attention_only, "only the prefill attention kernels (flash, sdpa, eager)");
+  app.add_flag("--gemv-only", o->gemv_only, "only the 4-bit GEMV kernels (variants, fused vs unfused)");
   app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
   return [o]() -> int {
 #ifdef NF4FLASH_HAVE_CUDA
@@ -32,6 +34,7 @@ CommandRun setup(CLI::App& app) {
     ko.trials = o->trials;
     ko.device = o->device;
     ko.attention_only = o->attention_only;
+    ko.gemv_only = o->gemv_only;
     const std::string js = cuda_kernel_bench(ko);
     if (!o->json.empty()) {
       std::ofstream f(o->json);

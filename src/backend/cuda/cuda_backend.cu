@@ -135,7 +135,7 @@ class CudaBackend : public Backend {
     CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     sample_scratch_ = std::make_unique<CudaBuffer>(2 * kArgmaxBlocks * 4 + 64);
     stream_gemv_ = gemv_q4_stream_supported();
-    if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, kGemvMaxRows);
+    if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
     if (stream_gemv_) {
       qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
       qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
@@ -568,11 +568,14 @@ class CudaBackend : public Backend {
     NF4FLASH_CHECK(x.cols == w.cols() && out.cols == w.rows() && out.rows == x.rows, "linear: x [", x.rows, ", ",
                    x.cols, "] * W[", w.rows(), ", ", w.cols(), "]^T -> out [", out.rows, ", ", out.cols, "]");
   }
-  // The 4-bit weight when `rows` rows take the stream-K GEMV, else null.
-  const CudaQ4* stream_q4(const Weight& w, int64_t rows) const {
+  // The 4-bit weight when `rows` rows take the stream-K GEMV, else null. `single`: a lone GEMV
+  // (linear, linear_residual) takes it only with NF4FLASH_GEMV_Q4=stream: on the H200 the
+  // register-prefetch kernel is faster alone (18.0 vs 27.2 us on nf4-dq 4096x14336), the
+  // stream-K kernel when it fuses (q/k/v: 16.7 vs 19.5 us; gate+up+SiLU: 41.7 vs ~44 us).
+  const CudaQ4* stream_q4(const Weight& w, int64_t rows, bool single = false) const {
     auto* q = dynamic_cast<const CudaQ4*>(&w);
-    if (!q || q->fallback || !stream_gemv_ || act_ == DType::F32 || rows < 1 || rows > gemv_max_rows_ ||
-        !gemv_q4_stream_enabled())
+    if (!q || q->fallback || !stream_gemv_ || act_ == DType::F32 || rows < 1 || rows > kGemvMaxRows ||
+        rows > gemv_max_rows_ || !gemv_q4_stream_enabled() || (single && !gemv_q4_stream_all()))
       return nullptr;
     return q;
   }
@@ -595,7 +598,10 @@ class CudaBackend : public Backend {
   }
   static constexpr int64_t kQsCounters = 1 << 16;
   bool stream_gemv_ = false;
-  int gemv_max_rows_ = kGemvMaxRows;  // 4-bit rows up to this take a GEMV, more the GEMM path
+  // 4-bit linears of up to this many rows take the GEMV (in chunks of kGemvMaxRows), more the
+  // dequantize + cuBLAS path. Measured crossover on the H200 (kernel-bench "threshold" rows,
+  // docs/performance.md): see kGemvRowsDefault.
+  int gemv_max_rows_ = kGemvRowsDefault;
   std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
   // Eager attention: the score buffer is sized outside graph capture (for this call and for a
   // captured decode step over the whole cache), never inside it.
@@ -648,7 +654,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     if (q->fallback) {
       wp = q->fallback.get();
-    } else if (stream_q4(w, x.rows)) {
+    } else if (stream_q4(w, x.rows, true)) {
       GemvQ4MultiArgs a = multi_args(x);
       a.w[0] = &q->dev;
       a.bias[0] = b;
@@ -657,15 +663,18 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
       gemv_q4_multi(a, stream_);
       return;
     } else if (x.rows <= gemv_max_rows_ && act_ != DType::F32) {
-      GemvQ4Args a;
-      a.w = &q->dev;
-      a.x = x.data;
-      a.act = act_;
-      a.T = int(x.rows);
-      a.bias = b;
-      a.out = out.data;
-      a.out_dtype = out.dtype;
-      gemv_q4(a, stream_);
+      for (int64_t r0 = 0; r0 < x.rows; r0 += kGemvMaxRows) {  // 8 rows per launch
+        const int64_t n = std::min<int64_t>(kGemvMaxRows, x.rows - r0);
+        GemvQ4Args a;
+        a.w = &q->dev;
+        a.x = x.slice_rows(r0, n).data;
+        a.act = act_;
+        a.T = int(n);
+        a.bias = b;
+        a.out = out.slice_rows(r0, n).data;
+        a.out_dtype = out.dtype;
+        gemv_q4(a, stream_);
+      }
       return;
     } else {
       q4_dequant(q->dev, scratch_->data(), act_, stream_);
@@ -719,7 +728,7 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
 }
 
 void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
-  const CudaQ4* q = stream_q4(w, x.rows);
+  const CudaQ4* q = stream_q4(w, x.rows, true);
   if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
   check_linear(x, w, resid);
   GemvQ4MultiArgs a = multi_args(x);
@@ -753,11 +762,13 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
     if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
+    if (stream_q4(w, rows, true))
+      return cat("gemv_q4 stream-K fused ", qn, " (tile16x64, ", dtype_name(act_),
+                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused)");
     if (stream_q4(w, rows))
-      return cat("gemv_q4 stream-K fused ", qn, " (tile16x64 via cp.async.bulk, ", dtype_name(act_),
-                 " mma, f32 accum; qkv / gate+up+silu / residual fused)");
+      return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum; stream-K for q/k/v and gate+up+silu)");
     if (rows <= gemv_max_rows_ && act_ != DType::F32)
-      return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
+      return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
     return cat("dequant ", qn, " -> ", dtype_name(act_), " scratch + cublasGemmEx");
   }
   if (rows <= kGemvMaxRows) return cat("gemv_dense ", dtype_name(w.dtype()), " x ", dtype_name(act_));

@@ -21,8 +21,6 @@
 namespace nf4flash {
 namespace {
 
-constexpr int kGemvMaxRowsForBench = 8;  // cuda::kGemvMaxRows (launchers.h is CUDA-only here)
-
 using cuda::to_f32;
 
 double median(std::vector<double> v) {
@@ -217,7 +215,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         if (T == 4 && !(s.rows == 14336 && dq)) continue;
         auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
-        for (const char* variant : {"stream", "stream-bulk", "stream-bulk16", "regs", "async"}) {
+        // (2026-12-02 runs 6-8 measured "stream-bulk16" and "async" too: both slower than "regs")
+        for (const char* variant : {"stream", "stream-bulk", "regs"}) {
           if (std::string(variant) == "async" && T != 1) continue;
           with_variant(variant);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
@@ -281,6 +280,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     const double qkv_bytes = wb(*sets[0].q) + wb(*sets[0].k) + wb(*sets[0].v) + 2.0 * (H + H + 2 * KV);
     const double gu_bytes = wb(*sets[0].gate) + wb(*sets[0].up) + 2.0 * (H + I);
     const double dn_bytes = wb(*sets[0].down) + 2.0 * (I + 2 * H);
+    setenv("NF4FLASH_GEMV_Q4", "stream", 1);  // the stream-K kernel alone, fused or not
     for (bool fused : {true, false}) {
       const char* tag = fused ? "fused" : "unfused";
       double sec = time_graph(*be, [&](int i) {
@@ -315,13 +315,21 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       }, o.reps, o.trials);
       report(cat("down+residual nf4-dq 4096x14336 T=1 ", tag), sec, dn_bytes, {{"fused", fused}, {"copies", copies}});
     }
+    unsetenv("NF4FLASH_GEMV_Q4");
+  }
+
+  if (o.gemv_only) {
+    out["kernels"] = rows;
+    return out.dump(2);
   }
 
   // ---- GEMV vs GEMM by row count (the threshold of linear()): nf4-dq 14336x4096 and 4096x14336;
-  //   "gemv" = the stream kernel (T <= 8), "gemm" = dequantize to bf16 scratch + cublasGemmEx
+  //   "gemv" = the register GEMV in launches of 8 rows, "gemm" = dequantize to bf16 + cublasGemmEx
   {
     setenv("NF4FLASH_GEMV_MAX_ROWS", "0", 1);
     auto be_gemm = make_cuda_backend(bo);
+    setenv("NF4FLASH_GEMV_MAX_ROWS", "256", 1);
+    auto be_gemv = make_cuda_backend(bo);
     unsetenv("NF4FLASH_GEMV_MAX_ROWS");
     json thr = json::array();
     for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}}) {
@@ -329,21 +337,29 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       std::vector<std::unique_ptr<Weight>> wg, wm;
       for (int c = 0; c < copies; ++c) {
         auto q = random_q4(s.rows, s.cols, true, g);
-        wg.push_back(be->upload_quant4(q));
+        wg.push_back(be_gemv->upload_quant4(q));
         wm.push_back(be_gemm->upload_quant4(q));
       }
-      for (int T : {1, 2, 3, 4, 6, 8, 12, 16}) {
-        auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
+      for (int T : {1, 4, 8, 16, 32, 64, 96, 128}) {
+        auto xb = be_gemv->alloc(size_t(T * s.cols) * 2), yb = be_gemv->alloc(size_t(T * s.rows) * 2);
+        {
+          std::vector<uint16_t> h(size_t(T * s.cols));
+          for (auto& v : h) v = f32_to_bf16(nd(g));
+          be_gemv->upload(xb->data(), h.data(), h.size() * 2);
+        }
         auto xm = be_gemm->alloc(size_t(T * s.cols) * 2), ym = be_gemm->alloc(size_t(T * s.rows) * 2);
         CUDA_CHECK(cudaMemcpy(xm->data(), xb->data(), size_t(T * s.cols) * 2, cudaMemcpyDeviceToDevice));
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
         Act x2 = xm->as_act(DType::BF16, T, s.cols), y2 = ym->as_act(DType::BF16, T, s.rows);
         const double bytes = double(wg[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
         json row = {{"rows", s.rows}, {"cols", s.cols}, {"T", T}};
-        if (T <= kGemvMaxRowsForBench) {
-          const double sec = time_graph(*be, [&](int i) { be->linear(x, *wg[size_t(i % copies)], nullptr, y); },
+        {
+          setenv("NF4FLASH_GEMV_Q4", "regs", 1);
+          const double sec = time_graph(*be_gemv, [&](int i) { be_gemv->linear(x, *wg[size_t(i % copies)], nullptr, y); },
                                         std::max(8, o.reps / 4), o.trials);
-          report(cat("threshold gemv ", s.rows, "x", s.cols, " T=", T), sec, bytes, {{"T", T}, {"path", "gemv"}});
+          unsetenv("NF4FLASH_GEMV_Q4");
+          report(cat("threshold gemv ", s.rows, "x", s.cols, " T=", T), sec, bytes,
+                 {{"T", T}, {"path", be_gemv->linear_path(*wg[0], T)}});
           row["gemv_us"] = sec * 1e6;
         }
         const double sec = time_graph(*be_gemm, [&](int i) { be_gemm->linear(x2, *wm[size_t(i % copies)], nullptr, y2); },

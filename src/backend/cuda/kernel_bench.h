@@ -12,6 +12,7 @@ struct KernelBenchOptions {
   int trials = 9;     // timed replays (median reported)
   int device = 0;
   bool attention_only = false;  // only the copy reference and the prefill attention kernels
+  bool gemv_only = false;       // only the copy reference and the 4-bit GEMV rows (variants, fused)
 };
 
 // Runs the benchmark, prints a table on stdout and returns the JSON report.

@@ -39,6 +39,9 @@ struct GemvQ4Args {
 };
 void gemv_q4(const GemvQ4Args& a, cudaStream_t st);
 constexpr int kGemvMaxRows = 8;
+// 4-bit linears of up to this many rows run the GEMV in 8-row launches rather than dequantize +
+// cuBLAS (kernel-bench "threshold" rows on the H200; NF4FLASH_GEMV_MAX_ROWS overrides).
+constexpr int kGemvRowsDefault = 64;
 
 // Stream-K GEMV over up to kQsMaxSegs 4-bit weights sharing cols, code, quantization params
 // and (double quant) nested code, with a fused epilogue (kernels/gemv_q4_stream.cuh). sm_90+.
@@ -73,6 +76,7 @@ int64_t gemv_q4_stream_partials_floats();
 // (NF4FLASH_GEMV_Q4 unset or "stream"); callers use gemv_q4 + elementwise ops otherwise.
 bool gemv_q4_stream_enabled();
 bool gemv_q4_stream_supported();  // sm_90+, whatever NF4FLASH_GEMV_Q4 says
+bool gemv_q4_stream_all();        // NF4FLASH_GEMV_Q4=stream: lone GEMVs take the stream kernel too
 
 // Dequantize the whole weight into a dense [rows, cols] buffer of `dtype` (F32/F16/BF16).
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st);

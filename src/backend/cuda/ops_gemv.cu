@@ -142,10 +142,17 @@ void gemv_q4(const GemvQ4Args& g, cudaStream_t st) {
 
 bool gemv_q4_stream_supported() { return device_cc_major() >= 9; }
 
+// NF4FLASH_GEMV_Q4: unset/"auto" = stream-K kernel for the fused launches, register kernel for
+// lone GEMVs; "stream" = stream-K everywhere; "regs" / "async" = that kernel, nothing fused.
 bool gemv_q4_stream_enabled() {
   const char* v = std::getenv("NF4FLASH_GEMV_Q4");
-  if (v && *v && std::string_view(v) != "stream") return false;
+  if (v && *v && std::string_view(v) != "stream" && std::string_view(v) != "auto") return false;
   return gemv_q4_stream_supported();
+}
+
+bool gemv_q4_stream_all() {
+  const char* v = std::getenv("NF4FLASH_GEMV_Q4");
+  return v && std::string_view(v) == "stream" && gemv_q4_stream_supported();
 }
 
 int64_t gemv_q4_stream_partials_floats() { return int64_t(std::max(stream_grid(true), stream_grid(false))) * 2 * 256; }

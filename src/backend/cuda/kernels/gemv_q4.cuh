@@ -364,17 +364,29 @@ __global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t row
 // 4-byte words of the tile that hold them (one 8-byte load) and writes 8 values (16 bytes for
 // bf16/f16, 32 for f32). Thread (r, cg): tile (r/16, cg/8), m = cg%8 -> source bytes 4m..4m+3 of
 // the row in this tile = words j0 = 2(m%2), j0+1 of lane 4(r%8) + m/2, byte 2e + (r%16)/8.
+// The 16 codes go to shared memory first: indexing the kernel parameter with per-lane values
+// serializes on the constant cache (up to 16 ways per lookup).
 template <typename TO, bool DQ>
 __global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
   __shared__ float s_nested_code[256];
+  __shared__ float s_code[16];
   if constexpr (DQ) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = w.nested_code[i];
-    __syncthreads();
   }
-  const int64_t groups = w.cols / 8;
+  if (threadIdx.x < 16) s_code[threadIdx.x] = w.code[threadIdx.x];
+  __syncthreads();
+  const int64_t groups = w.cols / 8, total = w.rows * groups;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= w.rows * groups) return;
-  const int64_t row = i / groups, cg = i % groups;
+  if (i >= total) return;
+  int64_t row, cg;
+  if (total < (int64_t(1) << 32)) {  // 32-bit division when it fits
+    const uint32_t i32 = uint32_t(i), g32 = uint32_t(groups);
+    row = i32 / g32;
+    cg = i32 - uint32_t(row) * g32;
+  } else {
+    row = i / groups;
+    cg = i % groups;
+  }
   const int64_t kt = cg >> 3, rt = row >> 4;
   const int m = int(cg & 7), rr = int(row & 15), lane = 4 * (rr & 7) + (m >> 1), hi = rr >> 3;
   const uint2 wd = *reinterpret_cast<const uint2*>(w.tiles + (rt * w.KT + kt) * 512 + lane * 16 + (m & 1) * 8);
@@ -386,8 +398,8 @@ __global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const uint32_t byte = (words[j] >> (8 * (2 * e + hi))) & 0xffu;
-      v[4 * j + 2 * e] = w.code[byte >> 4] * s;
-      v[4 * j + 2 * e + 1] = w.code[byte & 15] * s;
+      v[4 * j + 2 * e] = s_code[byte >> 4] * s;
+      v[4 * j + 2 * e + 1] = s_code[byte & 15] * s;
     }
   TO* o = out + row * w.cols + cg * 8;
   if constexpr (sizeof(TO) == 2) {

@@ -132,14 +132,30 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
 
   const int64_t KT = a.KT, UT = int64_t(a.nsub) * KT;  // tiles per unit
   // (unit, half, first column tile, tile count) of the stage that starts at flat tile i
-  struct Stage { int64_t u, kt; int sub, n; };
+  // (divisions once per block; later stages advance incrementally: 64-bit divisions per stage
+  // cost as much as the stage's math)
+  struct Stage { int64_t i, u, kt; int sub, n; };
   auto stage_at = [&](int64_t i) {
     Stage s;
+    s.i = i;
     s.u = i / UT;
     const int64_t rem = i - s.u * UT;
     s.sub = int(rem / KT);
     s.kt = rem - s.sub * KT;
     s.n = int(min(int64_t(C), min(KT - s.kt, end - i)));
+    return s;
+  };
+  auto stage_next = [&](Stage s) {
+    s.i += s.n;
+    s.kt += s.n;
+    if (s.kt == KT) {
+      s.kt = 0;
+      if (++s.sub == a.nsub) {
+        s.sub = 0;
+        ++s.u;
+      }
+    }
+    s.n = int(min(int64_t(C), min(KT - s.kt, end - s.i)));
     return s;
   };
   // segment and row tile of (unit, half)
@@ -152,11 +168,11 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
   };
 
   // producer (thread 0): stage p_j at flat tile p_i
-  int64_t p_i = start;
+  Stage ps = stage_at(start);
   int p_j = 0;
   auto issue = [&]() {
-    if (p_i >= end) return;
-    const Stage s = stage_at(p_i);
+    if (ps.i >= end) return;
+    const Stage s = ps;
     int64_t rt;
     const int k = seg_of(s.u, s.sub, rt);
     const int slot = p_j % S;
@@ -166,7 +182,7 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     const int64_t tile0 = rt * KT + s.kt;
     bulk_g2s(ring_codes + slot * C * 512, a.seg[k].tiles + tile0 * 512, cb, &full[slot]);
     bulk_g2s(ring_abs + slot * C * AB, static_cast<const uint8_t*>(a.seg[k].absmax) + tile0 * AB, ab, &full[slot]);
-    p_i += s.n;
+    ps = stage_next(ps);
     ++p_j;
   };
   if (BULK && tid == 0) {
@@ -174,8 +190,7 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
   }
   // register feed: this warp's U tiles (and absmax) of the stage at flat tile i
   struct Regs { uint4 w[U]; uint32_t ab[U]; };
-  auto load_regs = [&](int64_t i, Regs& r) {
-    const Stage s = stage_at(i);
+  auto load_regs = [&](const Stage& s, Regs& r) {
     int64_t rt;
     const int k = seg_of(s.u, s.sub, rt);
     const int64_t tile0 = rt * KT + s.kt;
@@ -191,7 +206,11 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     }
   };
   Regs cur, nxt;
-  if (!BULK) load_regs(start, cur);
+  Stage pf = stage_at(start);  // register feed: the next stage to load
+  if (!BULK) {
+    load_regs(pf, cur);
+    pf = stage_next(pf);
+  }
   uint8_t* xs = smem + qs_dyn_smem<DQ>(S);
   if (a.x_stride > 0) {  // stage x [T, cols] once (16-byte copies)
     const int per_row = int(a.cols / 8);
@@ -219,15 +238,24 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
   auto start_of = [&](int64_t bb) { return bb * N / B; };
 
   float acc0[4] = {0.f, 0.f, 0.f, 0.f}, acc1[4] = {0.f, 0.f, 0.f, 0.f};
-  int64_t i = start;
-  for (int j = 0; i < end; ++j) {
+  Stage cs = stage_at(start);
+  for (int j = 0; cs.i < end; ++j) {
     if (BULK && tid == 0) issue();
-    const Stage s = stage_at(i);
+    const Stage s = cs;
     int64_t rt;
     const int k = seg_of(s.u, s.sub, rt);
     const int slot = BULK ? j % S : 0;
     if (BULK) mbar_wait(&full[slot], unsigned(j / S) & 1u);
-    else if (i + s.n < end) load_regs(i + s.n, nxt);
+    else if (pf.i < end) {
+      load_regs(pf, nxt);
+      pf = stage_next(pf);
+    }
+    const int64_t seg_rows = a.seg[k].rows;
+    const float* seg_nested = a.seg[k].nested_absmax;
+    const float seg_offset = a.seg[k].offset;
+    int64_t my_row = rt * 16 + (lane & 15);
+    my_row = my_row < seg_rows ? my_row : seg_rows - 1;
+    const int64_t my_row_base = my_row * cols;
     const uint4* codes = reinterpret_cast<const uint4*>(ring_codes + slot * C * 512);
     const uint8_t* abs = ring_abs + slot * C * AB;
     if (BULK && a.nocompute) {  // diagnostics: touch one word per stage so the wait is not optimized away
@@ -242,10 +270,8 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
       float sv;
       if constexpr (DQ) {
         const uint32_t qa = BULK ? abs[c * 16 + (lane & 15)] : cur.ab[cc];
-        int64_t row = rt * 16 + (lane & 15);
-        row = row < a.seg[k].rows ? row : a.seg[k].rows - 1;
-        const int64_t nb = ((row * cols + kt * 64) >> a.log2_blocksize) >> a.log2_nested;
-        sv = __fadd_rn(__fmul_rn(s_nested_code[qa], __ldg(a.seg[k].nested_absmax + nb)), a.seg[k].offset);
+        const int64_t nb = ((my_row_base + kt * 64) >> a.log2_blocksize) >> a.log2_nested;
+        sv = __fadd_rn(__fmul_rn(s_nested_code[qa], __ldg(seg_nested + nb)), seg_offset);
       } else {
         sv = BULK ? reinterpret_cast<const float*>(abs)[c * 16 + (lane & 15)] : __uint_as_float(cur.ab[cc]);
       }
@@ -292,7 +318,8 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     } else {
       cur = nxt;
     }
-    i += s.n;
+    cs = stage_next(cs);
+    const int64_t i = cs.i;
     const bool unit_done = s.kt + s.n == KT && s.sub == a.nsub - 1;
     if (!unit_done && i < end) continue;
 
