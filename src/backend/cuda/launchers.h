@@ -40,8 +40,11 @@ struct GemvQ4Args {
 void gemv_q4(const GemvQ4Args& a, cudaStream_t st);
 constexpr int kGemvMaxRows = 8;
 // 4-bit linears of up to this many rows run the GEMV in 8-row launches rather than dequantize +
-// cuBLAS (kernel-bench "threshold" rows on the H200; NF4FLASH_GEMV_MAX_ROWS overrides).
-constexpr int kGemvRowsDefault = 64;
+// cuBLAS. Measured on the H200 (kernel-bench "threshold" rows, commit 6635328, nf4-dq):
+//   14336x4096: T=16 44.3 vs 91.6 us, T=32 87.9 vs 88.8, T=64 175.1 vs 90.3
+//   4096x14336: T=16 37.9 vs 90.8 us, T=32 75.4 vs 91.4, T=64 150.1 vs 94.1
+// so the GEMV wins up to 32 rows and loses from 64. NF4FLASH_GEMV_MAX_ROWS overrides.
+constexpr int kGemvRowsDefault = 32;
 
 // Stream-K GEMV over up to kQsMaxSegs 4-bit weights sharing cols, code, quantization params
 // and (double quant) nested code, with a fused epilogue (kernels/gemv_q4_stream.cuh). sm_90+.
