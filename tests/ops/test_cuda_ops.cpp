@@ -83,7 +83,9 @@ TEST(CudaOps, LinearQuant4) {
     for (Q4Case c : {Q4Case{QuantType::NF4, false, 100, 256, 64, 1}, Q4Case{QuantType::NF4, true, 333, 640, 64, 1},
                      Q4Case{QuantType::FP4, false, 257, 512, 128, 3}, Q4Case{QuantType::FP4, true, 96, 1024, 64, 8},
                      Q4Case{QuantType::NF4, true, 4100, 384, 256, 1}, Q4Case{QuantType::NF4, true, 200, 448, 64, 21},
-                     Q4Case{QuantType::NF4, false, 77, 96, 64, 2}, Q4Case{QuantType::NF4, true, 50, 200, 32, 1}})
+                     Q4Case{QuantType::NF4, false, 77, 96, 64, 2}, Q4Case{QuantType::NF4, true, 50, 200, 32, 1},
+                     // more rows than the GEMV threshold (32): dequantize + cuBLAS
+                     Q4Case{QuantType::NF4, true, 300, 512, 64, 40}, Q4Case{QuantType::FP4, false, 129, 1024, 128, 100}})
       run_q4_linear(dt, c);
   run_q4_linear(DType::F32, Q4Case{QuantType::NF4, true, 130, 256, 64, 1});
   run_q4_linear(DType::F32, Q4Case{QuantType::FP4, false, 65, 320, 64, 12});
