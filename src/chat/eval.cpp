@@ -339,9 +339,14 @@ void Evaluator::exec_set(const Stmt& s) {
   assign_targets(*scope_, s.targets, v, s);
 }
 
+Evaluator::~Evaluator() {
+  for (auto& sc : macro_scopes_) sc->vars.clear();
+}
+
 void Evaluator::define_macro(const Stmt& s, const std::string& bind_name) {
   const Stmt* def = &s;
   std::shared_ptr<Scope> closure = scope_;
+  if (macro_scopes_.empty() || macro_scopes_.back() != scope_) macro_scopes_.push_back(scope_);
   std::string name = bind_name;
   Value fn = Value::callable(name, [def, closure, name](Evaluator& ev, CallArgs& a) -> Value {
     auto sc = std::make_shared<Scope>();

@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "chat/ast.h"
 #include "chat/value.h"
@@ -21,6 +22,11 @@ class Evaluator {
  public:
   // `context` holds the render variables (messages, add_generation_prompt, bos_token, ...).
   explicit Evaluator(ValueDict context);
+  // Clears the variables of every scope that received a macro: a macro value captures its defining
+  // scope, which holds the macro (a shared_ptr cycle that would otherwise outlive the render).
+  ~Evaluator();
+  Evaluator(const Evaluator&) = delete;
+  Evaluator& operator=(const Evaluator&) = delete;
 
   std::string render(const Body& body);
 
@@ -41,6 +47,7 @@ class Evaluator {
 
   ValueDict context_;
   std::shared_ptr<Scope> scope_;
+  std::vector<std::shared_ptr<Scope>> macro_scopes_;  // see ~Evaluator
   std::string* out_ = nullptr;
   const Value* filter_input_ = nullptr;
   int depth_ = 0;

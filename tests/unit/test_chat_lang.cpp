@@ -8,6 +8,8 @@
 #include <string>
 
 #include "chat/chat_template.h"
+#include "chat/eval.h"
+#include "chat/parser.h"
 #include "core/error.h"
 
 namespace {
@@ -363,6 +365,23 @@ TEST(ChatLangErrors, Syntax) {
   EXPECT_EQ(error_of("{# never closed"), "chat template: line 1:1: unclosed comment '{#'");
   EXPECT_EQ(error_of("{% break %}"), "chat template: line 1:4: 'break' outside of a loop");
   EXPECT_EQ(error_of("{{ f(**kw) }}"), "chat template: line 1:6: unsupported construct: '*args'/'**kwargs' in calls");
+}
+
+// A macro value captures its defining scope, which holds the macro: the evaluator must break that
+// cycle when it is done (LeakSanitizer found the scopes of every render with a macro leaking).
+TEST(ChatLang, MacroScopesFreedAfterRender) {
+  for (const char* src : {"{% macro t(x) %}({{ x }}){% endmacro %}{{ t(1) }}",
+                          "{% macro wrap() %}[{{ caller() }}]{% endmacro %}{% call wrap() %}in{% endcall %}",
+                          "{% for i in [1, 2] %}{% macro t(x) %}{{ x }}{% endmacro %}{{ t(i) }}{% endfor %}"}) {
+    const nf4flash::chat::Body body = nf4flash::chat::parse_template(src);
+    std::weak_ptr<nf4flash::chat::Scope> root;
+    {
+      nf4flash::chat::Evaluator ev{nf4flash::chat::ValueDict{}};
+      root = ev.scope();
+      EXPECT_FALSE(ev.render(body).empty());
+    }
+    EXPECT_TRUE(root.expired()) << src;
+  }
 }
 
 TEST(ChatLangErrors, Runtime) {
