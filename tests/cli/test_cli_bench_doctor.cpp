@@ -13,16 +13,12 @@
 #include <sstream>
 
 #include "backend/device_info.h"
+#include "cli/cli_util.h"
 #include "unit/test_bench_xml.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-};
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -43,27 +39,14 @@ class BenchDoctorCli : public ::testing::Test {
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
-  CmdResult run(const std::string& args) {
-    const fs::path err = dir_ / "stderr.txt";
-    const std::string cmd = std::string(NF4FLASH_BIN) + " " + args + " 2>" + err.string();
-    CmdResult r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (!p) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int st = pclose(p);
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    r.err = slurp(err);
-    return r;
-  }
+  static nf4flash::test::CliResult run(const std::string& args) { return nf4flash::test::run_cli(args); }
   static std::string model(const std::string& name) { return std::string(NF4FLASH_FIXTURES_DIR) + "/models/" + name; }
   static bool have_gpu() { return !nf4flash::query_gpus().empty(); }
   fs::path dir_;
 };
 
 TEST_F(BenchDoctorCli, BenchHelpDocumentsEveryFlag) {
-  const CmdResult r = run("bench --help");
+  const nf4flash::test::CliResult r = run("bench --help");
   EXPECT_EQ(r.code, 0) << r.err;
   for (const char* f : {"--model", "--preset", "--quant", "--double-quant", "--attn", "--no-cache", "--graphs", "-p,",
                         "-n,", "--ctx", "-r,", "--warmup", "--json", "--svg", "--device", "--compute-dtype", "--ubatch"})
@@ -72,7 +55,7 @@ TEST_F(BenchDoctorCli, BenchHelpDocumentsEveryFlag) {
 
 TEST_F(BenchDoctorCli, BenchFixtureMatrixJsonSvgTable) {
   const fs::path js = dir_ / "b.json", svg = dir_ / "b.svg";
-  const CmdResult r = run("bench --model " + model("llama-gqa-hd64") +
+  const nf4flash::test::CliResult r = run("bench --model " + model("llama-gqa-hd64") +
                     " --device cpu -t 2 --quant none,nf4 --double-quant --attn eager,flash --no-cache"
                     " -p 16,32 -n 4 --ctx 8,32 -r 2 --json " + js.string() + " --svg " + svg.string());
   ASSERT_EQ(r.code, 0) << r.err << r.out;
@@ -138,7 +121,7 @@ TEST_F(BenchDoctorCli, BenchFixtureMatrixJsonSvgTable) {
 
 TEST_F(BenchDoctorCli, BenchPresetTiny) {
   const fs::path js = dir_ / "t.json";
-  const CmdResult r = run("bench --preset tiny --device cpu -t 2 -p 16 -n 4 -r 1 --graphs off --json " + js.string());
+  const nf4flash::test::CliResult r = run("bench --preset tiny --device cpu -t 2 -p 16 -n 4 -r 1 --graphs off --json " + js.string());
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const nlohmann::json j = nlohmann::json::parse(slurp(js));
   EXPECT_EQ(j["model"]["source"], "preset");
@@ -150,7 +133,7 @@ TEST_F(BenchDoctorCli, BenchPresetTiny) {
 }
 
 TEST_F(BenchDoctorCli, BenchRefusesBadInput) {
-  CmdResult r = run("bench -p 16");
+  nf4flash::test::CliResult r = run("bench -p 16");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
   r = run("bench --preset tiny --quant q8");
@@ -169,7 +152,7 @@ TEST_F(BenchDoctorCli, BenchRefusesBadInput) {
 
 TEST_F(BenchDoctorCli, DoctorCleanOnCpuExitsZero) {
   if (have_gpu()) GTEST_SKIP() << "a GPU is present: --device cpu is itself a warning there";
-  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu");
+  const nf4flash::test::CliResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu");
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(r.out.find("warning:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("ok: nothing wrong found"), std::string::npos) << r.out;
@@ -178,27 +161,27 @@ TEST_F(BenchDoctorCli, DoctorCleanOnCpuExitsZero) {
 }
 
 TEST_F(BenchDoctorCli, DoctorWarnsOnNoCache) {
-  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --no-cache");
+  const nf4flash::test::CliResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --no-cache");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("warning:"), std::string::npos);
   EXPECT_NE(r.out.find("drop --no-cache"), std::string::npos) << r.out;
 }
 
 TEST_F(BenchDoctorCli, DoctorWarnsOnFlashOnCpu) {
-  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --attn flash");
+  const nf4flash::test::CliResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --attn flash");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("--attn flash is a CUDA kernel"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("fix: --attn eager"), std::string::npos) << r.out;
 }
 
 TEST_F(BenchDoctorCli, DoctorWarnsOnComputeDtypeMismatch) {
-  const CmdResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --compute-dtype f16");
+  const nf4flash::test::CliResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --compute-dtype f16");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("fix: --compute-dtype bf16"), std::string::npos) << r.out;
 }
 
 TEST_F(BenchDoctorCli, DoctorJson) {
-  const CmdResult r = run("doctor --model " + model("llama2-tok-hd64") + " --device cpu --no-cache --json");
+  const nf4flash::test::CliResult r = run("doctor --model " + model("llama2-tok-hd64") + " --device cpu --no-cache --json");
   EXPECT_EQ(r.code, 1) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   for (const char* k : {"ok", "warnings", "version", "cuda_build", "host", "gpus", "model", "plan", "memory", "tokenizer",
@@ -218,7 +201,7 @@ TEST_F(BenchDoctorCli, DoctorJson) {
 }
 
 TEST_F(BenchDoctorCli, DoctorPlanOnlyForABigPreset) {
-  const CmdResult r = run("doctor --preset llama3-8b --device cpu --no-load --json");
+  const nf4flash::test::CliResult r = run("doctor --preset llama3-8b --device cpu --no-load --json");
   ASSERT_TRUE(r.code == 0 || r.code == 1) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_FALSE(j["plan"]["loaded"].get<bool>());
@@ -227,7 +210,7 @@ TEST_F(BenchDoctorCli, DoctorPlanOnlyForABigPreset) {
 }
 
 TEST_F(BenchDoctorCli, DoctorWithoutModelShowsHardware) {
-  const CmdResult r = run("doctor");
+  const nf4flash::test::CliResult r = run("doctor");
   EXPECT_EQ(r.code, have_gpu() ? r.code : 0) << r.out << r.err;
   EXPECT_NE(r.out.find("GPUs"), std::string::npos);
   EXPECT_NE(r.out.find("host"), std::string::npos);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/cli_util.h"
 #include "core/error.h"
 #include "io/bnb_checkpoint.h"
 #include "io/bnb_writer.h"
@@ -24,15 +25,12 @@
 #include "test_util.h"
 
 using namespace nf4flash;
+using nf4flash::test::CliResult;
+using nf4flash::test::run_cli;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-struct CmdResult {
-  int rc = -1;
-  std::string out, err;
-};
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -55,21 +53,6 @@ struct TempDir {
   }
   std::string operator/(const std::string& s) const { return (path / s).string(); }
 };
-
-CmdResult run_cli(const std::string& args, const TempDir& td) {
-  const std::string errf = td / "stderr.txt";
-  const std::string cmd = std::string(NF4FLASH_BIN) + " " + args + " 2>" + errf;
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = slurp(errf);
-  return r;
-}
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
@@ -129,10 +112,9 @@ void round_trip(const std::string& model, const std::string& quant, bool dq) {
   const std::string base = test::model_dir(model);
   const std::string fixture = test::model_dir(model + "-bnb-" + quant);
   const std::string out = td / "out";
-  const CmdResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) + " --quant " + quant +
-                                  (dq ? " --double-quant" : "") + " --compute-dtype bf16",
-                              td);
-  ASSERT_EQ(r.rc, 0) << r.err;
+  const CliResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) + " --quant " + quant +
+                                  (dq ? " --double-quant" : "") + " --compute-dtype bf16");
+  ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("tensor 21/21"), std::string::npos) << r.err;  // progress: 3 layers x 7
   EXPECT_NE(r.out.find("bytes before"), std::string::npos) << r.out;
   for (const auto& e : fs::directory_iterator(td.path))  // no temporary folder left behind
@@ -223,8 +205,8 @@ void round_trip(const std::string& model, const std::string& quant, bool dq) {
 }
 
 // One line on stderr, "error: ..." mentioning `needle`; non-zero exit; nothing at `out`.
-void expect_refused(const CmdResult& r, const std::string& needle, const std::string& out = "") {
-  EXPECT_NE(r.rc, 0);
+void expect_refused(const CliResult& r, const std::string& needle, const std::string& out = "") {
+  EXPECT_NE(r.code, 0);
   EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
@@ -274,10 +256,10 @@ TEST(QuantizeCmd, ShardedSourceTokenizerFilesAndOptions) {
   std::ofstream(sh / "chat_template.jinja") << "{{ messages }}";
   std::ofstream(sh / "notes.txt") << "not copied";
 
-  const CmdResult single = run_cli("quantize -q --model " + q(base) + " --out " + q(td / "single") + " --quant nf4 --double-quant", td);
-  ASSERT_EQ(single.rc, 0) << single.err;
-  const CmdResult sharded = run_cli("quantize -q --model " + q(sh.string()) + " --out " + q(td / "fromshards") + " --quant nf4 --double-quant", td);
-  ASSERT_EQ(sharded.rc, 0) << sharded.err;
+  const CliResult single = run_cli("quantize -q --model " + q(base) + " --out " + q(td / "single") + " --quant nf4 --double-quant");
+  ASSERT_EQ(single.code, 0) << single.err;
+  const CliResult sharded = run_cli("quantize -q --model " + q(sh.string()) + " --out " + q(td / "fromshards") + " --quant nf4 --double-quant");
+  ASSERT_EQ(sharded.code, 0) << sharded.err;
   EXPECT_EQ(slurp(td / "single/model.safetensors"), slurp(td / "fromshards/model.safetensors"));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                         "generation_config.json"})
@@ -286,9 +268,9 @@ TEST(QuantizeCmd, ShardedSourceTokenizerFilesAndOptions) {
   EXPECT_FALSE(fs::exists(td.path / "fromshards/model.safetensors.index.json"));
 
   // --blocksize 128 --quant-lm-head --compute-dtype f16: recorded in config.json and quant_state.
-  const CmdResult opt = run_cli("quantize -q --model " + q(base) + " --out " + q(td / "opt") +
-                                    " --quant fp4 --blocksize 128 --quant-lm-head --compute-dtype f16", td);
-  ASSERT_EQ(opt.rc, 0) << opt.err;
+  const CliResult opt = run_cli("quantize -q --model " + q(base) + " --out " + q(td / "opt") +
+                                    " --quant fp4 --blocksize 128 --quant-lm-head --compute-dtype f16");
+  ASSERT_EQ(opt.code, 0) << opt.err;
   const json cfg = json::parse(slurp(td.path / "opt/config.json"));
   EXPECT_EQ(cfg["quantization_config"]["bnb_4bit_compute_dtype"], "float16");
   EXPECT_EQ(cfg["quantization_config"]["bnb_4bit_blocksize"], 128);
@@ -306,13 +288,13 @@ TEST(QuantizeCmd, ExistingDestinationNeedsForce) {
   const fs::path out = td.path / "out";
   fs::create_directories(out);
   std::ofstream(out / "keep.txt") << "old";
-  const CmdResult r = run_cli("quantize -q --model " + q(base) + " --out " + q(out.string()) + " --quant fp4", td);
+  const CliResult r = run_cli("quantize -q --model " + q(base) + " --out " + q(out.string()) + " --quant fp4");
   expect_refused(r, "--force");
   EXPECT_EQ(slurp(out / "keep.txt"), "old");  // untouched
   EXPECT_FALSE(fs::exists(out / "model.safetensors"));
 
-  const CmdResult f = run_cli("quantize -q --force --model " + q(base) + " --out " + q(out.string()) + " --quant fp4", td);
-  ASSERT_EQ(f.rc, 0) << f.err;
+  const CliResult f = run_cli("quantize -q --force --model " + q(base) + " --out " + q(out.string()) + " --quant fp4");
+  ASSERT_EQ(f.code, 0) << f.err;
   EXPECT_FALSE(fs::exists(out / "keep.txt"));
   EXPECT_TRUE(fs::exists(out / "model.safetensors"));
   for (const auto& e : fs::directory_iterator(td.path))  // no .tmp-/.old folders left
@@ -320,8 +302,8 @@ TEST(QuantizeCmd, ExistingDestinationNeedsForce) {
 
   // An existing empty folder is fine without --force.
   fs::create_directories(td.path / "empty");
-  const CmdResult e = run_cli("quantize -q --model " + q(base) + " --out " + q(td / "empty") + " --quant nf4", td);
-  ASSERT_EQ(e.rc, 0) << e.err;
+  const CliResult e = run_cli("quantize -q --model " + q(base) + " --out " + q(td / "empty") + " --quant nf4");
+  ASSERT_EQ(e.code, 0) << e.err;
   EXPECT_TRUE(fs::exists(td.path / "empty/model.safetensors"));
 }
 
@@ -350,12 +332,12 @@ TEST(QuantizeCmd, InterruptedRunLeavesNoOutput) {
 
   // Unwritable destinations: a folder under /proc, a parent that is a file.
   const std::string base = test::model_dir("llama-gqa-hd64");
-  expect_refused(run_cli("quantize -q --model " + q(base) + " --out /proc/nf4flash_quantize_test --quant nf4", td),
+  expect_refused(run_cli("quantize -q --model " + q(base) + " --out /proc/nf4flash_quantize_test --quant nf4"),
                  "--out", "/proc/nf4flash_quantize_test");
   std::ofstream(td.path / "file") << "x";
-  expect_refused(run_cli("quantize -q --model " + q(base) + " --out " + q(td / "file/out") + " --quant nf4", td),
+  expect_refused(run_cli("quantize -q --model " + q(base) + " --out " + q(td / "file/out") + " --quant nf4"),
                  "--out", td / "file/out");
-  expect_refused(run_cli("quantize -q --model " + q(base) + " --out " + q(td / "file") + " --quant nf4", td),
+  expect_refused(run_cli("quantize -q --model " + q(base) + " --out " + q(td / "file") + " --quant nf4"),
                  "not a folder");
 }
 
@@ -364,34 +346,34 @@ TEST(QuantizeCmd, BadFlagsAndSourcesOneErrorLine) {
   const std::string base = q(test::model_dir("llama-gqa-hd64"));
   const std::string out = td / "out";
   const std::string o = " --out " + q(out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant int8", td), "--quant", out);
-  expect_refused(run_cli("quantize --model " + base + o, td), "--quant", out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --blocksize 100", td), "--blocksize", out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --blocksize abc", td), "--blocksize", out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --compute-dtype f64", td), "--compute-dtype", out);
-  expect_refused(run_cli("quantize" + o + " --quant nf4", td), "--model", out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --bogus", td), "--bogus", out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --blocksize", td), "--blocksize", out);
-  expect_refused(run_cli("quantize --model " + base + o + " --quant", td), "--quant", out);
-  expect_refused(run_cli("quantize --model " + base + " --quant nf4 --out", td), "--out");
-  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 extra", td), "extra", out);
-  expect_refused(run_cli("quantize --model " + base + " --quant nf4", td), "--out");
-  expect_refused(run_cli("quantize --model " + q(td / "nope") + o + " --quant nf4", td), "nope", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant int8"), "--quant", out);
+  expect_refused(run_cli("quantize --model " + base + o), "--quant", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --blocksize 100"), "--blocksize", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --blocksize abc"), "--blocksize", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --compute-dtype f64"), "--compute-dtype", out);
+  expect_refused(run_cli("quantize" + o + " --quant nf4"), "--model", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --bogus"), "--bogus", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 --blocksize"), "--blocksize", out);
+  expect_refused(run_cli("quantize --model " + base + o + " --quant"), "--quant", out);
+  expect_refused(run_cli("quantize --model " + base + " --quant nf4 --out"), "--out");
+  expect_refused(run_cli("quantize --model " + base + o + " --quant nf4 extra"), "extra", out);
+  expect_refused(run_cli("quantize --model " + base + " --quant nf4"), "--out");
+  expect_refused(run_cli("quantize --model " + q(td / "nope") + o + " --quant nf4"), "nope", out);
   {  // --out naming the source (a copy, so that a bug here could not touch the fixture)
     const fs::path self = td.path / "self";
     copy_model(test::model_dir("llama-gqa-hd64"), self);
     expect_refused(run_cli("quantize --model " + q(self.string()) + " --out " + q(self.string() + "/") +
-                               " --quant nf4 --force", td),
+                               " --quant nf4 --force"),
                    "source folder");
     EXPECT_TRUE(fs::exists(self / "model.safetensors"));
     EXPECT_EQ(json::parse(slurp(self / "config.json")).count("quantization_config"), 0u);
   }
   // Already quantized source.
-  expect_refused(run_cli("quantize --model " + q(test::model_dir("llama-gqa-hd64-bnb-nf4")) + o + " --quant nf4", td),
+  expect_refused(run_cli("quantize --model " + q(test::model_dir("llama-gqa-hd64-bnb-nf4")) + o + " --quant nf4"),
                  "already quantized", out);
   // Tied lm_head cannot be quantized.
   expect_refused(run_cli("quantize --model " + q(test::model_dir("llama3-hd128-ropescaled")) + o +
-                             " --quant nf4 --quant-lm-head", td),
+                             " --quant nf4 --quant-lm-head"),
                  "--quant-lm-head", out);
   // Unknown architecture.
   const fs::path unk = td.path / "unknown";
@@ -401,7 +383,7 @@ TEST(QuantizeCmd, BadFlagsAndSourcesOneErrorLine) {
     cfg["architectures"] = {"FooBarForCausalLM"};
     std::ofstream(unk / "config.json", std::ios::trunc) << cfg.dump(2);
   }
-  expect_refused(run_cli("quantize --model " + q(unk.string()) + o + " --quant nf4", td), "FooBarForCausalLM", out);
+  expect_refused(run_cli("quantize --model " + q(unk.string()) + o + " --quant nf4"), "FooBarForCausalLM", out);
   // Quantization tensors without quantization_config (config stripped from a bnb folder).
   const fs::path stripped = td.path / "stripped";
   copy_model(test::model_dir("qwen2-bias-bnb-fp4"), stripped);
@@ -410,10 +392,10 @@ TEST(QuantizeCmd, BadFlagsAndSourcesOneErrorLine) {
     cfg.erase("quantization_config");
     std::ofstream(stripped / "config.json", std::ios::trunc) << cfg.dump(2);
   }
-  expect_refused(run_cli("quantize --model " + q(stripped.string()) + o + " --quant fp4", td), "already quantized", out);
+  expect_refused(run_cli("quantize --model " + q(stripped.string()) + o + " --quant fp4"), "already quantized", out);
   // Broken config.json.
   std::ofstream(unk / "config.json", std::ios::trunc) << "{ not json";
-  expect_refused(run_cli("quantize --model " + q(unk.string()) + o + " --quant nf4", td), "config.json", out);
+  expect_refused(run_cli("quantize --model " + q(unk.string()) + o + " --quant nf4"), "config.json", out);
 }
 
 // An f32 source (the bf16 fixture widened exactly): same packed codes and absmax as from bf16,
@@ -442,8 +424,8 @@ TEST(QuantizeCmd, F32SourceQuantizesLikeBf16) {
     cfg["torch_dtype"] = "float32";
     std::ofstream(f32 / "config.json") << cfg.dump(2);
   }
-  ASSERT_EQ(run_cli("quantize -q --model " + q(f32.string()) + " --out " + q(td / "o32") + " --quant nf4 --double-quant", td).rc, 0);
-  ASSERT_EQ(run_cli("quantize -q --model " + q(base) + " --out " + q(td / "o16") + " --quant nf4 --double-quant", td).rc, 0);
+  ASSERT_EQ(run_cli("quantize -q --model " + q(f32.string()) + " --out " + q(td / "o32") + " --quant nf4 --double-quant").code, 0);
+  ASSERT_EQ(run_cli("quantize -q --model " + q(base) + " --out " + q(td / "o16") + " --quant nf4 --double-quant").code, 0);
   auto a = WeightStore::open_dir(td / "o32"), b = WeightStore::open_dir(td / "o16");
   EXPECT_EQ(json::parse(slurp(td.path / "o32/config.json"))["dtype"], "float32");
   EXPECT_EQ(a->get("model.embed_tokens.weight").dtype, DType::F32);
