@@ -40,7 +40,8 @@ struct EngineReport {
 };
 
 struct Timing {
-  int64_t prompt_tokens = 0;
+  int64_t prompt_tokens = 0;   // prompt tokens run through the model (not counting cached ones)
+  int64_t cached_tokens = 0;   // prompt tokens whose K/V were reused from the previous generate()
   double prefill_ms = 0;       // prompt in -> first token's logits ready (TTFT without sampling)
   int64_t decode_tokens = 0;   // generated tokens after the first
   double decode_ms = 0;

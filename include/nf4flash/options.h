@@ -44,6 +44,9 @@ struct GenerateOptions {
   SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // empty: the model's EOS ids from generation_config.json
   bool ignore_eos = false;
+  // Keep the KV cache between generate() calls and prefill only the prompt after its longest
+  // common prefix with the tokens already cached (multi-turn chat re-sends the conversation).
+  bool reuse_cache = true;
 };
 
 }  // namespace nf4flash

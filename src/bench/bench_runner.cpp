@@ -70,6 +70,7 @@ class EngineAdapter final : public BenchEngine {
     GenerateOptions g;
     g.max_new_tokens = static_cast<int>(n_decode + 1);  // the first token comes from the prefill
     g.ignore_eos = true;
+    g.reuse_cache = false;
     const GenerateResult r = e_->generate(ids, g);
     NF4FLASH_CHECK(r.timing.decode_tokens == n_decode, "bench: generation without cache stopped after ",
                    r.timing.decode_tokens, " of ", n_decode, " decode tokens (", r.stop_reason, ")");

@@ -208,6 +208,7 @@ ScoreResult Engine::score(const std::vector<int32_t>& tokens, bool want_last_log
   NF4FLASH_CHECK(static_cast<int64_t>(tokens.size()) <= im.ctx, "score: ", tokens.size(),
                  " tokens exceed the context size ", im.ctx, " (raise --ctx-size)");
   ScoreResult res;
+  im.kv_tokens.clear();
   const int64_t n = static_cast<int64_t>(tokens.size()), V = im.cfg.vocab_size;
   res.next_token_logprobs.resize(n - 1);
   std::vector<float> host(static_cast<size_t>(im.dec->max_rows()) * V);
@@ -261,11 +262,19 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
   };
 
   if (g.max_new_tokens == 0) return res;
+  // reuse the cached prefix (at least one prompt token is run, for its logits)
+  int64_t reuse = 0;
+  if (g.reuse_cache && im.opts.use_cache) {
+    const int64_t lim = std::min<int64_t>(static_cast<int64_t>(im.kv_tokens.size()), n - 1);
+    while (reuse < lim && im.kv_tokens[static_cast<size_t>(reuse)] == prompt[static_cast<size_t>(reuse)]) ++reuse;
+  }
+  im.kv_tokens.clear();  // until this call has finished writing the cache
   im.be->sync();
   const auto t0 = Clock::now();
   int32_t next = -1;
-  im.forward_tokens(prompt.data(), n, 0, false, [&](int64_t, Act lg) { next = pick(lg); });
-  res.timing.prompt_tokens = n;
+  im.forward_tokens(prompt.data() + reuse, n - reuse, reuse, false, [&](int64_t, Act lg) { next = pick(lg); });
+  res.timing.prompt_tokens = n - reuse;
+  res.timing.cached_tokens = reuse;
   res.timing.prefill_ms = ms_since(t0);
   const auto t1 = Clock::now();
   for (;;) {
@@ -293,6 +302,8 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
     }
   }
   im.be->sync();
+  // every token but the last sampled one has its K/V in the cache (no-cache runs rewrite it all)
+  if (im.opts.use_cache) im.kv_tokens.assign(all.begin(), all.end() - 1);
   res.timing.decode_tokens = static_cast<int64_t>(res.tokens.size()) - 1;
   res.timing.decode_ms = res.timing.decode_tokens > 0 ? ms_since(t1) : 0;
   return res;
@@ -302,6 +313,7 @@ double Engine::bench_prefill(int64_t n, int64_t pos0) {
   Impl& im = *impl_;
   std::vector<int32_t> toks(n);
   for (int64_t i = 0; i < n; ++i) toks[i] = static_cast<int32_t>((i * 7919 + 13) % im.cfg.vocab_size);
+  im.kv_tokens.clear();
   im.be->sync();
   const auto t0 = Clock::now();
   im.forward_tokens(toks.data(), n, pos0, false, [](int64_t, Act) {});
@@ -315,6 +327,7 @@ double Engine::bench_decode(int64_t n, int64_t pos0) {
   GenerateOptions g;
   Sampler sampler(g.sampling);
   int32_t tok = 1;
+  im.kv_tokens.clear();
   im.be->sync();
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < n; ++i) {

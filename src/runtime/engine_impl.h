@@ -32,6 +32,9 @@ struct Engine::Impl {
   int64_t logits_rows = 0;
   int graph_id = -1;
   StepState state;
+  // Tokens whose K/V occupy cache positions [0, size): what generate() may reuse. Anything else
+  // that writes the cache (score, bench) clears it.
+  std::vector<int32_t> kv_tokens;
 
   // Runs tokens[0..n) at positions [pos0, pos0+n) in ubatch chunks. For each chunk, calls
   // on_logits(first_row, Act logits_for_rows) with the chunk's logits (all rows when all_rows,

@@ -64,6 +64,43 @@ TEST(KvCache, NoCacheGivesSameTokens) {
   EXPECT_EQ(a.tokens, b.tokens);
 }
 
+// Multi-turn: the second generate() re-sends turn 1 (prompt + reply) plus new tokens; only the
+// part after the cached prefix runs, and the tokens equal a fresh engine's. A prompt that diverges
+// early reuses only the shared part; score() in between invalidates the cache.
+TEST(KvCache, ReusedPrefixGivesSameTokens) {
+  Golden g("llama-gqa-hd64");
+  const auto p1 = g.i32("tokens_0");
+  const auto extra = g.i32("tokens_1");
+  GenerateOptions go;
+  go.max_new_tokens = 8;
+  go.ignore_eos = true;
+  auto e = load("llama-gqa-hd64", true);
+  const GenerateResult r1 = e->generate(p1, go);
+  EXPECT_EQ(r1.timing.cached_tokens, 0);
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), r1.tokens.begin(), r1.tokens.end());
+  p2.insert(p2.end(), extra.begin(), extra.begin() + 10);
+  const GenerateResult r2 = e->generate(p2, go);
+  // everything but the last reply token (sampled, never run through the model) was cached
+  EXPECT_EQ(r2.timing.cached_tokens, static_cast<int64_t>(p1.size() + r1.tokens.size() - 1));
+  EXPECT_EQ(r2.timing.prompt_tokens, static_cast<int64_t>(p2.size()) - r2.timing.cached_tokens);
+  GenerateOptions fresh = go;
+  fresh.reuse_cache = false;
+  auto ref = load("llama-gqa-hd64", true);
+  const GenerateResult r2_ref = ref->generate(p2, fresh);
+  EXPECT_EQ(r2_ref.timing.cached_tokens, 0);
+  EXPECT_EQ(r2.tokens, r2_ref.tokens);
+
+  std::vector<int32_t> p3(p2.begin(), p2.begin() + 3);  // diverges after 3 tokens
+  p3.insert(p3.end(), extra.begin(), extra.begin() + 12);
+  const GenerateResult r3 = e->generate(p3, go);
+  EXPECT_EQ(r3.timing.cached_tokens, 3);
+  EXPECT_EQ(r3.tokens, ref->generate(p3, fresh).tokens);
+
+  e->score(p3);
+  EXPECT_EQ(e->generate(p3, go).timing.cached_tokens, 0);
+}
+
 TEST(KvCache, PromptLongerThanContextIsAnError) {
   auto e = load("llama-gqa-hd64", true);
   std::vector<int32_t> prompt(300, 5);

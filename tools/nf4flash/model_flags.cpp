@@ -106,7 +106,7 @@ std::string summary_line(const Engine& e, const Timing& t) {
   std::snprintf(buf, sizeof buf, "prefill: %lld tok in %.1f ms (%.1f tok/s) | decode: %lld tok at %.1f tok/s",
                 static_cast<long long>(t.prompt_tokens), t.prefill_ms, t.prefill_tok_s(),
                 static_cast<long long>(t.decode_tokens), t.decode_tok_s());
-  return cat(buf, " | attn=", r.attn, " quant=", r.quant, r.double_quant ? " dq" : "", r.prequantized ? " (checkpoint)" : "",
+  return cat(buf, t.cached_tokens ? cat(" | cached: ", t.cached_tokens, " tok") : std::string(), " | attn=", r.attn, " quant=", r.quant, r.double_quant ? " dq" : "", r.prequantized ? " (checkpoint)" : "",
              " compute=", r.compute_dtype, " device=", r.device, " cache=", r.use_cache ? "on" : "off",
              " graphs=", r.graphs ? "on" : "off", " weights=", human_bytes(r.weight_bytes));
 }
