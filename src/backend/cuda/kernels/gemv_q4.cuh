@@ -54,6 +54,26 @@ __device__ __forceinline__ void mma_16816<__half>(float* d, const uint32_t* a, u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One tile for one lane: its 16 code bytes (four words = the A fragments of four mma.m16n8k16
+// steps, decoded two codes per lookup through the per-lane table lut_l) against its 16 x values
+// (xa, xb = the B fragments). d[0..3] += the unscaled partial sums of rows g, g+8 x tokens 2t, 2t+1.
+template <typename TA>
+__device__ __forceinline__ void q4_tile_mma(const uint32_t* lut_l, const uint4& wq, const uint4& xa, const uint4& xb,
+                                            float* d) {
+  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
+  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t word = wv[j];
+    uint32_t fa[4];
+    fa[0] = lut_l[(word & 0xffu) << 5];
+    fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
+    fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
+    fa[3] = lut_l[(word >> 24) << 5];
+    mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
+  }
+}
+
 struct Q4KernelArgs {
   Q4Device w;
   const void* x;
@@ -155,19 +175,8 @@ __global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4Ke
           const float sv = q4_scale_fin<DQ>(a.w, s_nested_code, sc[u]);
           const float sg = __shfl_sync(0xffffffffu, sv, g);
           const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
-          const uint32_t wv[4] = {wc[u].x, wc[u].y, wc[u].z, wc[u].w};
-          const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
           float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t word = wv[j];
-            uint32_t fa[4];
-            fa[0] = lut_l[(word & 0xffu) << 5];
-            fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
-            fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
-            fa[3] = lut_l[(word >> 24) << 5];
-            mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
-          }
+          q4_tile_mma<TA>(lut_l, wc[u], xa, xb, d);
           acc[0] = fmaf(d[0], sg, acc[0]);
           acc[1] = fmaf(d[1], sg, acc[1]);
           acc[2] = fmaf(d[2], sg8, acc[2]);
@@ -256,7 +265,6 @@ __global__ void __launch_bounds__(kQ4Warps * 32) gemv_q4_async_kernel(const Q4Ke
 
   auto batch_rt = [&](int64_t j) { return int64_t(blockIdx.x) + (j / NB) * gridDim.x; };
   auto batch_kt = [&](int64_t j, int u) { return int64_t(j % NB) * kQ4Warps * U + u * kQ4Warps + warp; };
-  float2 sc[S][U];
   auto issue = [&](int64_t j) {
     if (j < nbatch) {
       const int64_t rt = batch_rt(j);
@@ -299,19 +307,8 @@ __global__ void __launch_bounds__(kQ4Warps * 32) gemv_q4_async_kernel(const Q4Ke
         const float sv = q4_scale_fin<DQ>(a.w, s_nested_code, s_cur[u]);
         const float sg = __shfl_sync(0xffffffffu, sv, g);
         const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
-        const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-        const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
         float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          const uint32_t word = wv[jj];
-          uint32_t fa[4];
-          fa[0] = lut_l[(word & 0xffu) << 5];
-          fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
-          fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
-          fa[3] = lut_l[(word >> 24) << 5];
-          mma_16816<TA>(d, fa, xv[2 * jj], xv[2 * jj + 1]);
-        }
+        q4_tile_mma<TA>(lut_l, wq, xa, xb, d);
         acc[0] = fmaf(d[0], sg, acc[0]);
         acc[1] = fmaf(d[1], sg, acc[1]);
         acc[2] = fmaf(d[2], sg8, acc[2]);

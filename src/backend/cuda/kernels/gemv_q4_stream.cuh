@@ -100,7 +100,8 @@ template <typename TA, bool DQ, int W, bool BULK>
 __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(const __grid_constant__ Q4StreamKArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int C = kQsStageTiles, AB = qs_abs_bytes<DQ>(), U = kQsStageTiles / W;
-  const int S = BULK ? a.stages : 0;
+  const int S = BULK ? a.stages : 0;    // ring depth (0: no ring in the layout)
+  const int SR = BULK ? a.stages : 1;   // the same as a divisor (never 0)
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring_codes = smem;                   // [S][C][512]
   uint8_t* ring_abs = smem + S * C * 512;       // [S][C][AB]
@@ -175,8 +176,8 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     const Stage s = ps;
     int64_t rt;
     const int k = seg_of(s.u, s.sub, rt);
-    const int slot = p_j % S;
-    if (p_j >= S) mbar_wait(&empty[slot], unsigned((p_j / S) - 1) & 1u);
+    const int slot = p_j % SR;
+    if (p_j >= SR) mbar_wait(&empty[slot], unsigned((p_j / SR) - 1) & 1u);
     const unsigned cb = unsigned(s.n) * 512u, ab = unsigned(s.n) * AB;
     mbar_expect_tx(&full[slot], cb + ab);
     const int64_t tile0 = rt * KT + s.kt;
@@ -244,8 +245,8 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     const Stage s = cs;
     int64_t rt;
     const int k = seg_of(s.u, s.sub, rt);
-    const int slot = BULK ? j % S : 0;
-    if (BULK) mbar_wait(&full[slot], unsigned(j / S) & 1u);
+    const int slot = BULK ? j % SR : 0;
+    if (BULK) mbar_wait(&full[slot], unsigned(j / SR) & 1u);
     else if (pf.i < end) {
       load_regs(pf, nxt);
       pf = stage_next(pf);
@@ -286,19 +287,8 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
       }
       const float sg = __shfl_sync(0xffffffffu, sv, g);
       const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
-      const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-      const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
       float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const uint32_t word = wv[jj];
-        uint32_t fa[4];
-        fa[0] = lut_l[(word & 0xffu) << 5];
-        fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
-        fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
-        fa[3] = lut_l[(word >> 24) << 5];
-        mma_16816<TA>(d, fa, xv[2 * jj], xv[2 * jj + 1]);
-      }
+      q4_tile_mma<TA>(lut_l, wq, xa, xb, d);
       if (s.sub == 0) {
         acc0[0] = fmaf(d[0], sg, acc0[0]);
         acc0[1] = fmaf(d[1], sg, acc0[1]);

@@ -1,0 +1,609 @@
+// The CUDA Backend class, shared by cuda_backend.cu (the factory) and cuda_linear.cu (linear and its
+// fused forms). One device, one non-blocking stream, plain cudaMalloc per buffer, cuBLAS for
+// many-row products, CUDA graphs over the stream. Every CUDA/cuBLAS call is checked with file:line.
+//
+// linear() paths (see linear_path(); measurements in docs/performance.md):
+//   4-bit, T <= 32, bf16/f16  : register-prefetch GEMV on the repacked tile16x64 layout (8 rows a launch);
+//                               q/k/v together and gate+up+SiLU: the stream-K GEMV (T <= 8)
+//   4-bit, T > 32 (or f32)    : dequantize the layer into a scratch buffer, cublasGemmEx
+//   4-bit, shape the layout cannot hold (cols % 64, blocksize < 64): dequantized at load, dense
+//   dense, T <= 8             : warp-per-row GEMV (16-byte streaming loads)
+//   dense, T > 8              : cublasGemmEx (weight converted to the compute dtype if needed)
+#pragma once
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/attn_eager.h"
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/launchers.h"
+#include "io/safetensors.h"
+
+namespace nf4flash::cuda_impl {
+
+using namespace cuda;
+
+class CudaBuffer : public Buffer {
+ public:
+  explicit CudaBuffer(size_t bytes) {
+    bytes_ = bytes;
+    if (bytes) CUDA_CHECK(cudaMalloc(&data_, bytes));
+  }
+  ~CudaBuffer() override {
+    if (data_) cudaFree(data_);
+  }
+};
+
+// Pinned, mapped host memory (reachable from kernels through unified addressing).
+class CudaHostBuffer : public Buffer {
+ public:
+  explicit CudaHostBuffer(size_t bytes) {
+    bytes_ = bytes;
+    if (bytes) CUDA_CHECK(cudaHostAlloc(&data_, bytes, cudaHostAllocMapped));
+  }
+  ~CudaHostBuffer() override {
+    if (data_) cudaFreeHost(data_);
+  }
+};
+
+class CudaDense : public Weight {
+ public:
+  CudaDense(DType dt, int64_t rows, int64_t cols) {
+    kind_ = Kind::Dense;
+    dtype_ = dt;
+    rows_ = rows;
+    cols_ = cols;
+  }
+  // resident_bytes(): GPU memory only (a host-resident table counts 0)
+  void set_size() { bytes_ = (data && !on_host ? data->bytes() : 0) + (f32 ? f32->bytes() : 0); }
+  std::unique_ptr<Buffer> data;
+  bool on_host = false;
+  std::unique_ptr<CudaBuffer> f32;  // vectors (norm weights, biases): an f32 copy for the kernels
+};
+
+class CudaQ4 : public Weight {
+ public:
+  explicit CudaQ4(const Quant4Tensor& q) {
+    kind_ = Kind::Quant4;
+    dtype_ = q.orig_dtype;
+    quant_ = q.type;
+    double_quant_ = q.double_quant;
+    rows_ = q.rows;
+    cols_ = q.cols;
+  }
+  Q4Device dev;
+  std::unique_ptr<CudaBuffer> tiles, absmax, nested_absmax, nested_code;
+  void set_bytes(size_t b) { bytes_ = b; }
+  std::unique_ptr<CudaDense> fallback;  // dequantized at load when the tiled layout cannot hold it
+  std::string fallback_why;
+  std::vector<float> nested_code_host;  // double quant: to tell whether two weights can share a launch
+};
+
+inline const CudaDense& as_dense(const Weight& w, const char* what) {
+  auto* d = dynamic_cast<const CudaDense*>(&w);
+  NF4FLASH_CHECK(d, what, ": expected a dense CUDA weight");
+  return *d;
+}
+inline const float* vec_f32(const Weight& w, int64_t n, const char* what) {
+  const CudaDense& d = as_dense(w, what);
+  NF4FLASH_CHECK(d.f32 && d.rows() * d.cols() == n, what, ": vector of ", n, " entries expected, got [",
+                 d.rows(), ", ", d.cols(), "]");
+  return static_cast<const float*>(d.f32->data());
+}
+
+inline float host_load(const uint8_t* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::F32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
+    case DType::BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return bf16_to_f32(h); }
+    case DType::F16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return f16_to_f32(h); }
+    default: fail("unsupported dtype ", dtype_name(t));
+  }
+}
+inline void host_store(uint8_t* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::F32: std::memcpy(p + 4 * i, &v, 4); break;
+    case DType::BF16: { uint16_t h = f32_to_bf16(v); std::memcpy(p + 2 * i, &h, 2); break; }
+    case DType::F16: { uint16_t h = f32_to_f16(v); std::memcpy(p + 2 * i, &h, 2); break; }
+    default: fail("unsupported dtype ", dtype_name(t));
+  }
+}
+
+inline bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+inline int ilog2(int64_t v) { int r = 0; while ((int64_t(1) << r) < v) ++r; return r; }
+
+inline cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F16: return CUDA_R_16F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: fail("cuBLAS: unsupported dtype ", dtype_name(t));
+  }
+}
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o) : act_(o.compute), tf32_(o.tf32) {
+    NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
+                   "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
+    CUDA_CHECK(cudaSetDevice(o.device_index));
+    CUDA_CHECK(cudaGetDeviceProperties(&props_, o.device_index));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    cublas_ws_ = std::make_unique<CudaBuffer>(size_t(32) << 20);
+    CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    sample_scratch_ = std::make_unique<CudaBuffer>(2 * kArgmaxBlocks * 4 + 64);
+    stream_gemv_ = gemv_q4_stream_supported();
+    if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
+    if (stream_gemv_) {
+      qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
+      qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
+      CUDA_CHECK(cudaMemsetAsync(qs_counters_->data(), 0, qs_counters_->bytes(), stream_));
+      sync();
+    }
+    CUDA_CHECK(cudaMallocHost(&host_id_, sizeof(int32_t)));
+  }
+  ~CudaBackend() override {
+    for (auto e : graphs_) cudaGraphExecDestroy(e);
+    if (host_id_) cudaFreeHost(host_id_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override { return Device::CUDA; }
+  std::string name() const override {
+    return cat("cuda (", props_.name, ", sm_", props_.major, props_.minor, ", ", props_.multiProcessorCount,
+               " SMs, ", dtype_name(act_), ")");
+  }
+  DType act_dtype() const override { return act_; }
+
+  // ---- memory ----
+  std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<CudaBuffer>(bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void sync() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  size_t free_memory() const override {
+    size_t f = 0, t = 0;
+    CUDA_CHECK(cudaMemGetInfo(&f, &t));
+    return f;
+  }
+
+  // ---- weights ----
+  std::unique_ptr<Weight> upload_dense(const TensorInfo& t, DType store) override {
+    NF4FLASH_CHECK(store == DType::F32 || store == DType::BF16 || store == DType::F16, t.name,
+                   ": cannot store as ", dtype_name(store), " on CUDA");
+    const int64_t n = t.numel();
+    const int64_t rows = t.shape.size() >= 2 ? t.shape[0] : 1;
+    const int64_t cols = rows ? n / rows : 0;
+    auto w = std::make_unique<CudaDense>(store, rows, cols);
+    std::vector<uint8_t> host;
+    const void* src = t.data;
+    if (t.dtype != store) {
+      host.resize(size_t(n) * dtype_size(store));
+      for (int64_t i = 0; i < n; ++i) host_store(host.data(), store, i, host_load(t.data, t.dtype, i));
+      src = host.data();
+    }
+    w->data = std::make_unique<CudaBuffer>(size_t(n) * dtype_size(store));
+    upload(w->data->data(), src, w->data->bytes());
+    if (rows == 1) {
+      std::vector<float> f(n);
+      for (int64_t i = 0; i < n; ++i) f[i] = host_load(t.data, t.dtype, i);
+      w->f32 = std::make_unique<CudaBuffer>(size_t(n) * 4);
+      upload(w->f32->data(), f.data(), w->f32->bytes());
+    }
+    if (store != act_) reserve_scratch(n);
+    w->set_size();
+    return w;
+  }
+
+  std::unique_ptr<Weight> upload_embedding(const TensorInfo& t, DType store, bool tied) override {
+    if (tied || t.shape.size() != 2) return upload_dense(t, store);
+    NF4FLASH_CHECK(store == DType::F32 || store == DType::BF16 || store == DType::F16, t.name,
+                   ": cannot store as ", dtype_name(store), " on CUDA");
+    auto w = std::make_unique<CudaDense>(store, t.shape[0], t.shape[1]);
+    const int64_t n = t.numel();
+    auto hb = std::make_unique<CudaHostBuffer>(size_t(n) * dtype_size(store));
+    uint8_t* dst = static_cast<uint8_t*>(hb->data());
+    if (t.dtype == store) std::memcpy(dst, t.data, hb->bytes());
+    else for (int64_t i = 0; i < n; ++i) host_store(dst, store, i, host_load(t.data, t.dtype, i));
+    w->data = std::move(hb);
+    w->on_host = true;
+    w->set_size();
+    return w;
+  }
+
+  std::unique_ptr<Weight> upload_quant4(std::shared_ptr<const Quant4Tensor> qp) override {
+    const Quant4Tensor& q = *qp;
+    NF4FLASH_CHECK(q.rows > 0 && q.cols > 0 && q.packed.size() == size_t((q.numel() + 1) / 2),
+                   "4-bit weight [", q.rows, ", ", q.cols, "]: packed size ", q.packed.size(), " does not match");
+    auto w = std::make_unique<CudaQ4>(q);
+    std::string why;
+    if (q.cols % 64) why = cat("in_features ", q.cols, " not a multiple of 64");
+    else if (!is_pow2(q.blocksize) || q.blocksize < 64) why = cat("blocksize ", q.blocksize, " (need a power of two >= 64)");
+    else if (q.double_quant && !is_pow2(q.nested_blocksize)) why = cat("nested blocksize ", q.nested_blocksize);
+    if (!why.empty()) {
+      // Dequantize on the host (exact bitsandbytes arithmetic) and keep it dense.
+      std::vector<float> f(size_t(q.numel()));
+      for (int64_t i = 0; i < q.numel(); ++i) {
+        const uint8_t b = q.packed[size_t(i / 2)];
+        f[size_t(i)] = q.code[(i & 1) ? (b & 15) : (b >> 4)] * q.block_absmax(i / q.blocksize);
+      }
+      TensorInfo ti;
+      ti.name = "4-bit weight";
+      ti.dtype = DType::F32;
+      ti.shape = {q.rows, q.cols};
+      ti.data = reinterpret_cast<const uint8_t*>(f.data());
+      ti.nbytes = f.size() * 4;
+      w->fallback.reset(static_cast<CudaDense*>(upload_dense(ti, act_).release()));
+      w->fallback_why = why;
+      w->set_bytes(w->fallback->resident_bytes());
+      return w;
+    }
+    Q4Device& d = w->dev;
+    d.rows = q.rows;
+    d.cols = q.cols;
+    d.RT = (q.rows + 15) / 16;
+    d.KT = q.cols / 64;
+    d.log2_blocksize = ilog2(q.blocksize);
+    d.log2_nested = ilog2(q.nested_blocksize);
+    d.double_quant = q.double_quant;
+    d.offset = q.offset;
+    for (int i = 0; i < 16; ++i) d.code[i] = q.code[size_t(i)];
+    // codes: upload flat, repack on the GPU
+    {
+      CudaBuffer flat(q.packed.size());
+      upload(flat.data(), q.packed.data(), q.packed.size());
+      w->tiles = std::make_unique<CudaBuffer>(size_t(d.RT * d.KT * 512));
+      q4_repack(static_cast<const uint8_t*>(flat.data()), q.rows, q.cols, static_cast<uint8_t*>(w->tiles->data()), stream_);
+      sync();
+    }
+    d.tiles = static_cast<const uint8_t*>(w->tiles->data());
+    // absmax per (row tile, col tile, row)
+    const int64_t n_t = d.RT * d.KT * 16;
+    auto block_of = [&](int64_t rt, int64_t kt, int r) -> int64_t {
+      const int64_t row = rt * 16 + r;
+      return row < q.rows ? (row * q.cols + kt * 64) >> d.log2_blocksize : -1;
+    };
+    if (!q.double_quant) {
+      std::vector<float> at(size_t(n_t), 0.f);
+      for (int64_t rt = 0; rt < d.RT; ++rt)
+        for (int64_t kt = 0; kt < d.KT; ++kt)
+          for (int r = 0; r < 16; ++r) {
+            const int64_t b = block_of(rt, kt, r);
+            if (b >= 0) at[size_t((rt * d.KT + kt) * 16 + r)] = q.absmax[size_t(b)];
+          }
+      w->absmax = std::make_unique<CudaBuffer>(at.size() * 4);
+      upload(w->absmax->data(), at.data(), w->absmax->bytes());
+      d.absmax_tiled = static_cast<const float*>(w->absmax->data());
+    } else {
+      std::vector<uint8_t> at(size_t(n_t), 0);
+      for (int64_t rt = 0; rt < d.RT; ++rt)
+        for (int64_t kt = 0; kt < d.KT; ++kt)
+          for (int r = 0; r < 16; ++r) {
+            const int64_t b = block_of(rt, kt, r);
+            if (b >= 0) at[size_t((rt * d.KT + kt) * 16 + r)] = q.absmax_q[size_t(b)];
+          }
+      w->absmax = std::make_unique<CudaBuffer>(at.size());
+      upload(w->absmax->data(), at.data(), at.size());
+      d.absq_tiled = static_cast<const uint8_t*>(w->absmax->data());
+      w->nested_absmax = std::make_unique<CudaBuffer>(q.nested_absmax.size() * 4);
+      upload(w->nested_absmax->data(), q.nested_absmax.data(), w->nested_absmax->bytes());
+      d.nested_absmax = static_cast<const float*>(w->nested_absmax->data());
+      w->nested_code = std::make_unique<CudaBuffer>(256 * 4);
+      upload(w->nested_code->data(), q.nested_code.data(), 256 * 4);
+      d.nested_code = static_cast<const float*>(w->nested_code->data());
+      w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
+    }
+    reserve_scratch(q.numel());
+    w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
+                  (w->nested_code ? w->nested_code->bytes() : 0));
+    return w;
+  }
+
+  // ---- ops ----
+  void embed(const Weight& table, const int32_t* ids, Act out) override {
+    const CudaDense& t = as_dense(table, "embed");
+    check_act(out, "embed");
+    NF4FLASH_CHECK(out.cols == t.cols(), "embed: hidden ", out.cols, " != table cols ", t.cols());
+    cuda::embed(t.data->data(), t.dtype(), t.rows(), t.cols(), ids, out.rows, out.data, act_, stream_);
+  }
+  void rms_norm(Act x, const Weight& w, float eps, Act out) override {
+    check_act(x, "rms_norm");
+    check_act(out, "rms_norm");
+    NF4FLASH_CHECK(x.rows == out.rows && x.cols == out.cols, "rms_norm: shape mismatch");
+    cuda::rms_norm(x.data, vec_f32(w, x.cols, "rms_norm weight"), eps, x.rows, x.cols, out.data, act_, stream_);
+  }
+  void linear(Act x, const Weight& w, const Weight* bias, Act out) override;
+  void linear_multi(Act x, const LinearOut* outs, int n) override;
+  void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) override;
+  void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp,
+                     Act out) override;
+  void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) override {
+    cuda::rope_kv_write(rope_args(q, k, p, s), kv_write_args(layer, k, v, s), stream_);
+  }
+  void rope(Act q, Act k, const RopeParams& p, const StepState& s) override {
+    cuda::rope(rope_args(q, k, p, s), stream_);
+  }
+  void kv_write(int layer, Act k, Act v, const StepState& s) override {
+    cuda::kv_write(kv_write_args(layer, k, v, s), stream_);
+  }
+  void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) override {
+    check_layer(layer);
+    check_act(q, "attention");
+    check_act(out, "attention");
+    const std::string why = attn_unsupported_reason(p.impl, p.head_dim);
+    NF4FLASH_CHECK(why.empty(), why);
+    NF4FLASH_CHECK(p.n_kv_heads == kv_.n_kv_heads && p.head_dim == kv_.head_dim,
+                   "attention: n_kv_heads/head_dim differ from the KV cache");
+    NF4FLASH_CHECK(q.cols == int64_t(p.n_heads) * p.head_dim && out.cols == q.cols && out.rows == q.rows,
+                   "attention: q/out width ", q.cols, " != n_heads*head_dim");
+    AttnArgs a;
+    a.q = q.data;
+    a.out = out.data;
+    a.act = act_;
+    a.q_stride = q.cols;
+    a.out_stride = out.cols;
+    a.k_cache = layer_ptr(k_cache_.get(), layer);
+    a.v_cache = layer_ptr(v_cache_.get(), layer);
+    a.kv_dtype = kv_.dtype;
+    a.capacity = kv_.capacity;
+    a.T = int(q.rows);
+    a.n_heads = p.n_heads;
+    a.n_kv = p.n_kv_heads;
+    a.head_dim = p.head_dim;
+    a.scale = p.scale;
+    a.pos0 = s.pos0;
+    a.num_sms = props_.multiProcessorCount;
+    const AttnImpl impl = resolve_attn(p.impl);
+    if (impl == AttnImpl::Eager) {
+      attention_eager_run(a, capturing_ ? -1 : s.pos0_host);
+    } else if (a.T <= kDecodeMaxRows) {
+      const int64_t need = attention_decode_workspace_floats(kDecodeMaxRows, p.n_heads, p.head_dim);
+      if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
+        NF4FLASH_CHECK(!capturing_, "attention: decode workspace must be sized before graph capture");
+        attn_ws_ = std::make_unique<CudaBuffer>(size_t(need) * 4);
+      }
+      a.workspace = static_cast<float*>(attn_ws_->data());
+      a.workspace_floats = need;
+      attention_decode(a, stream_);
+    } else if (impl == AttnImpl::Flash) {
+      attention_flash(a, stream_);
+    } else {
+      attention_prefill(a, stream_);
+    }
+  }
+  void silu_mul(Act gate, Act up, Act out) override {
+    check_act(gate, "silu_mul");
+    check_act(up, "silu_mul");
+    check_act(out, "silu_mul");
+    NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: size mismatch");
+    cuda::silu_mul(gate.data, up.data, out.data, gate.numel(), act_, stream_);
+  }
+  void add(Act a, Act b, Act out) override {
+    check_act(a, "add");
+    check_act(b, "add");
+    check_act(out, "add");
+    NF4FLASH_CHECK(a.numel() == b.numel() && out.numel() == a.numel(), "add: size mismatch");
+    cuda::add(a.data, b.data, out.data, a.numel(), act_, stream_);
+  }
+
+  // ---- KV cache ----
+  void kv_allocate(const KVCacheDesc& d) override {
+    NF4FLASH_CHECK(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16,
+                   "KV cache dtype ", dtype_name(d.dtype), " not supported on CUDA");
+    k_cache_.reset();
+    v_cache_.reset();
+    kv_ = d;
+    const size_t bytes = size_t(d.n_layers) * d.n_kv_heads * d.capacity * d.head_dim * dtype_size(d.dtype);
+    k_cache_ = std::make_unique<CudaBuffer>(bytes);
+    v_cache_ = std::make_unique<CudaBuffer>(bytes);
+    if (bytes) {
+      CUDA_CHECK(cudaMemsetAsync(k_cache_->data(), 0, bytes, stream_));
+      CUDA_CHECK(cudaMemsetAsync(v_cache_->data(), 0, bytes, stream_));
+    }
+    // decode workspace sized for up to 8 q heads per kv head (more: resized on first use)
+    const int64_t need = attention_decode_workspace_floats(kDecodeMaxRows, std::max(64, d.n_kv_heads * 8), d.head_dim);
+    if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) attn_ws_ = std::make_unique<CudaBuffer>(size_t(need) * 4);
+    sync();
+  }
+  const KVCacheDesc& kv_desc() const override { return kv_; }
+  size_t kv_bytes() const override { return (k_cache_ ? k_cache_->bytes() : 0) + (v_cache_ ? v_cache_->bytes() : 0); }
+
+  std::string attn_unsupported_reason(AttnImpl impl, int head_dim) const override {
+    if (head_dim != 64 && head_dim != 128)
+      return cat("unsupported head_dim ", head_dim, " for the CUDA attention kernels; supported: 64, 128");
+    // flash needs the KV cache in the compute dtype: the engine allocates it so (checked per call too)
+    if (impl == AttnImpl::Flash) return attention_flash_unsupported(act_, act_, head_dim);
+    return "";
+  }
+  // Auto: flash where it serves (bf16/f16 compute), else sdpa. The kernel of a step: T <= 4 rows
+  // take the flash-decoding kernel for flash, sdpa and auto; eager materializes scores always.
+  AttnImpl resolve_attn(AttnImpl impl) const {
+    if (impl != AttnImpl::Auto) return impl;
+    return attention_flash_unsupported(act_, act_, 128).empty() ? AttnImpl::Flash : AttnImpl::Sdpa;
+  }
+  std::string linear_path(const Weight& w, int64_t rows) const override;
+
+  // ---- graphs ----
+  bool graphs_supported() const override { return true; }
+  void capture_begin() override {
+    NF4FLASH_CHECK(!capturing_, "capture_begin: already capturing");
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    capturing_ = true;
+  }
+  int capture_end() override {
+    NF4FLASH_CHECK(capturing_, "capture_end without capture_begin");
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t e = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    graphs_.push_back(e);
+    return int(graphs_.size()) - 1;
+  }
+  void replay(int id) override {
+    NF4FLASH_CHECK(id >= 0 && size_t(id) < graphs_.size(), "replay: unknown graph ", id);
+    CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(id)], stream_));
+  }
+
+  // ---- sampling ----
+  bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history, float uniform,
+              int32_t* out_id_host) override {
+    if (!p.greedy()) return false;  // temperature/top-k/top-p/min-p: host sampling for now
+    NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == 1, "sample: logits must be F32 [1, vocab]");
+    int32_t* dev_id = reinterpret_cast<int32_t*>(static_cast<char*>(sample_scratch_->data()) + 2 * kArgmaxBlocks * 4);
+    cuda::argmax(static_cast<const float*>(logits.data), logits.cols, history, n_history, p.repeat_penalty,
+                 sample_scratch_->data(), dev_id, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_id_, dev_id, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    *out_id_host = *host_id_;
+    return true;
+  }
+
+ private:
+  RopeArgs rope_args(const Act& q, const Act& k, const RopeParams& p, const StepState& s) const {
+    check_act(q, "rope");
+    check_act(k, "rope");
+    NF4FLASH_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && q.cols % p.head_dim == 0 && k.cols % p.head_dim == 0,
+                   "rope: head_dim ", p.head_dim, " does not divide q/k widths");
+    NF4FLASH_CHECK(q.rows == k.rows, "rope: q and k rows differ");
+    RopeArgs a;
+    a.q = q.data;
+    a.k = k.data;
+    a.act = act_;
+    a.T = q.rows;
+    a.n_q_heads = int(q.cols / p.head_dim);
+    a.n_k_heads = int(k.cols / p.head_dim);
+    a.head_dim = p.head_dim;
+    a.q_stride = q.cols;
+    a.k_stride = k.cols;
+    a.inv_freq = p.inv_freq;
+    a.pos0 = s.pos0;
+    return a;
+  }
+  KvWriteArgs kv_write_args(int layer, const Act& k, const Act& v, const StepState& s) const {
+    check_layer(layer);
+    check_act(k, "kv_write");
+    check_act(v, "kv_write");
+    NF4FLASH_CHECK(k.cols == int64_t(kv_.n_kv_heads) * kv_.head_dim && v.cols == k.cols && v.rows == k.rows,
+                   "kv_write: k/v width ", k.cols, " != n_kv_heads*head_dim ", kv_.n_kv_heads * kv_.head_dim);
+    KvWriteArgs a;
+    a.k = k.data;
+    a.v = v.data;
+    a.act = act_;
+    a.k_stride = k.cols;
+    a.v_stride = v.cols;
+    a.k_cache = layer_ptr(k_cache_.get(), layer);
+    a.v_cache = layer_ptr(v_cache_.get(), layer);
+    a.kv_dtype = kv_.dtype;
+    a.T = k.rows;
+    a.capacity = kv_.capacity;
+    a.n_kv = kv_.n_kv_heads;
+    a.head_dim = kv_.head_dim;
+    a.pos0 = s.pos0;
+    return a;
+  }
+  void check_act(const Act& a, const char* what) const {
+    NF4FLASH_CHECK(a.dtype == act_, what, ": activation dtype ", dtype_name(a.dtype), " != backend compute dtype ",
+                   dtype_name(act_));
+  }
+  void check_layer(int layer) const {
+    NF4FLASH_CHECK(k_cache_ && layer >= 0 && layer < kv_.n_layers, "KV cache: layer ", layer,
+                   " out of range (kv_allocate first)");
+  }
+  void* layer_ptr(CudaBuffer* b, int layer) const {
+    return static_cast<char*>(b->data()) +
+           size_t(layer) * kv_.n_kv_heads * kv_.capacity * kv_.head_dim * dtype_size(kv_.dtype);
+  }
+  void reserve_scratch(int64_t numel) {
+    const size_t need = size_t(numel) * dtype_size(act_);
+    if (!scratch_ || scratch_->bytes() < need) {
+      scratch_.reset();
+      scratch_ = std::make_unique<CudaBuffer>(need);
+    }
+  }
+  void gemm(const void* w, int64_t N, int64_t K, Act x, Act out);
+  void check_linear(const Act& x, const Weight& w, const Act& out) const {
+    check_act(x, "linear");
+    NF4FLASH_CHECK(out.dtype == act_ || out.dtype == DType::F32, "linear: output dtype ", dtype_name(out.dtype));
+    NF4FLASH_CHECK(x.cols == w.cols() && out.cols == w.rows() && out.rows == x.rows, "linear: x [", x.rows, ", ",
+                   x.cols, "] * W[", w.rows(), ", ", w.cols(), "]^T -> out [", out.rows, ", ", out.cols, "]");
+  }
+  // The 4-bit weight when `rows` rows take the stream-K GEMV, else null. `single`: a lone GEMV
+  // (linear, linear_residual) takes it only with NF4FLASH_GEMV_Q4=stream: on the H200 the
+  // register-prefetch kernel is faster alone (18.0 vs 27.2 us on nf4-dq 4096x14336), the
+  // stream-K kernel when it fuses (q/k/v: 16.7 vs 19.5 us; gate+up+SiLU: 41.7 vs ~44 us).
+  const CudaQ4* stream_q4(const Weight& w, int64_t rows, bool single = false) const {
+    auto* q = dynamic_cast<const CudaQ4*>(&w);
+    if (!q || q->fallback || !stream_gemv_ || act_ == DType::F32 || rows < 1 || rows > kGemvMaxRows ||
+        rows > gemv_max_rows_ || !gemv_q4_stream_enabled() || (single && !gemv_q4_stream_all()))
+      return nullptr;
+    return q;
+  }
+  static bool same_q4_params(const CudaQ4& a, const CudaQ4& b) {
+    const Q4Device &x = a.dev, &y = b.dev;
+    return x.cols == y.cols && x.double_quant == y.double_quant && x.log2_blocksize == y.log2_blocksize &&
+           x.log2_nested == y.log2_nested && std::equal(x.code, x.code + 16, y.code) &&
+           a.nested_code_host == b.nested_code_host;
+  }
+  GemvQ4MultiArgs multi_args(Act x) const {
+    GemvQ4MultiArgs a;
+    a.x = x.data;
+    a.act = act_;
+    a.T = int(x.rows);
+    a.out_dtype = act_;
+    a.partials = static_cast<float*>(qs_partials_->data());
+    a.counters = static_cast<int*>(qs_counters_->data());
+    a.counters_len = kQsCounters;
+    return a;
+  }
+  static constexpr int64_t kQsCounters = 1 << 16;
+  bool stream_gemv_ = false;
+  // 4-bit linears of up to this many rows take the GEMV (in chunks of kGemvMaxRows), more the
+  // dequantize + cuBLAS path. Measured crossover on the H200 (kernel-bench "threshold" rows,
+  // docs/performance.md): see kGemvRowsDefault.
+  int gemv_max_rows_ = kGemvRowsDefault;
+  std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
+  // Eager attention: the score buffer is sized outside graph capture (for this call and for a
+  // captured decode step over the whole cache), never inside it.
+  void attention_eager_run(const AttnArgs& a, int64_t pos0_host) {
+    size_t need = attention_eager_plan(a, pos0_host).bytes;
+    if (!capturing_) {
+      AttnArgs d = a;
+      d.T = std::min<int>(kDecodeMaxRows, int(a.capacity));
+      need = std::max(need, attention_eager_plan(d, -1).bytes);
+    }
+    if (!eager_ws_ || eager_ws_->bytes() < need) {
+      NF4FLASH_CHECK(!capturing_, "attention (eager): the score buffer (", need >> 20,
+                     " MiB) must be allocated before graph capture; run an uncaptured step first");
+      eager_ws_.reset();
+      eager_ws_ = std::make_unique<CudaBuffer>(need);
+    }
+    attention_eager(a, pos0_host, cublas_, tf32_, eager_ws_->data(), eager_ws_->bytes(), stream_);
+  }
+
+  DType act_;
+  bool tf32_;
+  cudaDeviceProp props_{};
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
+  int32_t* host_id_ = nullptr;
+  KVCacheDesc kv_;
+  std::vector<cudaGraphExec_t> graphs_;
+  bool capturing_ = false;
+};
+
+}  // namespace nf4flash::cuda_impl

@@ -1,0 +1,150 @@
+// CudaBackend::linear and its fused forms: which 4-bit kernel serves how many rows (register GEMV,
+// stream-K GEMV for the fused launches, dequantize + cuBLAS above kGemvRowsDefault rows), dense GEMV
+// and cuBLAS for dense weights; linear_path() names the choice.
+#include "backend/cuda/cuda_backend_impl.h"
+
+namespace nf4flash::cuda_impl {
+
+// out[T, N] = x[T, K] * W[N, K]^T  (column-major view: out^T = W^T' * x^T)
+void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out) {
+  const float alpha = 1.f, beta = 0.f;
+  const cublasComputeType_t ct =
+      (act_ == DType::F32 && tf32_) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(x.rows), int(K), &alpha, w,
+                            cuda_type(act_), int(K), x.data, cuda_type(act_), int(K), &beta, out.data,
+                            cuda_type(out.dtype), int(N), ct, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
+  check_act(x, "linear");
+  NF4FLASH_CHECK(out.dtype == act_ || out.dtype == DType::F32, "linear: output dtype ", dtype_name(out.dtype));
+  NF4FLASH_CHECK(x.cols == w.cols() && out.cols == w.rows() && out.rows == x.rows, "linear: x [", x.rows, ", ",
+                 x.cols, "] * W[", w.rows(), ", ", w.cols(), "]^T -> out [", out.rows, ", ", out.cols, "]");
+  if (x.rows == 0) return;
+  const float* b = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
+  const Weight* wp = &w;
+  if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
+    if (q->fallback) {
+      wp = q->fallback.get();
+    } else if (stream_q4(w, x.rows, true)) {
+      GemvQ4MultiArgs a = multi_args(x);
+      a.w[0] = &q->dev;
+      a.bias[0] = b;
+      a.out[0] = out.data;
+      a.out_dtype = out.dtype;
+      gemv_q4_multi(a, stream_);
+      return;
+    } else if (x.rows <= gemv_max_rows_ && act_ != DType::F32) {
+      for (int64_t r0 = 0; r0 < x.rows; r0 += kGemvMaxRows) {  // 8 rows per launch
+        const int64_t n = std::min<int64_t>(kGemvMaxRows, x.rows - r0);
+        GemvQ4Args a;
+        a.w = &q->dev;
+        a.x = x.slice_rows(r0, n).data;
+        a.act = act_;
+        a.T = int(n);
+        a.bias = b;
+        a.out = out.slice_rows(r0, n).data;
+        a.out_dtype = out.dtype;
+        gemv_q4(a, stream_);
+      }
+      return;
+    } else {
+      q4_dequant(q->dev, scratch_->data(), act_, stream_);
+      gemm(scratch_->data(), w.rows(), w.cols(), x, out);
+      if (b) bias_add(out.data, out.dtype, b, out.rows, out.cols, stream_);
+      return;
+    }
+  }
+  const CudaDense& d = as_dense(*wp, "linear");
+  if (x.rows <= kGemvMaxRows) {
+    GemvDenseArgs a;
+    a.w = d.data->data();
+    a.w_dtype = d.dtype();
+    a.N = d.rows();
+    a.K = d.cols();
+    a.x = x.data;
+    a.act = act_;
+    a.T = int(x.rows);
+    a.bias = b;
+    a.out = out.data;
+    a.out_dtype = out.dtype;
+    gemv_dense(a, stream_);
+    return;
+  }
+  const void* wd = d.data->data();
+  if (d.dtype() != act_) {
+    convert(wd, d.dtype(), scratch_->data(), act_, d.rows() * d.cols(), stream_);
+    wd = scratch_->data();
+  }
+  gemm(wd, d.rows(), d.cols(), x, out);
+  if (b) bias_add(out.data, out.dtype, b, out.rows, out.cols, stream_);
+}
+
+void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
+  const CudaQ4* q[kQsMaxSegs] = {};
+  bool fuse = n >= 1 && n <= kQsMaxSegs;
+  for (int i = 0; fuse && i < n; ++i) {
+    q[i] = stream_q4(*outs[i].w, x.rows);
+    fuse = q[i] && outs[i].out.dtype == act_ && same_q4_params(*q[0], *q[i]);
+  }
+  if (!fuse) return Backend::linear_multi(x, outs, n);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.nseg = n;
+  for (int i = 0; i < n; ++i) {
+    check_linear(x, *outs[i].w, outs[i].out);
+    a.w[i] = &q[i]->dev;
+    a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
+    a.out[i] = outs[i].out.data;
+  }
+  gemv_q4_multi(a, stream_);
+}
+
+void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
+  const CudaQ4* q = stream_q4(w, x.rows, true);
+  if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
+  check_linear(x, w, resid);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.ep = GemvEpilogue::Residual;
+  a.w[0] = &q->dev;
+  a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
+  a.out[0] = resid.data;
+  gemv_q4_multi(a, stream_);
+}
+
+void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
+                                Act g_tmp, Act out) {
+  const CudaQ4* qg = stream_q4(gate, x.rows);
+  const CudaQ4* qu = stream_q4(up, x.rows);
+  if (!qg || !qu || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu))
+    return Backend::linear_swiglu(x, gate, bg, up, bu, g_tmp, out);
+  check_linear(x, gate, out);
+  check_linear(x, up, out);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.ep = GemvEpilogue::SwiGLU;
+  a.nseg = 2;
+  a.w[0] = &qg->dev;
+  a.w[1] = &qu->dev;
+  a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+  a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+  a.out[0] = out.data;
+  gemv_q4_multi(a, stream_);
+}
+
+std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
+  if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
+    const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
+    if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
+    if (stream_q4(w, rows, true))
+      return cat("gemv_q4 stream-K fused ", qn, " (tile16x64, ", dtype_name(act_),
+                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused)");
+    if (stream_q4(w, rows))
+      return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum; stream-K for q/k/v and gate+up+silu)");
+    if (rows <= gemv_max_rows_ && act_ != DType::F32)
+      return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
+    return cat("dequant ", qn, " -> ", dtype_name(act_), " scratch + cublasGemmEx");
+  }
+  if (rows <= kGemvMaxRows) return cat("gemv_dense ", dtype_name(w.dtype()), " x ", dtype_name(act_));
+  return cat("cublasGemmEx ", dtype_name(act_), w.dtype() != act_ ? " (weight converted per call)" : "");
+}
+
+}  // namespace nf4flash::cuda_impl
