@@ -21,6 +21,7 @@
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/kernels/mma.cuh"
 
 namespace nf4flash::cuda {
 
@@ -33,25 +34,6 @@ template <> __device__ __forceinline__ uint16_t bits16<__nv_bfloat16>(float v) {
 }
 template <> __device__ __forceinline__ uint16_t bits16<__half>(float v) {
   return __half_as_ushort(__float2half_rn(v));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // One tile for one lane: its 16 code bytes (four words = the A fragments of four mma.m16n8k16
@@ -72,6 +54,33 @@ __device__ __forceinline__ void q4_tile_mma(const uint32_t* lut_l, const uint4& 
     fa[3] = lut_l[(word >> 24) << 5];
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }
+}
+
+// End of a row tile: the warps' partial sums (mma accumulator layout) are summed over warps in
+// shared memory and rows r < 16 x tokens n < T written (+ bias), f32 or the compute dtype.
+// Ends with a barrier so `red` may be reused.
+template <typename TA, int W>
+__device__ __forceinline__ void q4_finish_row_tile(float (&red)[W][16][8], const float* acc, int64_t rt,
+                                                   int64_t rows, int T, const float* bias, void* out, int out_f32) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  red[warp][g][2 * t] = acc[0];
+  red[warp][g][2 * t + 1] = acc[1];
+  red[warp][g + 8][2 * t] = acc[2];
+  red[warp][g + 8][2 * t + 1] = acc[3];
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    const int r = threadIdx.x >> 3, n = threadIdx.x & 7;
+    const int64_t row = rt * 16 + r;
+    if (n < T && row < rows) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) v += red[w][r][n];
+      if (bias) v += bias[row];
+      if (out_f32) static_cast<float*>(out)[n * rows + row] = v;
+      else static_cast<TA*>(out)[n * rows + row] = from_f32<TA>(v);
+    }
+  }
+  __syncthreads();
 }
 
 struct Q4KernelArgs {
@@ -189,24 +198,7 @@ __global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4Ke
         sc[u] = sn[u];
       }
     }
-    red[warp][g][2 * t] = acc[0];
-    red[warp][g][2 * t + 1] = acc[1];
-    red[warp][g + 8][2 * t] = acc[2];
-    red[warp][g + 8][2 * t + 1] = acc[3];
-    __syncthreads();
-    if (threadIdx.x < 128) {
-      const int r = threadIdx.x >> 3, n = threadIdx.x & 7;
-      const int64_t row = rt * 16 + r;
-      if (n < a.T && row < rows) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kQ4Warps; ++w) v += red[w][r][n];
-        if (a.bias) v += a.bias[row];
-        if (a.out_f32) static_cast<float*>(a.out)[n * rows + row] = v;
-        else static_cast<TA*>(a.out)[n * rows + row] = from_f32<TA>(v);
-      }
-    }
-    __syncthreads();
+    q4_finish_row_tile<TA, kQ4Warps>(red, acc, rt, rows, a.T, a.bias, a.out, a.out_f32);
     rt += gridDim.x;
     if (rt >= RT) break;
   }
@@ -318,26 +310,8 @@ __global__ void __launch_bounds__(kQ4Warps * 32) gemv_q4_async_kernel(const Q4Ke
 #pragma unroll
     for (int u = 0; u < U; ++u) s_cur[u] = s_nxt[u];
     if (j % NB == NB - 1) {  // last batch of this row tile: reduce over warps
-      const int64_t rt = batch_rt(j);
-      red[warp][g][2 * t] = acc[0];
-      red[warp][g][2 * t + 1] = acc[1];
-      red[warp][g + 8][2 * t] = acc[2];
-      red[warp][g + 8][2 * t + 1] = acc[3];
+      q4_finish_row_tile<TA, kQ4Warps>(red, acc, batch_rt(j), rows, a.T, a.bias, a.out, a.out_f32);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-      __syncthreads();
-      if (threadIdx.x < 128) {
-        const int r = threadIdx.x >> 3, n = threadIdx.x & 7;
-        const int64_t row = rt * 16 + r;
-        if (n < a.T && row < rows) {
-          float v = 0.f;
-#pragma unroll
-          for (int w = 0; w < kQ4Warps; ++w) v += red[w][r][n];
-          if (a.bias) v += a.bias[row];
-          if (a.out_f32) static_cast<float*>(a.out)[n * rows + row] = v;
-          else static_cast<TA*>(a.out)[n * rows + row] = from_f32<TA>(v);
-        }
-      }
-      __syncthreads();
     }
   }
   cp_async_wait<0>();
