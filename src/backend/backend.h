@@ -166,6 +166,12 @@ class Backend {
     linear(x, w, bias, tmp);
     add(resid, tmp, resid);
   }
+  // x += delta (rounded as add() rounds), then out = rms_norm(x): one sublayer's residual add and
+  // the next one's norm.
+  virtual void add_rms_norm(Act x, Act delta, const Weight& w, float eps, Act out) {
+    add(x, delta, x);
+    rms_norm(x, w, eps, out);
+  }
   // out = silu(x G^T + bg) * (x U^T + bu); g_tmp: scratch of out's shape.
   virtual void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
                              Act g_tmp, Act out) {

@@ -140,7 +140,7 @@ TEST(CudaFused, RopeKvWrite) {
   NF4FLASH_REQUIRE_CUDA();
   for (DType dt : {DType::BF16, DType::F16})
     for (int hd : {64, 128})
-      for (auto [pos0, T] : {std::pair<int, int>{0, 1}, {37, 1}, {900, 3}, {0, 20}}) {
+      for (auto [pos0, T] : {std::pair<int, int>{0, 1}, {37, 1}, {900, 3}, {0, 20}, {5, 300}}) {
         Backends b(dt);
         const int nq = 8, nk = 2, layers = 2, layer = 1;
         const int64_t cap = pos0 + T + 3;

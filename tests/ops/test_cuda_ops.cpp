@@ -91,6 +91,26 @@ TEST(CudaOps, LinearQuant4) {
   run_q4_linear(DType::F32, Q4Case{QuantType::FP4, false, 65, 320, 64, 12});
 }
 
+// The GEMM path dequantizes in row chunks (NF4FLASH_DEQUANT_CHUNK_MB; 1 MiB here, so 300 x 2048
+// bf16 weights make chunks of 256 + 44 rows, f32 compute 128 + 128 + 44): each chunk's output
+// columns land where the whole-matrix product puts them.
+TEST(CudaOps, LinearQuant4Chunked) {
+  NF4FLASH_REQUIRE_CUDA();
+  setenv("NF4FLASH_DEQUANT_CHUNK_MB", "1", 1);
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    run_q4_linear(dt, Q4Case{QuantType::NF4, true, 300, 2048, 64, 40});
+    run_q4_linear(dt, Q4Case{QuantType::FP4, false, 272, 4096, 128, 65});
+  }
+  {
+    Backends b;
+    auto W = randn(64 * 128, 0.05f);
+    auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, 64, 128, QuantType::NF4, 64, true));
+    auto w = b.gpu->upload_quant4(q);
+    EXPECT_NE(b.gpu->linear_path(*w, 100).find("chunks of 1 MiB"), std::string::npos) << b.gpu->linear_path(*w, 100);
+  }
+  unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
+}
+
 TEST(CudaOps, Quant4PathNames) {
   NF4FLASH_REQUIRE_CUDA();
   Backends b;
@@ -103,8 +123,9 @@ TEST(CudaOps, Quant4PathNames) {
 
 void run_elementwise(DType dt) {
   Backends b(dt);
-  // rms_norm: block path (cols 3000), warp path (per-head views, cols 64 / 128)
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 3000}, {21, 128}, {10, 64}, {2, 4096}}) {
+  // rms_norm: row kernel (cols 3000, 4096, 8192), block kernel (9000 bf16), warp kernel (per-head
+  // views, cols 64 / 128)
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{3, 3000}, {21, 128}, {10, 64}, {2, 4096}, {2, 8192}, {2, 9000}}) {
     auto X = rounded(randn(size_t(rows * cols), 3.f), dt);
     auto Wn = randn(size_t(cols), 1.f);
     auto wc = b.cpu->upload_dense(f32_tensor(Wn, {cols}), DType::F32);
@@ -119,18 +140,35 @@ void run_elementwise(DType dt) {
     b.gpu->rms_norm(xg.act, *wg, 1e-5f, xg.act);  // in place
     EXPECT_LT(rel_err(xg.get(), yc.get()), tol_for(dt)) << "rms_norm in place";
   }
-  // silu_mul, add (odd sizes; add in place)
-  const int64_t n = 4099;
-  auto G = rounded(randn(n, 2.f), dt), U = rounded(randn(n), dt);
-  DevAct gc(*b.cpu, 1, n), uc(*b.cpu, 1, n), oc(*b.cpu, 1, n), gg(*b.gpu, 1, n), ug(*b.gpu, 1, n), og(*b.gpu, 1, n);
-  gc.set(G); uc.set(U); gg.set(G); ug.set(U);
-  og.poison();
-  b.cpu->silu_mul(gc.act, uc.act, oc.act);
-  b.gpu->silu_mul(gg.act, ug.act, og.act);
-  EXPECT_LT(rel_err(og.get(), oc.get()), tol_for(dt)) << "silu_mul";
-  b.cpu->add(gc.act, uc.act, gc.act);
-  b.gpu->add(gg.act, ug.act, gg.act);
-  EXPECT_LT(rel_err(gg.get(), gc.get()), tol_for(dt)) << "add";
+  // add_rms_norm: x += d, out = rms_norm(x); the row kernel (V = 1, 2, 4 chunks per thread), rows
+  // too long for it (9000 bf16) and a width that is no whole number of 16-byte chunks (composition)
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 4096}, {5, 3000}, {2, 8192}, {3, 96}, {2, 9000}, {3, 4100}}) {
+    auto X = rounded(randn(size_t(rows * cols), 3.f), dt), D = rounded(randn(size_t(rows * cols)), dt);
+    auto Wn = randn(size_t(cols), 1.f);
+    auto wc = b.cpu->upload_dense(f32_tensor(Wn, {cols}), DType::F32);
+    auto wg = b.gpu->upload_dense(f32_tensor(Wn, {cols}), dt);
+    DevAct xc(*b.cpu, rows, cols), dc(*b.cpu, rows, cols), yc(*b.cpu, rows, cols);
+    DevAct xg(*b.gpu, rows, cols), dg(*b.gpu, rows, cols), yg(*b.gpu, rows, cols);
+    xc.set(X); dc.set(D); xg.set(X); dg.set(D);
+    yg.poison();
+    b.cpu->add_rms_norm(xc.act, dc.act, *wc, 1e-5f, yc.act);
+    b.gpu->add_rms_norm(xg.act, dg.act, *wg, 1e-5f, yg.act);
+    EXPECT_LT(rel_err(xg.get(), xc.get()), tol_for(dt)) << "add_rms_norm sum " << rows << "x" << cols;
+    EXPECT_LT(rel_err(yg.get(), yc.get()), tol_for(dt)) << "add_rms_norm norm " << rows << "x" << cols;
+  }
+  // silu_mul, add: odd sizes (scalar kernels) and whole 16-byte chunks (vector kernels); add in place
+  for (int64_t n : {int64_t{4099}, int64_t{3 * 4096}}) {
+    auto G = rounded(randn(n, 2.f), dt), U = rounded(randn(n), dt);
+    DevAct gc(*b.cpu, 1, n), uc(*b.cpu, 1, n), oc(*b.cpu, 1, n), gg(*b.gpu, 1, n), ug(*b.gpu, 1, n), og(*b.gpu, 1, n);
+    gc.set(G); uc.set(U); gg.set(G); ug.set(U);
+    og.poison();
+    b.cpu->silu_mul(gc.act, uc.act, oc.act);
+    b.gpu->silu_mul(gg.act, ug.act, og.act);
+    EXPECT_LT(rel_err(og.get(), oc.get()), tol_for(dt)) << "silu_mul n " << n;
+    b.cpu->add(gc.act, uc.act, gc.act);
+    b.gpu->add(gg.act, ug.act, gg.act);
+    EXPECT_LT(rel_err(gg.get(), gc.get()), tol_for(dt)) << "add n " << n;
+  }
   // embed
   const int64_t vocab = 1001, hidden = 96;
   auto E = randn(size_t(vocab * hidden));

@@ -19,6 +19,7 @@ CommandRun setup(CLI::App& app) {
     int reps = 50, trials = 9, device = 0;
     bool attention_only = false;
     bool gemv_only = false;
+    bool prefill_linear_only = false;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--json", o->json, "write the JSON report to this file");
@@ -26,6 +27,8 @@ CommandRun setup(CLI::App& app) {
   app.add_option("--trials", o->trials, "timed replays (median reported)")->check(CLI::Range(1, 1000));
   app.add_flag("--attention-only", o->attention_only, "only the prefill attention kernels (flash, sdpa, eager)");
   app.add_flag("--gemv-only", o->gemv_only, "only the 4-bit GEMV kernels (variants, fused vs unfused)");
+  app.add_flag("--prefill-linear-only", o->prefill_linear_only,
+               "only the prefill linears (bf16 cuBLAS vs 4-bit dequantize + cuBLAS, chunked)");
   app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
   return [o]() -> int {
 #ifdef NF4FLASH_HAVE_CUDA
@@ -35,6 +38,7 @@ CommandRun setup(CLI::App& app) {
     ko.device = o->device;
     ko.attention_only = o->attention_only;
     ko.gemv_only = o->gemv_only;
+    ko.prefill_linear_only = o->prefill_linear_only;
     const std::string js = cuda_kernel_bench(ko);
     if (!o->json.empty()) {
       std::ofstream f(o->json);

@@ -98,7 +98,6 @@ class CpuQuant4 final : public Weight {
   std::shared_ptr<const Quant4Tensor> q_;
 };
 
-const float* f32p(const Act& a) { return static_cast<const float*>(a.data); }
 float* f32p(Act& a) { return static_cast<float*>(a.data); }
 
 class CpuBackend final : public Backend {

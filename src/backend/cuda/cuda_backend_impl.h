@@ -138,6 +138,8 @@ class CudaBackend : public Backend {
     sample_scratch_ = std::make_unique<CudaBuffer>(2 * kArgmaxBlocks * 4 + 64);
     stream_gemv_ = gemv_q4_stream_supported();
     if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
+    if (const char* v = std::getenv("NF4FLASH_DEQUANT_CHUNK_MB"))
+      dequant_chunk_bytes_ = int64_t(std::clamp(std::atoi(v), 0, 4096)) << 20;
     if (stream_gemv_) {
       qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
       qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
@@ -305,7 +307,7 @@ class CudaBackend : public Backend {
       d.nested_code = static_cast<const float*>(w->nested_code->data());
       w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
     }
-    reserve_scratch(q.numel());
+    reserve_scratch(dequant_chunk_rows(d) * d.cols);
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
                   (w->nested_code ? w->nested_code->bytes() : 0));
     return w;
@@ -382,6 +384,15 @@ class CudaBackend : public Backend {
     } else {
       attention_prefill(a, stream_);
     }
+  }
+  void add_rms_norm(Act x, Act delta, const Weight& w, float eps, Act out) override {
+    check_act(x, "add_rms_norm");
+    check_act(delta, "add_rms_norm");
+    check_act(out, "add_rms_norm");
+    NF4FLASH_CHECK(x.rows == out.rows && x.cols == out.cols && delta.rows == x.rows && delta.cols == x.cols,
+                   "add_rms_norm: shape mismatch");
+    cuda::add_rms_norm(x.data, delta.data, vec_f32(w, x.cols, "rms_norm weight"), eps, x.rows, x.cols, out.data,
+                       act_, stream_);
   }
   void silu_mul(Act gate, Act up, Act out) override {
     check_act(gate, "silu_mul");
@@ -534,7 +545,8 @@ class CudaBackend : public Backend {
       scratch_ = std::make_unique<CudaBuffer>(need);
     }
   }
-  void gemm(const void* w, int64_t N, int64_t K, Act x, Act out);
+  // out[:, n0 : n0+N] = x[T, K] * W[N, K]^T; out has out.cols columns (the leading dimension).
+  void gemm(const void* w, int64_t N, int64_t K, Act x, Act out, int64_t n0 = 0);
   void check_linear(const Act& x, const Weight& w, const Act& out) const {
     check_act(x, "linear");
     NF4FLASH_CHECK(out.dtype == act_ || out.dtype == DType::F32, "linear: output dtype ", dtype_name(out.dtype));
@@ -575,6 +587,18 @@ class CudaBackend : public Backend {
   // dequantize + cuBLAS path. Measured crossover on the H200 (kernel-bench "threshold" rows,
   // docs/performance.md): see kGemvRowsDefault.
   int gemv_max_rows_ = kGemvRowsDefault;
+  // 4-bit GEMM path: 0 = dequantize the whole matrix, then one GEMM (default); > 0 = in chunks of
+  // rows of at most this many bytes, each multiplied right after (cuBLAS writing that column slice
+  // of the output) so the dense copy could stay in L2 and the scratch this small
+  // (NF4FLASH_DEQUANT_CHUNK_MB). Measured slower on the H200 (kernel-bench "prefill" rows,
+  // docs/performance.md): a chunk's GEMM (e.g. 2048 x 512 rows) leaves most SMs idle.
+  int64_t dequant_chunk_bytes_ = 0;
+  int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
+    if (dequant_chunk_bytes_ <= 0) return d.rows;
+    const int64_t r = dequant_chunk_bytes_ / (d.cols * int64_t(dtype_size(act_))) / 16 * 16;
+    return std::clamp<int64_t>(r, 16, d.rows);
+  }
+  void gemm_q4(const cuda::Q4Device& d, Act x, Act out);
   std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
   // Eager attention: the score buffer is sized outside graph capture (for this call and for a
   // captured decode step over the whole cache), never inside it.

@@ -5,14 +5,27 @@
 
 namespace nf4flash::cuda_impl {
 
-// out[T, N] = x[T, K] * W[N, K]^T  (column-major view: out^T = W^T' * x^T)
-void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out) {
+// out[T, n0 : n0+N] = x[T, K] * W[N, K]^T  (column-major view: out^T = W^T' * x^T, ldc = out.cols)
+void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out, int64_t n0) {
   const float alpha = 1.f, beta = 0.f;
   const cublasComputeType_t ct =
       (act_ == DType::F32 && tf32_) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  void* c = static_cast<char*>(out.data) + n0 * int64_t(dtype_size(out.dtype));
   CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(x.rows), int(K), &alpha, w,
-                            cuda_type(act_), int(K), x.data, cuda_type(act_), int(K), &beta, out.data,
-                            cuda_type(out.dtype), int(N), ct, CUBLAS_GEMM_DEFAULT));
+                            cuda_type(act_), int(K), x.data, cuda_type(act_), int(K), &beta, c,
+                            cuda_type(out.dtype), int(out.cols), ct, CUBLAS_GEMM_DEFAULT));
+}
+
+// Dequantize a chunk of weight rows into the scratch, multiply it into its output columns, next.
+void CudaBackend::gemm_q4(const cuda::Q4Device& d, Act x, Act out) {
+  const int64_t chunk = dequant_chunk_rows(d);
+  NF4FLASH_CHECK(scratch_ && scratch_->bytes() >= size_t(chunk * d.cols) * dtype_size(act_),
+                 "linear: dequantize scratch smaller than a chunk");
+  for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) {
+    const int64_t nc = std::min(chunk, d.rows - n0);
+    q4_dequant(d, scratch_->data(), act_, stream_, n0, nc);
+    gemm(scratch_->data(), nc, d.cols, x, out, n0);
+  }
 }
 
 void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
@@ -49,8 +62,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
       }
       return;
     } else {
-      q4_dequant(q->dev, scratch_->data(), act_, stream_);
-      gemm(scratch_->data(), w.rows(), w.cols(), x, out);
+      gemm_q4(q->dev, x, out);
       if (b) bias_add(out.data, out.dtype, b, out.rows, out.cols, stream_);
       return;
     }
@@ -141,7 +153,8 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum; stream-K for q/k/v and gate+up+silu)");
     if (rows <= gemv_max_rows_ && act_ != DType::F32)
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
-    return cat("dequant ", qn, " -> ", dtype_name(act_), " scratch + cublasGemmEx");
+    return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",
+               dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"));
   }
   if (rows <= kGemvMaxRows) return cat("gemv_dense ", dtype_name(w.dtype()), " x ", dtype_name(act_));
   return cat("cublasGemmEx ", dtype_name(act_), w.dtype() != act_ ? " (weight converted per call)" : "");

@@ -205,6 +205,65 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_GEMV_FEED");
   };
   struct Shape { int64_t rows, cols; };
+  // ---- prefill linears (T = 512, 4096): bf16 weights (cuBLAS alone) against nf4-dq dequantize +
+  //   cuBLAS, the whole matrix at once or in row chunks of 8/16/32 MiB (NF4FLASH_DEQUANT_CHUNK_MB)
+  if (!o.gemv_only) {
+    const std::pair<const char*, const char*> cfgs[] = {{"whole", "0"}, {"chunk8", "8"}, {"chunk16", "16"}, {"chunk32", "32"}};
+    std::vector<std::unique_ptr<Backend>> bes;
+    for (const auto& c : cfgs) {
+      setenv("NF4FLASH_DEQUANT_CHUNK_MB", c.second, 1);
+      bes.push_back(make_cuda_backend(bo));
+    }
+    unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
+    json pl = json::array();
+    for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}, Shape{4096, 4096}}) {
+      const int copies = copies_for(s.rows * s.cols / 2);
+      std::vector<std::vector<std::unique_ptr<Weight>>> wq(bes.size());
+      for (int c = 0; c < copies; ++c) {
+        auto q = random_q4(s.rows, s.cols, true, g);
+        for (size_t b = 0; b < bes.size(); ++b) wq[b].push_back(bes[b]->upload_quant4(q));
+      }
+      std::unique_ptr<Weight> wd;
+      {
+        std::vector<uint16_t> wh(size_t(s.rows * s.cols));
+        for (auto& v : wh) v = f32_to_bf16(nd(g) * 0.02f);
+        TensorInfo ti;
+        ti.name = "dense";
+        ti.dtype = DType::BF16;
+        ti.shape = {s.rows, s.cols};
+        ti.data = reinterpret_cast<const uint8_t*>(wh.data());
+        ti.nbytes = wh.size() * 2;
+        wd = be->upload_dense(ti, DType::BF16);
+      }
+      for (int T : {512, 4096}) {
+        auto xb = rand_act(T, s.cols);
+        auto yb = be->alloc(size_t(T * s.rows) * 2);
+        Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
+        const double flop = 2.0 * T * s.rows * s.cols;
+        const int reps = T >= 4096 ? 4 : 16;
+        json row = {{"rows", s.rows}, {"cols", s.cols}, {"T", T}};
+        const double sd = time_graph(*be, [&](int) { be->linear(x, *wd, nullptr, y); }, reps, o.trials);
+        report(cat("prefill bf16 ", s.rows, "x", s.cols, " T=", T), sd, double(s.rows * s.cols * 2),
+               {{"T", T}, {"tflops", flop / sd / 1e12}, {"path", be->linear_path(*wd, T)}});
+        row["bf16_us"] = sd * 1e6;
+        for (size_t b = 0; b < bes.size(); ++b) {
+          Backend& bb = *bes[b];
+          const double sq = time_graph(bb, [&](int i) { bb.linear(x, *wq[b][size_t(i % copies)], nullptr, y); }, reps,
+                                       o.trials);
+          report(cat("prefill nf4-dq ", cfgs[b].first, " ", s.rows, "x", s.cols, " T=", T), sq,
+                 double(wq[b][0]->resident_bytes()), {{"T", T}, {"tflops", flop / sq / 1e12}, {"path", bb.linear_path(*wq[b][0], T)}});
+          row[cat("nf4dq_", cfgs[b].first, "_us")] = sq * 1e6;
+        }
+        pl.push_back(row);
+      }
+    }
+    out["prefill_linear"] = pl;
+  }
+  if (o.prefill_linear_only) {
+    out["kernels"] = rows;
+    return out.dump(2);
+  }
+
   for (Shape s : {Shape{4096, 14336}, Shape{14336, 4096}, Shape{4096, 4096}, Shape{1024, 4096}})
     for (bool dq : {true, false}) {
       const int64_t wbytes = s.rows * s.cols / 2;

@@ -13,6 +13,7 @@ struct KernelBenchOptions {
   int device = 0;
   bool attention_only = false;  // only the copy reference and the prefill attention kernels
   bool gemv_only = false;       // only the copy reference and the 4-bit GEMV rows (variants, fused)
+  bool prefill_linear_only = false;  // only the copy reference and the prefill linear rows
 };
 
 // Runs the benchmark, prints a table on stdout and returns the JSON report.

@@ -82,7 +82,8 @@ bool gemv_q4_stream_supported();  // sm_90+, whatever NF4FLASH_GEMV_Q4 says
 bool gemv_q4_stream_all();        // NF4FLASH_GEMV_Q4=stream: lone GEMVs take the stream kernel too
 
 // Dequantize the whole weight into a dense [rows, cols] buffer of `dtype` (F32/F16/BF16).
-void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st);
+// Rows [row0, row0 + nrows) of w (all when nrows < 0) to a dense [nrows, cols] matrix at out.
+void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0 = 0, int64_t nrows = -1);
 
 struct GemvDenseArgs {
   const void* w = nullptr;   // [N, K]
@@ -103,6 +104,9 @@ void embed(const void* table, DType table_dtype, int64_t vocab, int64_t hidden, 
            int64_t T, void* out, DType act, cudaStream_t st);
 void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t cols, void* out,
               DType act, cudaStream_t st);
+// x += delta (rounded to act), then out = rms_norm(x); x, delta, out [rows, cols].
+void add_rms_norm(void* x, const void* delta, const float* w, float eps, int64_t rows, int64_t cols, void* out,
+                  DType act, cudaStream_t st);
 struct RopeArgs {
   void* q = nullptr;
   void* k = nullptr;

@@ -1,5 +1,6 @@
 // Launchers of the elementwise kernels (kernels/elementwise.cuh).
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/kernels/elementwise.cuh"
 
@@ -34,6 +35,27 @@ void embed(const void* table, DType tdt, int64_t vocab, int64_t hidden, const in
   });
 }
 
+namespace {
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// The register-resident row kernel when the row fits (<= 1024 16-byte chunks) and is 16-byte
+// aligned; returns false otherwise.
+template <typename T, bool ADD>
+bool rms_norm_vec(T* x, const T* d, const float* w, float eps, int64_t rows, int64_t cols, T* out, cudaStream_t st) {
+  constexpr int E = 16 / sizeof(T);
+  const int64_t nvec = cols / E;
+  if (cols % E || nvec > 1024 || !aligned16(x) || !aligned16(out) || !aligned16(w) || (ADD && !aligned16(d)))
+    return false;
+  const unsigned grid = static_cast<unsigned>(rows);
+  const int c = static_cast<int>(cols);
+  if (nvec <= 256) rms_norm_vec_kernel<T, 1, ADD><<<grid, 256, 0, st>>>(x, d, w, eps, c, out);
+  else if (nvec <= 512) rms_norm_vec_kernel<T, 2, ADD><<<grid, 256, 0, st>>>(x, d, w, eps, c, out);
+  else rms_norm_vec_kernel<T, 4, ADD><<<grid, 256, 0, st>>>(x, d, w, eps, c, out);
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+}  // namespace
+
 void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t cols, void* out, DType act,
               cudaStream_t st) {
   if (rows == 0) return;
@@ -41,11 +63,24 @@ void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t co
     if (cols <= 512) {
       rms_norm_warp_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(
           static_cast<const T*>(x), w, eps, rows, cols, static_cast<T*>(out));
-    } else {
+    } else if (!rms_norm_vec<T, false>(const_cast<T*>(static_cast<const T*>(x)), nullptr, w, eps, rows, cols,
+                                        static_cast<T*>(out), st)) {
       rms_norm_block_kernel<T><<<static_cast<unsigned>(rows), 256, 0, st>>>(static_cast<const T*>(x), w, eps, cols,
                                                                             static_cast<T*>(out));
     }
     CUDA_CHECK_LAUNCH();
+  });
+}
+
+void add_rms_norm(void* x, const void* delta, const float* w, float eps, int64_t rows, int64_t cols, void* out,
+                  DType act, cudaStream_t st) {
+  if (rows == 0) return;
+  NF4FLASH_DISPATCH_ACT(act, "add_rms_norm", [&] {
+    if (!rms_norm_vec<T, true>(static_cast<T*>(x), static_cast<const T*>(delta), w, eps, rows, cols,
+                               static_cast<T*>(out), st)) {
+      add(x, delta, x, rows * cols, act, st);
+      rms_norm(x, w, eps, rows, cols, out, act, st);
+    }
   });
 }
 
@@ -61,8 +96,13 @@ void rope(const RopeArgs& a, cudaStream_t st) {
 void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st) {
   if (n == 0) return;
   NF4FLASH_DISPATCH_ACT(act, "silu_mul", [&] {
-    silu_mul_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
-                                                   static_cast<T*>(out), n);
+    constexpr int E = 16 / sizeof(T);
+    if (n % E == 0 && aligned16(gate) && aligned16(up) && aligned16(out))
+      silu_mul_vec_kernel<T><<<grid_for(n / E), 256, 0, st>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                             static_cast<T*>(out), n / E);
+    else
+      silu_mul_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
+                                                     static_cast<T*>(out), n);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -70,8 +110,13 @@ void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act,
 void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st) {
   if (n == 0) return;
   NF4FLASH_DISPATCH_ACT(act, "add", [&] {
-    add_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                              static_cast<T*>(out), n);
+    constexpr int E = 16 / sizeof(T);
+    if (n % E == 0 && aligned16(a) && aligned16(b) && aligned16(out))
+      add_vec_kernel<T><<<grid_for(n / E), 256, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                        static_cast<T*>(out), n / E);
+    else
+      add_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                static_cast<T*>(out), n);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -104,7 +149,9 @@ void rope_kv_write(const RopeArgs& r, const KvWriteArgs& kv, cudaStream_t st) {
   NF4FLASH_DISPATCH_ACT(r.act, "rope_kv_write", [&] {
     using TA = T;
     NF4FLASH_DISPATCH_ACT(kv.kv_dtype, "rope_kv_write (cache)", [&] {
-      rope_kv_kernel<TA, T><<<grid_for(n), 256, 0, st>>>(r, kv);
+      const int per_t = (r.n_q_heads + r.n_k_heads) * (r.head_dim / 2) + kv.n_kv * kv.head_dim;
+      const dim3 grid(grid_for(per_t), static_cast<unsigned>(std::min<int64_t>(r.T, 65535)));
+      rope_kv_kernel<TA, T><<<grid, 256, 0, st>>>(r, kv);
       CUDA_CHECK_LAUNCH();
     });
   });

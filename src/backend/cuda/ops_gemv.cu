@@ -224,11 +224,15 @@ void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
   else fail("gemv_q4_multi: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
 }
 
-void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st) {
+void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0, int64_t nrows) {
+  if (nrows < 0) nrows = w.rows - row0;
+  NF4FLASH_CHECK(row0 >= 0 && row0 + nrows <= w.rows, "q4_dequant: rows [", row0, ", ", row0 + nrows,
+                 ") out of range (", w.rows, ")");
   // the 8-column kernel (16-byte stores); the 2-column one remains for NF4FLASH_Q4_DEQUANT=v1
   const char* v = std::getenv("NF4FLASH_Q4_DEQUANT");
   const bool v1 = v && std::string_view(v) == "v1";
-  const int64_t n = v1 ? w.rows * (w.cols / 2) : w.rows * (w.cols / 8);
+  NF4FLASH_CHECK(!v1 || (row0 == 0 && nrows == w.rows), "NF4FLASH_Q4_DEQUANT=v1 dequantizes whole matrices only");
+  const int64_t n = v1 ? w.rows * (w.cols / 2) : nrows * (w.cols / 8);
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>((n + threads - 1) / threads);
   NF4FLASH_DISPATCH_ACT(dtype, "q4_dequant", [&] {
@@ -236,8 +240,8 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st) {
       if (w.double_quant) q4_dequant_kernel<T, true><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
       else q4_dequant_kernel<T, false><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
     } else {
-      if (w.double_quant) q4_dequant8_kernel<T, true><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
-      else q4_dequant8_kernel<T, false><<<blocks, threads, 0, st>>>(w, static_cast<T*>(out));
+      if (w.double_quant) q4_dequant8_kernel<T, true><<<blocks, threads, 0, st>>>(w, row0, nrows, static_cast<T*>(out));
+      else q4_dequant8_kernel<T, false><<<blocks, threads, 0, st>>>(w, row0, nrows, static_cast<T*>(out));
     }
     CUDA_CHECK_LAUNCH();
   });

@@ -1,8 +1,11 @@
 // Small per-token kernels of the decoder step, f32 math, one rounding to the compute dtype.
 //  embed     out[t, :] = table[ids[t], :]                      table [vocab, hidden] (any float dtype)
 //  rms_norm  out[r, :] = x[r, :] * rsqrt(mean(x[r,:]^2) + eps) * w     x, out [rows, cols]; w f32 [cols]
-//            (per-head q/k norm: the caller's [T*heads, head_dim] view). Warp per row for cols <= 512,
-//            256-thread block per row above.
+//            (per-head q/k norm: the caller's [T*heads, head_dim] view). Warp per row for cols <= 512;
+//            above, one 256-thread block per row holding the row in registers (16-byte loads, all
+//            issued before the reduction: one memory round trip, not one per 256 columns).
+//  add_rms_norm  x[r, :] += d[r, :] (rounded to the compute dtype, as add() rounds it), then
+//            out = rms_norm(x): the residual add of one sublayer and the norm of the next, one pass.
 //  rope      rotate-half (transformers) in place on q [T, nq*hd] and k [T, nk*hd]; angle =
 //            (pos0[0] + t) * inv_freq[i] in f32, sincosf (full range reduction: angles reach 1e5 rad).
 //  silu_mul  out = silu(gate) * up;  add  out = a + b;  bias_add  out[r, c] += bias[c];  convert.
@@ -75,6 +78,76 @@ __global__ void __launch_bounds__(256) rms_norm_block_kernel(const TA* __restric
     out[r * cols + c] = from_f32<TA>(to_f32<TA>(xr[c]) * inv * w[c]);
 }
 
+// 16 bytes of TA <-> E = 16 / sizeof(TA) floats.
+template <typename TA>
+__device__ __forceinline__ void load16_f32(const TA* p, float* f) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const TA* h = reinterpret_cast<const TA*>(&u);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(TA)); ++i) f[i] = to_f32<TA>(h[i]);
+}
+template <typename TA>
+__device__ __forceinline__ void store16_f32(TA* p, const float* f) {
+  uint4 u;
+  TA* h = reinterpret_cast<TA*>(&u);
+#pragma unroll
+  for (int i = 0; i < int(16 / sizeof(TA)); ++i) h[i] = from_f32<TA>(f[i]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// One 256-thread block per row; thread i holds 16-byte chunks i, i+256, .. (V of them), so
+// cols <= 256 * V * E with cols % E == 0 and 16-byte aligned rows (the launcher checks).
+// ADD: x += delta first (rounded to TA and written back), the norm taken of the rounded sum.
+template <typename TA, int V, bool ADD>
+__global__ void __launch_bounds__(256) rms_norm_vec_kernel(TA* __restrict__ x, const TA* __restrict__ delta,
+                                                           const float* __restrict__ w, float eps, int cols,
+                                                           TA* __restrict__ out) {
+  constexpr int E = 16 / sizeof(TA);
+  __shared__ float part[8];
+  const int64_t base = int64_t(blockIdx.x) * cols;
+  const int nvec = cols / E;
+  float f[V][E], wv[V][E];
+  float ss = 0.f;
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int c = threadIdx.x + v * 256;
+    if (c < nvec) {
+      load16_f32<TA>(x + base + int64_t(c) * E, f[v]);
+#pragma unroll
+      for (int e = 0; e < E; e += 4) {
+        const float4 w4 = *reinterpret_cast<const float4*>(w + c * E + e);
+        wv[v][e] = w4.x, wv[v][e + 1] = w4.y, wv[v][e + 2] = w4.z, wv[v][e + 3] = w4.w;
+      }
+      if constexpr (ADD) {
+        float d[E];
+        load16_f32<TA>(delta + base + int64_t(c) * E, d);
+#pragma unroll
+        for (int e = 0; e < E; ++e) f[v][e] = to_f32<TA>(from_f32<TA>(f[v][e] + d[e]));
+        store16_f32<TA>(x + base + int64_t(c) * E, f[v]);
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) ss = fmaf(f[v][e], f[v][e], ss);
+    }
+  }
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) tot += part[i];
+  const float inv = rsqrtf(tot / float(cols) + eps);
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int c = threadIdx.x + v * 256;
+    if (c < nvec) {
+      float o[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[e] = f[v][e] * inv * wv[v][e];
+      store16_f32<TA>(out + base + int64_t(c) * E, o);
+    }
+  }
+}
+
 template <typename TA>
 __global__ void rope_kernel(const RopeArgs a) {
   const int half = a.head_dim / 2;
@@ -95,11 +168,25 @@ __global__ void rope_kernel(const RopeArgs a) {
   }
 }
 
+// silu_mul and add over n elements: 16-byte chunks (n % E == 0, 16-byte aligned: the launcher
+// checks; the scalar loop serves the rest), grid-stride.
+__device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+
 template <typename TA>
 __global__ void silu_mul_kernel(const TA* __restrict__ g, const TA* __restrict__ u, TA* __restrict__ o, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float gv = to_f32<TA>(g[i]);
-    o[i] = from_f32<TA>(gv / (1.f + __expf(-gv)) * to_f32<TA>(u[i]));
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    o[i] = from_f32<TA>(silu_mul1(to_f32<TA>(g[i]), to_f32<TA>(u[i])));
+}
+template <typename TA>
+__global__ void silu_mul_vec_kernel(const TA* g, const TA* u, TA* o, int64_t nvec) {  // o may alias u or g
+  constexpr int E = 16 / sizeof(TA);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float gf[E], uf[E];
+    load16_f32<TA>(g + i * E, gf);
+    load16_f32<TA>(u + i * E, uf);
+#pragma unroll
+    for (int e = 0; e < E; ++e) gf[e] = silu_mul1(gf[e], uf[e]);
+    store16_f32<TA>(o + i * E, gf);
   }
 }
 
@@ -108,11 +195,29 @@ __global__ void add_kernel(const TA* a, const TA* b, TA* o, int64_t n) {  // o m
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = from_f32<TA>(to_f32<TA>(a[i]) + to_f32<TA>(b[i]));
 }
+template <typename TA>
+__global__ void add_vec_kernel(const TA* a, const TA* b, TA* o, int64_t nvec) {  // o may alias a
+  constexpr int E = 16 / sizeof(TA);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
+    float af[E], bf[E];
+    load16_f32<TA>(a + i * E, af);
+    load16_f32<TA>(b + i * E, bf);
+#pragma unroll
+    for (int e = 0; e < E; ++e) af[e] += bf[e];
+    store16_f32<TA>(o + i * E, af);
+  }
+}
 
 template <typename TA>
 __global__ void bias_add_kernel(TA* o, const float* __restrict__ bias, int64_t rows, int64_t cols) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = from_f32<TA>(to_f32<TA>(o[i]) + bias[i % cols]);
+  // row-major walk: the column advances by the stride modulo cols (no 64-bit division per element)
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, n = rows * cols, step = stride % cols;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, c = i % cols;
+  for (; i < n; i += stride) {
+    o[i] = from_f32<TA>(to_f32<TA>(o[i]) + bias[c]);
+    c += step;
+    if (c >= cols) c -= cols;
+  }
 }
 
 template <typename TA, typename TK>
@@ -132,43 +237,38 @@ __global__ void kv_write_kernel(const KvWriteArgs a) {
 
 // rope + kv_write in one pass (decode and prefill): q and k rotated in place exactly as
 // rope_kernel does, the rotated k (rounded to the compute dtype, as kv_write would read it) and v
-// written to the cache at positions pos0 + t. Index space: T*(nq+nk)*hd/2 rotation pairs, then
-// T*nkv*hd v elements.
+// written to the cache at positions pos0 + t. Grid: y walks the tokens t, x the (nq+nk)*hd/2
+// rotation pairs then the nkv*hd v elements of one token (32-bit index math).
 template <typename TA, typename TK>
 __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
   const int half = r.head_dim / 2;
-  const int heads = r.n_q_heads + r.n_k_heads;
-  const int64_t total_r = r.T * heads * half, total_v = kv.T * int64_t(kv.n_kv) * kv.head_dim;
+  const int n_r = (r.n_q_heads + r.n_k_heads) * half, n_v = kv.n_kv * kv.head_dim;
   const int64_t pos0 = r.pos0[0];
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total_r + total_v;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    if (i < total_r) {
-      const int d = int(i % half);
-      const int h = int((i / half) % heads);
-      const int64_t t = i / (int64_t(half) * heads);
-      const bool is_k = h >= r.n_q_heads;
-      TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * r.head_dim
-                       : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * r.head_dim;
-      float sn, cs;
-      sincosf(float(pos0 + t) * r.inv_freq[d], &sn, &cs);
-      const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
-      const TA y1 = from_f32<TA>(x1 * cs - x2 * sn), y2 = from_f32<TA>(x2 * cs + x1 * sn);
-      base[d] = y1;
-      base[d + half] = y2;
-      const int64_t pos = pos0 + t;
-      if (is_k && pos >= 0 && pos < kv.capacity) {
-        TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + pos) * kv.head_dim;
-        dst[d] = from_f32<TK>(to_f32<TA>(y1));
-        dst[d + half] = from_f32<TK>(to_f32<TA>(y2));
+  for (int64_t t = blockIdx.y; t < r.T; t += gridDim.y) {
+    const int64_t pos = pos0 + t;
+    const bool cached = pos >= 0 && pos < kv.capacity;  // the runtime bounds positions by the capacity
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_r + n_v; i += gridDim.x * blockDim.x) {
+      if (i < n_r) {
+        const int h = i / half, d = i - h * half;
+        const bool is_k = h >= r.n_q_heads;
+        TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * r.head_dim
+                         : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * r.head_dim;
+        float sn, cs;
+        sincosf(float(pos) * r.inv_freq[d], &sn, &cs);
+        const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
+        const TA y1 = from_f32<TA>(x1 * cs - x2 * sn), y2 = from_f32<TA>(x2 * cs + x1 * sn);
+        base[d] = y1;
+        base[d + half] = y2;
+        if (is_k && cached) {
+          TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + pos) * kv.head_dim;
+          dst[d] = from_f32<TK>(to_f32<TA>(y1));
+          dst[d + half] = from_f32<TK>(to_f32<TA>(y2));
+        }
+      } else if (cached) {
+        const int j = i - n_r, h = j / kv.head_dim, d = j - h * kv.head_dim;
+        static_cast<TK*>(kv.v_cache)[(h * kv.capacity + pos) * kv.head_dim + d] =
+            from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
       }
-    } else {
-      const int64_t j = i - total_r, per_t = int64_t(kv.n_kv) * kv.head_dim;
-      const int64_t t = j / per_t, hd = j % per_t;
-      const int64_t h = hd / kv.head_dim, d = hd % kv.head_dim;
-      const int64_t pos = pos0 + t;
-      if (pos < 0 || pos >= kv.capacity) continue;
-      static_cast<TK*>(kv.v_cache)[(h * kv.capacity + pos) * kv.head_dim + d] =
-          from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + hd]));
     }
   }
 }

@@ -337,8 +337,9 @@ __global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t row
 // the row in this tile = words j0 = 2(m%2), j0+1 of lane 4(r%8) + m/2, byte 2e + (r%16)/8.
 // The 16 codes go to shared memory first: indexing the kernel parameter with per-lane values
 // serializes on the constant cache (up to 16 ways per lookup).
+// Rows [row0, row0 + nrows) only (the chunked prefill path), written from out[0].
 template <typename TO, bool DQ>
-__global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
+__global__ void q4_dequant8_kernel(const Q4Device w, int64_t row0, int64_t nrows, TO* __restrict__ out) {
   __shared__ float s_nested_code[256];
   __shared__ float s_code[16];
   if constexpr (DQ) {
@@ -346,7 +347,7 @@ __global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
   }
   if (threadIdx.x < 16) s_code[threadIdx.x] = w.code[threadIdx.x];
   __syncthreads();
-  const int64_t groups = w.cols / 8, total = w.rows * groups;
+  const int64_t groups = w.cols / 8, total = nrows * groups;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   int64_t row, cg;
@@ -358,6 +359,8 @@ __global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
     row = i / groups;
     cg = i % groups;
   }
+  TO* o = out + row * w.cols + cg * 8;
+  row += row0;
   const int64_t kt = cg >> 3, rt = row >> 4;
   const int m = int(cg & 7), rr = int(row & 15), lane = 4 * (rr & 7) + (m >> 1), hi = rr >> 3;
   const uint2 wd = *reinterpret_cast<const uint2*>(w.tiles + (rt * w.KT + kt) * 512 + lane * 16 + (m & 1) * 8);
@@ -372,7 +375,6 @@ __global__ void q4_dequant8_kernel(const Q4Device w, TO* __restrict__ out) {
       v[4 * j + 2 * e] = s_code[byte >> 4] * s;
       v[4 * j + 2 * e + 1] = s_code[byte & 15] * s;
     }
-  TO* o = out + row * w.cols + cg * 8;
   if constexpr (sizeof(TO) == 2) {
     uint4 pk;
     TO* h = reinterpret_cast<TO*>(&pk);
