@@ -36,6 +36,7 @@ struct EngineReport {
   size_t weight_bytes = 0;       // resident weights
   size_t kv_bytes = 0;
   int64_t ctx_size = 0;
+  int64_t ubatch = 0;            // prompt rows per prefill chunk
   double load_ms = 0;
 };
 

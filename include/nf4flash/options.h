@@ -25,7 +25,7 @@ struct LoadOptions {
   bool tf32 = false;
   int64_t ctx_size = 0;    // 0: the model's max positions, capped by free memory
   int threads = 0;         // CPU threads, 0 = all cores
-  int64_t ubatch = 512;    // prompt tokens per prefill chunk
+  int64_t ubatch = 0;      // prompt tokens per prefill chunk; 0: auto (see resolve_ubatch in runtime/plan.h)
   bool load_tokenizer = true;
 };
 

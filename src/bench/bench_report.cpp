@@ -169,6 +169,7 @@ nlohmann::json report_to_json(const EngineReport& r) {
           {"weight_bytes", r.weight_bytes},
           {"kv_bytes", r.kv_bytes},
           {"ctx_size", r.ctx_size},
+          {"ubatch", r.ubatch},
           {"load_ms", r.load_ms}};
 }
 
@@ -292,13 +293,13 @@ std::string bench_markdown(const BenchResult& r, const BenchMeta* meta) {
     }
   }
 
-  o << "\n| # | device | compute | attention | linear decode | linear prefill | graphs | weights | KV cache | peak VRAM | host peak RSS | load ms |\n";
-  o << "|--:|---|---|---|---|---|---|--:|--:|--:|--:|--:|\n";
+  o << "\n| # | device | compute | attention | linear decode | linear prefill | ubatch | graphs | weights | KV cache | peak VRAM | host peak RSS | load ms |\n";
+  o << "|--:|---|---|---|---|---|--:|---|--:|--:|--:|--:|--:|\n";
   for (const ConfigResult& c : r.configs) {
     if (!c.has_report) continue;
     const EngineReport& e = c.report;
     o << "| " << c.config.index << " | " << md_escape(e.device) << " | " << e.compute_dtype << " | " << md_escape(e.attn)
-      << " | " << md_escape(e.linear_decode) << " | " << md_escape(e.linear_prefill) << " | "
+      << " | " << md_escape(e.linear_decode) << " | " << md_escape(e.linear_prefill) << " | " << e.ubatch << " | "
       << (e.graphs ? "on" : "off") << " | " << format_bytes(e.weight_bytes) << " | " << format_bytes(e.kv_bytes)
       << " (ctx " << e.ctx_size << ") | " << (c.peak_vram_bytes ? format_bytes(c.peak_vram_bytes) : "-") << " | "
       << format_bytes(c.host_peak_rss_bytes) << " | " << (c.loaded ? format_num(c.load_ms) : "reused") << " |\n";

@@ -14,7 +14,7 @@
 //              error?, loaded, load_ms, wall_s, peak_vram_bytes, host_peak_rss_bytes,
 //              report {model, architecture, device, backend, compute_dtype, quant, double_quant,
 //                      prequantized, attn, linear_decode, linear_prefill, use_cache, graphs,
-//                      weight_bytes, kv_bytes, ctx_size, load_ms}?,
+//                      weight_bytes, kv_bytes, ctx_size, ubatch, load_ms}?,
 //              prefill[] {prompt, ttft_ms{median,min,max,runs[]}, tok_s{...}, error?},
 //              decode[] {ctx, tokens, ms{...}, tok_s{...}, error?}},
 //   peak_vram_bytes, host_peak_rss_bytes, total_s

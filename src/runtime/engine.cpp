@@ -112,7 +112,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   wp.quant_lm_head = opts.quant_lm_head;
   wp.prequantized = plan.prequantized;
   wp.dense_store = plan.device == Device::CPU ? (plan.compute == DType::F32 ? DType::F32 : DType::BF16) : plan.compute;
-  const int64_t max_rows = std::max<int64_t>(1, opts.ubatch);
+  const int64_t max_rows = resolve_ubatch(opts.ubatch, plan.device);
   auto prog = [&](int done, int total) { if (progress) progress("loading weights", done, total); };
   im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog);
   im->dec->set_attn_impl(attn);
@@ -161,6 +161,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.weight_bytes = im->dec->stats().weight_bytes;
   r.kv_bytes = im->be->kv_bytes();
   r.ctx_size = ctx;
+  r.ubatch = max_rows;
   r.load_ms = ms_since(t0);
   return im;
 }

@@ -18,6 +18,14 @@ struct Plan {
 
 Plan make_plan(const LoadOptions& o, const ModelConfig& cfg);
 
+// Prompt rows per prefill chunk: the option when given, else 4096 on CUDA (the 4-bit prefill path
+// dequantizes every weight once per chunk, so long prompts want few chunks; the activations of
+// 4096 rows of an 8B model are ~420 MB) and 512 on the CPU.
+constexpr int64_t kCudaDefaultUbatch = 4096, kCpuDefaultUbatch = 512;
+inline int64_t resolve_ubatch(int64_t ubatch, Device d) {
+  return ubatch > 0 ? ubatch : (d == Device::CUDA ? kCudaDefaultUbatch : kCpuDefaultUbatch);
+}
+
 // The bitsandbytes settings of a pre-quantized checkpoint (config.json quantization_config).
 struct CheckpointQuant {
   bool present = false;

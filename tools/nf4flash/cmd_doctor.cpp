@@ -81,7 +81,7 @@ Estimate estimate(const ModelConfig& c, const Plan& p, const LoadOptions& o) {
   }
   const size_t kv_elt = p.device == Device::CPU ? 4 : dtype_size(p.compute);
   e.kv_per_token = 2 * L * kvd * kv_elt;
-  const size_t rows = static_cast<size_t>(std::max<int64_t>(1, o.ubatch));
+  const size_t rows = static_cast<size_t>(resolve_ubatch(o.ubatch, p.device));
   e.workspace_bytes = rows * V * 4 + rows * (4 * H + 2 * qd + 2 * I) * dtype_size(p.device == Device::CPU ? DType::F32 : p.compute);
   return e;
 }

@@ -25,7 +25,7 @@ void ModelFlags::add(CLI::App& app, bool require_model) {
   app.add_option("--tf32", tf32, "on | off: TF32 tensor cores for f32 compute")->check(CLI::IsMember({"on", "off"}));
   app.add_option("--ctx-size,-c", ctx_size, "KV cache capacity in tokens (default: model max, capped by free memory)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
-  app.add_option("--ubatch", ubatch, "prompt tokens per prefill chunk")->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  app.add_option("--ubatch", ubatch, "prompt tokens per prefill chunk (default: 4096 on CUDA, 512 on CPU)")->check(CLI::Range(int64_t{1}, int64_t{65536}));
   app.add_option("--threads,-t", threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   app.add_flag("--quiet,-q", quiet, "no progress or summary lines on stderr");
 }
