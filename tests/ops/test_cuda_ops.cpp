@@ -91,6 +91,22 @@ TEST(CudaOps, LinearQuant4) {
   run_q4_linear(DType::F32, Q4Case{QuantType::FP4, false, 65, 320, 64, 12});
 }
 
+// Every configuration of the register GEMV kernel (NF4FLASH_GEMV_CFG; kernel-bench sweeps them).
+TEST(CudaOps, LinearQuant4Configs) {
+  NF4FLASH_REQUIRE_CUDA();
+  setenv("NF4FLASH_GEMV_Q4", "regs", 1);
+  for (const char* cfg : {"w8u4m1a0", "w8u4m1a1", "w8u4m1a2", "w8u2m3a2", "w16u2m2a2", "w8u8m1a2", "w8u4m3a0"}) {
+    setenv("NF4FLASH_GEMV_CFG", cfg, 1);
+    SCOPED_TRACE(cfg);
+    for (DType dt : {DType::BF16, DType::F16})
+      for (Q4Case c : {Q4Case{QuantType::NF4, true, 333, 640, 64, 1}, Q4Case{QuantType::FP4, false, 257, 512, 128, 3},
+                       Q4Case{QuantType::NF4, true, 4100, 384, 256, 1}, Q4Case{QuantType::NF4, true, 64, 4096, 64, 8}})
+        run_q4_linear(dt, c);
+  }
+  unsetenv("NF4FLASH_GEMV_CFG");
+  unsetenv("NF4FLASH_GEMV_Q4");
+}
+
 // The GEMM path dequantizes in row chunks (NF4FLASH_DEQUANT_CHUNK_MB; 1 MiB here, so 300 x 2048
 // bf16 weights make chunks of 256 + 44 rows, f32 compute 128 + 128 + 44): each chunk's output
 // columns land where the whole-matrix product puts them.

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -70,6 +71,44 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
                : "l"(p));
   return r;
 }
+
+// ---- programmatic dependent launch (PDL, sm_90+) -------------------------------------------
+// A kernel launched by launch_k() may start while the previous kernel in the stream still runs;
+// it must call pdl_wait() before it reads anything an earlier kernel wrote or writes any global
+// memory (what comes before: shared-memory setup, reads of weights). pdl_trigger() lets the next
+// kernel start launching. Both are no-ops before sm_90 and for kernels launched without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launch_k() asks for PDL: compute capability >= 9 and NF4FLASH_PDL not "0".
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, st>>>(args...) with the programmatic-serialization attribute when
+// pdl_enabled(). Only for kernels that call pdl_wait() as described above.
+template <typename... KArgs, typename... Args>
+void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+// The same for a kernel given by address with its argument array (cudaLaunchKernel's form).
+void launch_k_ptr(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void** args);
 
 }  // namespace nf4flash::cuda
 

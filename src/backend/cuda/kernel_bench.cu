@@ -286,6 +286,21 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
                   {"variant", variant}, {"path", be->linear_path(*ws[0], T)}});
         }
         reset_variant();
+        // register-kernel configurations (NF4FLASH_GEMV_CFG: warps, tiles per batch, blocks/SM,
+        // table addressing; see ops_gemv.cu), T = 1, double quant
+        if (T == 1 && dq) {
+          setenv("NF4FLASH_GEMV_Q4", "regs", 1);
+          for (const char* cfg : {"w8u4m1a0", "w8u4m1a1", "w8u4m1a2", "w8u2m3a2", "w16u2m2a2", "w8u8m1a2", "w8u4m3a0"}) {
+            setenv("NF4FLASH_GEMV_CFG", cfg, 1);
+            const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                          o.reps, o.trials);
+            const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
+            report(cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 cfg ", cfg), sec, bytes,
+                   {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"cfg", cfg}});
+          }
+          unsetenv("NF4FLASH_GEMV_CFG");
+          unsetenv("NF4FLASH_GEMV_Q4");
+        }
       }
     }
 

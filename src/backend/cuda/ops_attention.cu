@@ -49,9 +49,9 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     using TK = decltype(tk);
     constexpr int HD = decltype(hd)::value;
     dim3 grid(static_cast<unsigned>(a.n_kv * hchunks), static_cast<unsigned>(nsplit), static_cast<unsigned>(a.T));
-    attn_decode_kernel<TA, TK, HD><<<grid, 128, 0, st>>>(a, nsplit, hchunks);
+    launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, a, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
-    attn_combine_kernel<TA><<<dim3(a.n_heads, a.T), HD, 0, st>>>(a, nsplit, a.T);
+    launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, a, nsplit, a.T);
     CUDA_CHECK_LAUNCH();
   });
 }

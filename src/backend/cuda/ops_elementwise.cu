@@ -29,7 +29,7 @@ void embed(const void* table, DType tdt, int64_t vocab, int64_t hidden, const in
     using TA = T;
     NF4FLASH_DISPATCH_ACT(tdt, "embed (table)", [&] {
       dim3 grid(static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64)), static_cast<unsigned>(T_));
-      embed_kernel<T, TA><<<grid, 256, 0, st>>>(static_cast<const T*>(table), vocab, hidden, ids, static_cast<TA*>(out));
+      launch_k(embed_kernel<T, TA>, grid, dim3(256), 0, st, static_cast<const T*>(table), vocab, hidden, ids, static_cast<TA*>(out));
       CUDA_CHECK_LAUNCH();
     });
   });
@@ -48,9 +48,9 @@ bool rms_norm_vec(T* x, const T* d, const float* w, float eps, int64_t rows, int
     return false;
   const unsigned grid = static_cast<unsigned>(rows);
   const int c = static_cast<int>(cols);
-  if (nvec <= 256) rms_norm_vec_kernel<T, 1, ADD><<<grid, 256, 0, st>>>(x, d, w, eps, c, out);
-  else if (nvec <= 512) rms_norm_vec_kernel<T, 2, ADD><<<grid, 256, 0, st>>>(x, d, w, eps, c, out);
-  else rms_norm_vec_kernel<T, 4, ADD><<<grid, 256, 0, st>>>(x, d, w, eps, c, out);
+  if (nvec <= 256) launch_k(rms_norm_vec_kernel<T, 1, ADD>, dim3(grid), dim3(256), 0, st, x, d, w, eps, c, out);
+  else if (nvec <= 512) launch_k(rms_norm_vec_kernel<T, 2, ADD>, dim3(grid), dim3(256), 0, st, x, d, w, eps, c, out);
+  else launch_k(rms_norm_vec_kernel<T, 4, ADD>, dim3(grid), dim3(256), 0, st, x, d, w, eps, c, out);
   CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -61,12 +61,12 @@ void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t co
   if (rows == 0) return;
   NF4FLASH_DISPATCH_ACT(act, "rms_norm", [&] {
     if (cols <= 512) {
-      rms_norm_warp_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(
-          static_cast<const T*>(x), w, eps, rows, cols, static_cast<T*>(out));
+      launch_k(rms_norm_warp_kernel<T>, dim3(static_cast<unsigned>((rows + 7) / 8)), dim3(256), 0, st,
+               static_cast<const T*>(x), w, eps, rows, cols, static_cast<T*>(out));
     } else if (!rms_norm_vec<T, false>(const_cast<T*>(static_cast<const T*>(x)), nullptr, w, eps, rows, cols,
                                         static_cast<T*>(out), st)) {
-      rms_norm_block_kernel<T><<<static_cast<unsigned>(rows), 256, 0, st>>>(static_cast<const T*>(x), w, eps, cols,
-                                                                            static_cast<T*>(out));
+      launch_k(rms_norm_block_kernel<T>, dim3(static_cast<unsigned>(rows)), dim3(256), 0, st, static_cast<const T*>(x),
+               w, eps, cols, static_cast<T*>(out));
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -98,11 +98,11 @@ void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act,
   NF4FLASH_DISPATCH_ACT(act, "silu_mul", [&] {
     constexpr int E = 16 / sizeof(T);
     if (n % E == 0 && aligned16(gate) && aligned16(up) && aligned16(out))
-      silu_mul_vec_kernel<T><<<grid_for(n / E), 256, 0, st>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
-                                                             static_cast<T*>(out), n / E);
+      launch_k(silu_mul_vec_kernel<T>, dim3(grid_for(n / E)), dim3(256), 0, st, static_cast<const T*>(gate),
+               static_cast<const T*>(up), static_cast<T*>(out), n / E);
     else
-      silu_mul_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
-                                                     static_cast<T*>(out), n);
+      launch_k(silu_mul_kernel<T>, dim3(grid_for(n)), dim3(256), 0, st, static_cast<const T*>(gate),
+               static_cast<const T*>(up), static_cast<T*>(out), n);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -112,11 +112,11 @@ void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStre
   NF4FLASH_DISPATCH_ACT(act, "add", [&] {
     constexpr int E = 16 / sizeof(T);
     if (n % E == 0 && aligned16(a) && aligned16(b) && aligned16(out))
-      add_vec_kernel<T><<<grid_for(n / E), 256, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                        static_cast<T*>(out), n / E);
+      launch_k(add_vec_kernel<T>, dim3(grid_for(n / E)), dim3(256), 0, st, static_cast<const T*>(a),
+               static_cast<const T*>(b), static_cast<T*>(out), n / E);
     else
-      add_kernel<T><<<grid_for(n), 256, 0, st>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                static_cast<T*>(out), n);
+      launch_k(add_kernel<T>, dim3(grid_for(n)), dim3(256), 0, st, static_cast<const T*>(a), static_cast<const T*>(b),
+               static_cast<T*>(out), n);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -151,7 +151,7 @@ void rope_kv_write(const RopeArgs& r, const KvWriteArgs& kv, cudaStream_t st) {
     NF4FLASH_DISPATCH_ACT(kv.kv_dtype, "rope_kv_write (cache)", [&] {
       const int per_t = (r.n_q_heads + r.n_k_heads) * (r.head_dim / 2) + kv.n_kv * kv.head_dim;
       const dim3 grid(grid_for(per_t), static_cast<unsigned>(std::min<int64_t>(r.T, 65535)));
-      rope_kv_kernel<TA, T><<<grid, 256, 0, st>>>(r, kv);
+      launch_k(rope_kv_kernel<TA, T>, grid, dim3(256), 0, st, r, kv);
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
@@ -86,35 +87,82 @@ void launch_stream(Q4StreamKArgs& k, cudaStream_t st) {
   NF4FLASH_CHECK(dyn <= stream_smem_limit(), "gemv_q4_multi: ", k.stages, " stages need ", dyn, " bytes of shared memory");
   // every block must own >= 1 tile (the stream-K fix-up counts the blocks between two tiles)
   const int grid = int(std::min<int64_t>(stream_grid(BULK), k.N));
-  kernel<<<grid, W * 32, dyn, st>>>(k);
+  launch_k(kernel, dim3(grid), dim3(W * 32), size_t(dyn), st, k);
   CUDA_CHECK_LAUNCH();
+}
+
+// Register-kernel configurations (gemv_q4_kernel template: warps, tiles per batch, blocks/SM for
+// the register cap, table addressing); NF4FLASH_GEMV_CFG names one for measurements (kernel-bench
+// sweeps them), NF4FLASH_GEMV_Q4=regs3 is w8u4m3a0.
+struct Q4Cfg {
+  const char* name;
+  int warps, lut_bytes;
+  const void* kernel;
+};
+
+template <typename TA, bool DQ, int M, int W, int U, int A>
+Q4Cfg q4_cfg(const char* name) {
+  return {name, W, q4_lut_bytes(A), reinterpret_cast<const void*>(gemv_q4_kernel<TA, DQ, M, W, U, A>)};
+}
+
+template <typename TA, bool DQ>
+const std::vector<Q4Cfg>& q4_cfgs() {
+  static const std::vector<Q4Cfg> v = [] {
+    std::vector<Q4Cfg> c = {q4_cfg<TA, DQ, 1, 8, 4, 0>("w8u4m1a0"),  q4_cfg<TA, DQ, 1, 8, 4, 1>("w8u4m1a1"),
+                            q4_cfg<TA, DQ, 1, 8, 4, 2>("w8u4m1a2"),  q4_cfg<TA, DQ, 3, 8, 2, 2>("w8u2m3a2"),
+                            q4_cfg<TA, DQ, 2, 16, 2, 2>("w16u2m2a2"), q4_cfg<TA, DQ, 1, 8, 8, 2>("w8u8m1a2"),
+                            q4_cfg<TA, DQ, 3, 8, 4, 0>("w8u4m3a0")};
+    for (const Q4Cfg& k : c)
+      CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.lut_bytes));
+    return c;
+  }();
+  return v;
+}
+
+const char* q4_cfg_name() {
+  const char* ev = std::getenv("NF4FLASH_GEMV_Q4");
+  if (ev && std::string_view(ev) == "regs3") return "w8u4m3a0";
+  const char* c = std::getenv("NF4FLASH_GEMV_CFG");
+  return c && *c ? c : kQ4DefaultCfg;
 }
 
 template <typename TA, bool DQ>
 void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
   Q4KernelArgs a{*g.w, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32};
-  const bool async = gemv_q4_use_async();
-  const char* ev = std::getenv("NF4FLASH_GEMV_Q4");
-  const bool regs3 = ev && std::string_view(ev) == "regs3";  // register cap for 3 blocks/SM
-  auto kernel = async ? gemv_q4_async_kernel<TA, DQ> : regs3 ? gemv_q4_kernel<TA, DQ, 3> : gemv_q4_kernel<TA, DQ>;
-  const int dyn = async ? kQ4AsyncRingBytes : 0;
-  static bool attr_set = false;
-  if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_async_kernel<TA, DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kQ4AsyncRingBytes));
-    attr_set = true;
-  }
-  int grid = g.grid;
-  if (grid <= 0) {
-    static int per_sm[3] = {0, 0, 0};
-    int& ps = per_sm[async ? 1 : regs3 ? 2 : 0];
-    if (ps == 0) {
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, kernel, kQ4Warps * 32, dyn));
-      if (ps <= 0) ps = 1;
+  if (gemv_q4_use_async()) {
+    static bool attr_set = false;
+    if (!attr_set) {
+      CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_async_kernel<TA, DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      kQ4AsyncRingBytes));
+      attr_set = true;
     }
-    grid = static_cast<int>(std::min<int64_t>(g.w->RT, int64_t(ps) * num_sms()));
+    static int ps = 0;
+    if (ps == 0) {
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv_q4_async_kernel<TA, DQ>, kQ4Warps * 32,
+                                                               kQ4AsyncRingBytes));
+      ps = std::max(ps, 1);
+    }
+    const int grid = g.grid > 0 ? g.grid : int(std::min<int64_t>(g.w->RT, int64_t(ps) * num_sms()));
+    gemv_q4_async_kernel<TA, DQ><<<grid, kQ4Warps * 32, kQ4AsyncRingBytes, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return;
   }
-  kernel<<<grid, kQ4Warps * 32, dyn, st>>>(a);
+  const std::vector<Q4Cfg>& cfgs = q4_cfgs<TA, DQ>();
+  const std::string_view want = q4_cfg_name();
+  const Q4Cfg* k = nullptr;
+  for (const Q4Cfg& c : cfgs)
+    if (want == c.name) k = &c;
+  NF4FLASH_CHECK(k, "NF4FLASH_GEMV_CFG=", want, ": no such GEMV configuration");
+  static std::vector<int> per_sm;  // blocks per SM of each configuration (occupancy query, once)
+  if (per_sm.empty()) per_sm.assign(cfgs.size(), 0);
+  int& ps = per_sm[size_t(k - cfgs.data())];
+  if (ps == 0) {
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, k->kernel, k->warps * 32, k->lut_bytes));
+    ps = std::max(ps, 1);
+  }
+  const int grid = g.grid > 0 ? g.grid : int(std::min<int64_t>(g.w->RT, int64_t(ps) * num_sms()));
+  void* args[] = {&a};
+  launch_k_ptr(k->kernel, dim3(unsigned(grid)), dim3(unsigned(k->warps * 32)), size_t(k->lut_bytes), st, args);
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -257,10 +305,10 @@ void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
   const bool aligned = (g.K % 8 == 0) && (reinterpret_cast<uintptr_t>(g.w) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(g.x) % 16 == 0);
   if (vec16 && aligned) {
-    if (g.T == 1) gemv_dense_vec_kernel<TW, TA, 1><<<grid, 256, 0, st>>>(a);
-    else gemv_dense_vec_kernel<TW, TA, kGemvMaxRows><<<grid, 256, 0, st>>>(a);
+    if (g.T == 1) launch_k(gemv_dense_vec_kernel<TW, TA, 1>, dim3(grid), dim3(256), 0, st, a);
+    else launch_k(gemv_dense_vec_kernel<TW, TA, kGemvMaxRows>, dim3(grid), dim3(256), 0, st, a);
   } else {
-    gemv_dense_scalar_kernel<TW, TA><<<grid, 256, 0, st>>>(a);
+    launch_k(gemv_dense_scalar_kernel<TW, TA>, dim3(grid), dim3(256), 0, st, a);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -8,12 +8,13 @@ void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_hi
   float* pv = static_cast<float*>(scratch);
   int* pi = reinterpret_cast<int*>(pv + kArgmaxBlocks);
   if (repeat_penalty != 1.f && n_history > 0 && history) {
-    argmax_partial_penalty_kernel<<<kArgmaxBlocks, 256, 0, st>>>(logits, vocab, history, n_history, repeat_penalty, pv, pi);
+    launch_k(argmax_partial_penalty_kernel, dim3(kArgmaxBlocks), dim3(256), 0, st, logits, vocab, history, n_history,
+             repeat_penalty, pv, pi);
   } else {
-    argmax_partial_kernel<<<kArgmaxBlocks, 256, 0, st>>>(logits, vocab, pv, pi);
+    launch_k(argmax_partial_kernel, dim3(kArgmaxBlocks), dim3(256), 0, st, logits, vocab, pv, pi);
   }
   CUDA_CHECK_LAUNCH();
-  argmax_final_kernel<<<1, 256, 0, st>>>(pv, pi, kArgmaxBlocks, out_id);
+  launch_k(argmax_final_kernel, dim3(1), dim3(256), 0, st, pv, pi, kArgmaxBlocks, out_id);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -66,6 +66,8 @@ constexpr int kDecGT = 4;  // q heads per decode block
 
 template <typename TA, typename TK, int HD>
 __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
+  pdl_trigger();
+  pdl_wait();
   constexpr int LP = HD / 8, PW = 32 / LP, NW = 4, GT = kDecGT;
   __shared__ float s_acc[NW][GT][HD];
   __shared__ float s_ml[NW][GT][2];
@@ -174,6 +176,8 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
 // thread sums its dims over the splits (independent loads, unrolled).
 template <typename TA>
 __global__ void attn_combine_kernel(const AttnArgs a, int nsplit, int T) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float s_c[kDecodeMaxSplits];
   __shared__ float s_inv_l;
   const int h = blockIdx.x, t = blockIdx.y, HD = a.head_dim;

@@ -25,6 +25,8 @@ __global__ void convert_kernel(const TS* __restrict__ s, TD* __restrict__ d, int
 template <typename TT, typename TA>
 __global__ void embed_kernel(const TT* __restrict__ table, int64_t vocab, int64_t hidden,
                              const int32_t* __restrict__ ids, TA* __restrict__ out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t t = blockIdx.y;
   int64_t id = ids[t];
   id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);  // the runtime validates ids on the host
@@ -35,6 +37,8 @@ __global__ void embed_kernel(const TT* __restrict__ table, int64_t vocab, int64_
 template <typename TA>
 __global__ void rms_norm_warp_kernel(const TA* __restrict__ x, const float* __restrict__ w, float eps,
                                      int64_t rows, int64_t cols, TA* __restrict__ out) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
@@ -59,6 +63,8 @@ __global__ void rms_norm_warp_kernel(const TA* __restrict__ x, const float* __re
 template <typename TA>
 __global__ void __launch_bounds__(256) rms_norm_block_kernel(const TA* __restrict__ x, const float* __restrict__ w,
                                                              float eps, int64_t cols, TA* __restrict__ out) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float part[8];
   const int64_t r = blockIdx.x;
   const TA* xr = x + r * cols;
@@ -108,16 +114,24 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(TA* __restrict__ x, c
   const int nvec = cols / E;
   float f[V][E], wv[V][E];
   float ss = 0.f;
+  pdl_trigger();
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
+  for (int v = 0; v < V; ++v) {  // the norm weight does not depend on earlier kernels: load it first
     const int c = threadIdx.x + v * 256;
     if (c < nvec) {
-      load16_f32<TA>(x + base + int64_t(c) * E, f[v]);
 #pragma unroll
       for (int e = 0; e < E; e += 4) {
         const float4 w4 = *reinterpret_cast<const float4*>(w + c * E + e);
         wv[v][e] = w4.x, wv[v][e + 1] = w4.y, wv[v][e + 2] = w4.z, wv[v][e + 3] = w4.w;
       }
+    }
+  }
+  pdl_wait();
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const int c = threadIdx.x + v * 256;
+    if (c < nvec) {
+      load16_f32<TA>(x + base + int64_t(c) * E, f[v]);
       if constexpr (ADD) {
         float d[E];
         load16_f32<TA>(delta + base + int64_t(c) * E, d);
@@ -174,11 +188,15 @@ __device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.f +
 
 template <typename TA>
 __global__ void silu_mul_kernel(const TA* __restrict__ g, const TA* __restrict__ u, TA* __restrict__ o, int64_t n) {
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = from_f32<TA>(silu_mul1(to_f32<TA>(g[i]), to_f32<TA>(u[i])));
 }
 template <typename TA>
 __global__ void silu_mul_vec_kernel(const TA* g, const TA* u, TA* o, int64_t nvec) {  // o may alias u or g
+  pdl_trigger();
+  pdl_wait();
   constexpr int E = 16 / sizeof(TA);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
     float gf[E], uf[E];
@@ -192,11 +210,15 @@ __global__ void silu_mul_vec_kernel(const TA* g, const TA* u, TA* o, int64_t nve
 
 template <typename TA>
 __global__ void add_kernel(const TA* a, const TA* b, TA* o, int64_t n) {  // o may alias a
+  pdl_trigger();
+  pdl_wait();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     o[i] = from_f32<TA>(to_f32<TA>(a[i]) + to_f32<TA>(b[i]));
 }
 template <typename TA>
 __global__ void add_vec_kernel(const TA* a, const TA* b, TA* o, int64_t nvec) {  // o may alias a
+  pdl_trigger();
+  pdl_wait();
   constexpr int E = 16 / sizeof(TA);
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
     float af[E], bf[E];
@@ -241,6 +263,8 @@ __global__ void kv_write_kernel(const KvWriteArgs a) {
 // rotation pairs then the nkv*hd v elements of one token (32-bit index math).
 template <typename TA, typename TK>
 __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
+  pdl_trigger();
+  pdl_wait();
   const int half = r.head_dim / 2;
   const int n_r = (r.n_q_heads + r.n_k_heads) * half, n_v = kv.n_kv * kv.head_dim;
   const int64_t pos0 = r.pos0[0];

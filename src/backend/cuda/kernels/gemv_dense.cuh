@@ -27,6 +27,8 @@ __device__ __forceinline__ void gemv_store(const DenseKernelArgs& a, int n, int6
 
 template <typename TW, typename TA, int TN>
 __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelArgs a) {
+  pdl_trigger();
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int64_t K8 = a.K / 8;
   for (int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5); row < a.N; row += int64_t(gridDim.x) * 8) {
@@ -70,6 +72,8 @@ __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelAr
 
 template <typename TW, typename TA>
 __global__ void __launch_bounds__(256) gemv_dense_scalar_kernel(const DenseKernelArgs a) {
+  pdl_trigger();
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   for (int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5); row < a.N; row += int64_t(gridDim.x) * 8) {
     const TW* wr = static_cast<const TW*>(a.w) + row * a.K;

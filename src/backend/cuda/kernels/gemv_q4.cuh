@@ -27,6 +27,11 @@ namespace nf4flash::cuda {
 
 constexpr int kQ4Warps = 8;
 constexpr int kQ4Unroll = 4;
+// The register kernel's configuration (ops_gemv.cu): 16 warps, 2 tiles per batch, <= 64 registers
+// (2 blocks/SM), one-byte_perm table addressing. H200, kernel-bench 2026-12-02 (nf4-dq, T = 1):
+// 4096x14336 15.2 us (w8u4m1a0: 16.3), 4096x4096 5.65 (6.24), 14336x4096 18.6 (19.3); decode
+// 307 vs 303 tok/s end to end (docs/performance.md).
+constexpr const char* kQ4DefaultCfg = "w16u2m2a2";
 
 template <typename T> __device__ __forceinline__ uint16_t bits16(float v);
 template <> __device__ __forceinline__ uint16_t bits16<__nv_bfloat16>(float v) {
@@ -52,6 +57,29 @@ __device__ __forceinline__ void q4_tile_mma(const uint32_t* lut_l, const uint4& 
     fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
     fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
     fa[3] = lut_l[(word >> 24) << 5];
+    mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
+  }
+}
+
+// The same with the table at a stride of 64 words per entry ([256][64], lane L's copy at word L:
+// still conflict-free) so that one byte_perm builds the whole shared address, byte * 256 + 4L, from
+// the code byte and lane4 = 4L (ADDR 2); or with the [256][32] table, byte * 128 + 4L from
+// byte_perm + shift with lane8 = 8L (ADDR 1). lut_s: the table's shared-window address.
+template <typename TA, int ADDR>
+__device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
+                                                 const uint4& xb, float* d) {
+  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
+  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t fa[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      // result bytes: [lane_b, code byte k, 0, 0] (selector 4 = lane_b's byte 0, 5 = its zero byte 1)
+      uint32_t off = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
+      if constexpr (ADDR == 1) off >>= 1;
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(fa[k]) : "r"(lut_s + off));
+    }
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }
 }
@@ -118,39 +146,46 @@ __device__ __forceinline__ float q4_scale(const Q4Device& w, const float* s_nest
   return q4_scale_fin<DQ>(w, s_nested_code, q4_scale_raw<DQ>(w, rt, kt, r));
 }
 
-// Software-pipelined: each warp walks its batches (kQ4Unroll column tiles, stride kQ4Warps) of
-// the block's row tiles and issues the next batch's weight/absmax loads before decoding the
-// current one, across row-tile boundaries too (first run: 30-47% of copy bandwidth without it).
-template <typename TA, bool DQ, int MINB = 1>
-__global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4KernelArgs a) {
-  __shared__ __align__(16) uint32_t lut[256 * 32];
-  __shared__ float red[kQ4Warps][16][8];
+// Software-pipelined: each warp walks its batches (U column tiles, stride W) of the block's row
+// tiles and issues the next batch's weight/absmax loads before decoding the current one, across
+// row-tile boundaries too (first run: 30-47% of copy bandwidth without it).
+// Template: W warps per block, U tiles per batch, MINB blocks per SM for the register cap, ADDR
+// the table addressing (0: index arithmetic into [256][32]; 1, 2: q4_tile_mma_prmt). The table is
+// dynamic shared memory: q4_lut_bytes(ADDR).
+__host__ __device__ constexpr int q4_lut_bytes(int addr) { return 256 * (addr == 2 ? 64 : 32) * 4; }
+
+template <typename TA, bool DQ, int MINB = 1, int W = kQ4Warps, int U = kQ4Unroll, int ADDR = 0>
+__global__ void __launch_bounds__(W * 32, MINB) gemv_q4_kernel(const Q4KernelArgs a) {
+  extern __shared__ __align__(16) uint32_t lut[];  // [256][32] or [256][64] (ADDR 2)
+  __shared__ float red[W][16][8];
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
+  constexpr int LS = ADDR == 2 ? 64 : 32;  // words per table entry
   if (threadIdx.x < 16) s_bits[threadIdx.x] = bits16<TA>(a.w.code[threadIdx.x]);
   if constexpr (DQ) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = a.w.nested_code[i];
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {  // 8 x 16 bytes per table entry
+  for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {  // 8 x 16 bytes (32 lanes) per table entry
     const int byte = i >> 3;
     const uint32_t e = s_bits[byte >> 4] | (s_bits[byte & 15] << 16);
-    reinterpret_cast<uint4*>(lut)[i] = make_uint4(e, e, e, e);
+    reinterpret_cast<uint4*>(lut + byte * LS)[i & 7] = make_uint4(e, e, e, e);
   }
   __syncthreads();
 
-  constexpr int U = kQ4Unroll;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const uint32_t* lut_l = lut + lane;
+  const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t lane_b = ADDR == 1 ? 8u * lane : 4u * lane;
   const int64_t KT = a.w.KT, cols = a.w.cols, rows = a.w.rows, RT = a.w.RT;
-  const int NB = int((KT + kQ4Warps * U - 1) / (kQ4Warps * U));  // batches per row tile
+  const int NB = int((KT + W * U - 1) / (W * U));  // batches per row tile
   const TA* xrow = static_cast<const TA*>(a.x) + int64_t(min(g, a.T - 1)) * cols + 16 * t;
   const uint4* tiles = reinterpret_cast<const uint4*>(a.w.tiles);
 
   auto load = [&](int64_t rt, int b, uint4* wq, float2* s) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t kt = int64_t(b) * kQ4Warps * U + u * kQ4Warps + warp;
+      const int64_t kt = int64_t(b) * W * U + u * W + warp;
       if (kt < KT) {
         wq[u] = ld_stream_u4(tiles + (rt * KT + kt) * 32 + lane);
         s[u] = q4_scale_raw<DQ>(a.w, rt, kt, lane & 15);
@@ -161,11 +196,13 @@ __global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4Ke
     }
   };
 
+  pdl_trigger();
   int64_t rt = blockIdx.x;
   if (rt >= RT) return;
   uint4 wc[U];
   float2 sc[U];
-  load(rt, 0, wc, sc);
+  load(rt, 0, wc, sc);  // weights and absmax only: may overlap the previous kernel (PDL)
+  pdl_wait();
   for (;;) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int b = 0; b < NB; ++b) {
@@ -177,7 +214,7 @@ __global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4Ke
       if (nrt < RT) load(nrt, nb, wn, sn);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t kt = int64_t(b) * kQ4Warps * U + u * kQ4Warps + warp;
+        const int64_t kt = int64_t(b) * W * U + u * W + warp;
         if (kt < KT) {  // warp-uniform
           const uint4* xp = reinterpret_cast<const uint4*>(xrow + kt * 64);
           const uint4 xa = __ldg(xp), xb = __ldg(xp + 1);
@@ -185,7 +222,8 @@ __global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4Ke
           const float sg = __shfl_sync(0xffffffffu, sv, g);
           const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
           float d[4] = {0.f, 0.f, 0.f, 0.f};
-          q4_tile_mma<TA>(lut_l, wc[u], xa, xb, d);
+          if constexpr (ADDR == 0) q4_tile_mma<TA>(lut_l, wc[u], xa, xb, d);
+          else q4_tile_mma_prmt<TA, ADDR>(lut_s, lane_b, wc[u], xa, xb, d);
           acc[0] = fmaf(d[0], sg, acc[0]);
           acc[1] = fmaf(d[1], sg, acc[1]);
           acc[2] = fmaf(d[2], sg8, acc[2]);
@@ -198,7 +236,7 @@ __global__ void __launch_bounds__(kQ4Warps * 32, MINB) gemv_q4_kernel(const Q4Ke
         sc[u] = sn[u];
       }
     }
-    q4_finish_row_tile<TA, kQ4Warps>(red, acc, rt, rows, a.T, a.bias, a.out, a.out_f32);
+    q4_finish_row_tile<TA, W>(red, acc, rt, rows, a.T, a.bias, a.out, a.out_f32);
     rt += gridDim.x;
     if (rt >= RT) break;
   }

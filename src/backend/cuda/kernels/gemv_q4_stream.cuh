@@ -213,6 +213,8 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     pf = stage_next(pf);
   }
   uint8_t* xs = smem + qs_dyn_smem<DQ>(S);
+  pdl_trigger();
+  pdl_wait();  // everything above reads weights only (PDL: may overlap the previous kernel)
   if (a.x_stride > 0) {  // stage x [T, cols] once (16-byte copies)
     const int per_row = int(a.cols / 8);
     for (int i = tid; i < a.T * per_row; i += blockDim.x) {

@@ -35,6 +35,8 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 // Pass 1 without penalty.
 __global__ void __launch_bounds__(256) argmax_partial_kernel(const float* __restrict__ logits, int64_t vocab,
                                                              float* pv, int* pi) {
+  pdl_trigger();
+  pdl_wait();
   float v = -FLT_MAX;
   int idx = INT_MAX;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vocab; i += int64_t(gridDim.x) * blockDim.x) {
@@ -50,6 +52,8 @@ __global__ void __launch_bounds__(256) argmax_partial_kernel(const float* __rest
 __global__ void __launch_bounds__(256) argmax_partial_penalty_kernel(const float* __restrict__ logits, int64_t vocab,
                                                                      const int32_t* __restrict__ hist, int nh,
                                                                      float pen, float* pv, int* pi) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ int32_t sh[1024];
   const int n_sh = nh < 1024 ? nh : 1024;
   for (int j = threadIdx.x; j < n_sh; j += blockDim.x) sh[j] = hist[j];
@@ -69,6 +73,8 @@ __global__ void __launch_bounds__(256) argmax_partial_penalty_kernel(const float
 }
 
 __global__ void __launch_bounds__(256) argmax_final_kernel(const float* pv, const int* pi, int n, int32_t* out) {
+  pdl_trigger();
+  pdl_wait();
   float v = -FLT_MAX;
   int idx = INT_MAX;
   for (int i = threadIdx.x; i < n; i += blockDim.x) argmax_pair(v, idx, pv[i], pi[i]);

@@ -1,0 +1,35 @@
+// Programmatic dependent launch: whether it is used (pdl_enabled) and the launch by address.
+#include <cstdlib>
+#include <string_view>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace nf4flash::cuda {
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("NF4FLASH_PDL");
+    if (e && std::string_view(e) == "0") return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    return major >= 9;
+  }();
+  return on;
+}
+
+void launch_k_ptr(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void** args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelExC(&cfg, kernel, args));
+}
+
+}  // namespace nf4flash::cuda
