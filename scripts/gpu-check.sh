@@ -51,6 +51,10 @@ if [ "${NF4FLASH_GPU_BENCH:-1}" = 1 ]; then
   ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 \
     -p 512 --ctx 8000 -n 32 -r 1 --json "$out/h200-llama3-8b-vram-ctx8192.json" \
     >"$out/bench-vram.txt" 2>&1 || echo "vram bench failed"
+  # the same with 512-row prefill chunks (the activation buffers are sized by --ubatch)
+  ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 --ubatch 512 \
+    -p 512 --ctx 8000 -n 32 -r 1 --json "$out/h200-llama3-8b-vram-ctx8192-ubatch512.json" \
+    >"$out/bench-vram-ub512.txt" 2>&1 || echo "vram bench (ubatch 512) failed"
 fi
 
 echo
@@ -60,5 +64,6 @@ printf "%-12s %s\n" build "${build_s}s" tests "$test_status" kernel-bench "$benc
 [ -f "$out/kernel-bench.txt" ] && cat "$out/kernel-bench.txt"
 [ -f "$out/torch-sdpa.txt" ] && grep -vE "Warning|warn|return F" "$out/torch-sdpa.txt"
 [ -f "$out/bench.txt" ] && cat "$out/bench.txt"
-[ -f "$out/bench-vram.txt" ] && grep -E "peak VRAM" "$out/bench-vram.txt" | tail -1
+[ -f "$out/bench-vram.txt" ] && echo "ctx 8192, default ubatch: $(grep -E "peak VRAM" "$out/bench-vram.txt" | tail -1)"
+[ -f "$out/bench-vram-ub512.txt" ] && echo "ctx 8192, --ubatch 512: $(grep -E "peak VRAM" "$out/bench-vram-ub512.txt" | tail -1)"
 [ "$test_status" = pass ] || [ "$test_status" = skipped ]

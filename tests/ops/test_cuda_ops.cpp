@@ -95,7 +95,8 @@ TEST(CudaOps, LinearQuant4) {
 TEST(CudaOps, LinearQuant4Configs) {
   NF4FLASH_REQUIRE_CUDA();
   setenv("NF4FLASH_GEMV_Q4", "regs", 1);
-  for (const char* cfg : {"w8u4m1a0", "w8u4m1a1", "w8u4m1a2", "w8u2m3a2", "w16u2m2a2", "w8u8m1a2", "w8u4m3a0"}) {
+  for (const char* cfg : {"w8u4m1a0", "w8u4m1a1", "w8u4m1a2", "w16u2m2a2", "w8u4m3a0", "ring-w8s3u4a1",
+                            "ring-w16s3u2a1"}) {
     setenv("NF4FLASH_GEMV_CFG", cfg, 1);
     SCOPED_TRACE(cfg);
     for (DType dt : {DType::BF16, DType::F16})

@@ -23,6 +23,27 @@ namespace {
 
 using cuda::to_f32;
 
+// Read-only streaming reference: every thread reads 16-byte words, 4 in flight, grid-stride; the
+// xor of all words is stored only if it equals a value it cannot take, so nothing is optimized out.
+// Shapes: src [n16] uint4; grid 4 blocks per SM x 256 threads.
+__global__ void __launch_bounds__(256) read_only_kernel(const uint4* __restrict__ src, int64_t n16, uint4* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = cuda::ld_stream_u4(src + i + k * stride);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = cuda::ld_stream_u4(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u && threadIdx.x == 1023) sink->x = acc;  // threadIdx.x < 256: never true
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -180,7 +201,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   }
 
   // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
-  //   stream (stream-K bulk-copy, 8 warps), stream16 (16 warps), regs (register prefetch), async
+  //   stream (stream-K bulk-copy, 8 warps), stream16 (16 warps), regs (register prefetch)
   std::normal_distribution<float> nd;
   auto rand_act = [&](int64_t rows, int64_t cols) {
     auto b = be->alloc(size_t(rows * cols) * 2);
@@ -205,6 +226,49 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_GEMV_FEED");
   };
   struct Shape { int64_t rows, cols; };
+  // ---- read-only streaming reference at the sizes of the decode GEMVs (4-bit 4096x14336 ~ 30 MB,
+  //   4096x4096 ~ 8.4 MB, 1024x4096 ~ 2.1 MB): what one kernel of that size can read, launch and
+  //   ramp included (buffers rotated over >= 4x the L2)
+  if (!o.attention_only && !o.prefill_linear_only) {
+    auto sink = be->alloc(64);
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    for (int64_t bytes : {int64_t(30277632), int64_t(8650752), int64_t(2162688)}) {
+      const int copies = copies_for(bytes);
+      std::vector<std::unique_ptr<Buffer>> bufs;
+      for (int c = 0; c < copies; ++c) {
+        bufs.push_back(be->alloc(size_t(bytes)));
+        CUDA_CHECK(cudaMemset(bufs.back()->data(), c + 1, size_t(bytes)));
+      }
+      CUDA_CHECK(cudaDeviceSynchronize());
+      // its own stream and graph (the backend's stream is not exposed): reps launches per replay
+      cudaStream_t st;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < o.reps; ++i)
+        read_only_kernel<<<unsigned(4 * sms), 256, 0, st>>>(static_cast<const uint4*>(bufs[size_t(i % copies)]->data()),
+                                                         bytes / 16, static_cast<uint4*>(sink->data()));
+      CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_CHECK(cudaGraphLaunch(exec, st));
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      std::vector<double> tt;
+      for (int k = 0; k < o.trials; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        tt.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.reps);
+      }
+      CUDA_CHECK(cudaGraphExecDestroy(exec));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      CUDA_CHECK(cudaStreamDestroy(st));
+      const double sec = median(tt);
+      report(cat("read-only ", bytes >> 20, " MiB (", bytes, " B)"), sec, double(bytes), {{"bytes", bytes}});
+    }
+  }
   // ---- prefill linears (T = 512, 4096): bf16 weights (cuBLAS alone) against nf4-dq dequantize +
   //   cuBLAS, the whole matrix at once or in row chunks of 8/16/32 MiB (NF4FLASH_DEQUANT_CHUNK_MB)
   if (!o.gemv_only) {
@@ -274,9 +338,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         if (T == 4 && !(s.rows == 14336 && dq)) continue;
         auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
-        // (2026-12-02 runs 6-8 measured "stream-bulk16" and "async" too: both slower than "regs")
+        // (2026-12-02 runs 6-8 measured "stream-bulk16" and the old cp.async kernel too: both slower)
         for (const char* variant : {"stream", "stream-bulk", "regs"}) {
-          if (std::string(variant) == "async" && T != 1) continue;
           with_variant(variant);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                         o.reps, o.trials);
@@ -290,7 +353,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // table addressing; see ops_gemv.cu), T = 1, double quant
         if (T == 1 && dq) {
           setenv("NF4FLASH_GEMV_Q4", "regs", 1);
-          for (const char* cfg : {"w8u4m1a0", "w8u4m1a1", "w8u4m1a2", "w8u2m3a2", "w16u2m2a2", "w8u8m1a2", "w8u4m3a0"}) {
+          for (const char* cfg : {"w8u4m1a0", "w8u4m1a1", "w8u4m1a2", "w16u2m2a2", "w8u4m3a0", "ring-w8s3u4a1",
+                            "ring-w16s3u2a1"}) {
             setenv("NF4FLASH_GEMV_CFG", cfg, 1);
             const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                           o.reps, o.trials);

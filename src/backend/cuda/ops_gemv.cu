@@ -6,6 +6,7 @@
 
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/gemv_q4_ring.cuh"
 #include "backend/cuda/kernels/gemv_q4_stream.cuh"
 
 namespace nf4flash::cuda {
@@ -19,14 +20,6 @@ int num_sms() {
     return v;
   }();
   return n;
-}
-
-// Default: the register-prefetch kernel. NF4FLASH_GEMV_Q4=async selects the cp.async ring variant
-// (kernel-bench times both; on the H200, 2026-12-02 run 5, async was 1.3-1.5x slower: 28.1 vs
-// 18.2 us on nf4-dq 4096x14336, and decode 189 vs 232 tok/s end to end).
-bool gemv_q4_use_async() {
-  const char* v = std::getenv("NF4FLASH_GEMV_Q4");
-  return v && std::string_view(v) == "async";
 }
 
 int device_cc_major() {
@@ -91,12 +84,14 @@ void launch_stream(Q4StreamKArgs& k, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
 }
 
-// Register-kernel configurations (gemv_q4_kernel template: warps, tiles per batch, blocks/SM for
-// the register cap, table addressing); NF4FLASH_GEMV_CFG names one for measurements (kernel-bench
-// sweeps them), NF4FLASH_GEMV_Q4=regs3 is w8u4m3a0.
+// 4-bit GEMV configurations: the register-prefetch kernel (gemv_q4_kernel: warps, tiles per batch,
+// blocks/SM for the register cap, table addressing) and the cp.async ring kernel
+// (gemv_q4_ring_kernel: warps, ring stages, tiles per batch, addressing). NF4FLASH_GEMV_CFG names
+// one for measurements (kernel-bench sweeps them all; gpu tests run each); NF4FLASH_GEMV_Q4=regs3
+// is w8u4m3a0.
 struct Q4Cfg {
   const char* name;
-  int warps, lut_bytes;
+  int warps, smem_bytes;
   const void* kernel;
 };
 
@@ -104,16 +99,24 @@ template <typename TA, bool DQ, int M, int W, int U, int A>
 Q4Cfg q4_cfg(const char* name) {
   return {name, W, q4_lut_bytes(A), reinterpret_cast<const void*>(gemv_q4_kernel<TA, DQ, M, W, U, A>)};
 }
+template <typename TA, bool DQ, int W, int U, int S, int A, int M>
+Q4Cfg q4_ring_cfg(const char* name) {
+  return {name, W, q4_lut_bytes(A) + q4_ring_bytes(W, S, U, DQ),
+          reinterpret_cast<const void*>(gemv_q4_ring_kernel<TA, DQ, W, U, S, A, M>)};
+}
 
 template <typename TA, bool DQ>
 const std::vector<Q4Cfg>& q4_cfgs() {
   static const std::vector<Q4Cfg> v = [] {
+    // the set measured in kernel-bench (2026-12-02, docs/performance.md); configurations that
+    // measured clearly slower there (w8u2m3a2, w8u8m1a2, rings of 4 warps or 2x4 / 2x6 tiles) removed
     std::vector<Q4Cfg> c = {q4_cfg<TA, DQ, 1, 8, 4, 0>("w8u4m1a0"),  q4_cfg<TA, DQ, 1, 8, 4, 1>("w8u4m1a1"),
-                            q4_cfg<TA, DQ, 1, 8, 4, 2>("w8u4m1a2"),  q4_cfg<TA, DQ, 3, 8, 2, 2>("w8u2m3a2"),
-                            q4_cfg<TA, DQ, 2, 16, 2, 2>("w16u2m2a2"), q4_cfg<TA, DQ, 1, 8, 8, 2>("w8u8m1a2"),
-                            q4_cfg<TA, DQ, 3, 8, 4, 0>("w8u4m3a0")};
+                            q4_cfg<TA, DQ, 1, 8, 4, 2>("w8u4m1a2"),  q4_cfg<TA, DQ, 2, 16, 2, 2>("w16u2m2a2"),
+                            q4_cfg<TA, DQ, 3, 8, 4, 0>("w8u4m3a0"),
+                            q4_ring_cfg<TA, DQ, 8, 4, 3, 1, 1>("ring-w8s3u4a1"),
+                            q4_ring_cfg<TA, DQ, 16, 2, 3, 1, 1>("ring-w16s3u2a1")};
     for (const Q4Cfg& k : c)
-      CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.lut_bytes));
+      CUDA_CHECK(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes));
     return c;
   }();
   return v;
@@ -129,24 +132,6 @@ const char* q4_cfg_name() {
 template <typename TA, bool DQ>
 void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
   Q4KernelArgs a{*g.w, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32};
-  if (gemv_q4_use_async()) {
-    static bool attr_set = false;
-    if (!attr_set) {
-      CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_async_kernel<TA, DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      kQ4AsyncRingBytes));
-      attr_set = true;
-    }
-    static int ps = 0;
-    if (ps == 0) {
-      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, gemv_q4_async_kernel<TA, DQ>, kQ4Warps * 32,
-                                                               kQ4AsyncRingBytes));
-      ps = std::max(ps, 1);
-    }
-    const int grid = g.grid > 0 ? g.grid : int(std::min<int64_t>(g.w->RT, int64_t(ps) * num_sms()));
-    gemv_q4_async_kernel<TA, DQ><<<grid, kQ4Warps * 32, kQ4AsyncRingBytes, st>>>(a);
-    CUDA_CHECK_LAUNCH();
-    return;
-  }
   const std::vector<Q4Cfg>& cfgs = q4_cfgs<TA, DQ>();
   const std::string_view want = q4_cfg_name();
   const Q4Cfg* k = nullptr;
@@ -157,12 +142,12 @@ void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
   if (per_sm.empty()) per_sm.assign(cfgs.size(), 0);
   int& ps = per_sm[size_t(k - cfgs.data())];
   if (ps == 0) {
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, k->kernel, k->warps * 32, k->lut_bytes));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ps, k->kernel, k->warps * 32, k->smem_bytes));
     ps = std::max(ps, 1);
   }
   const int grid = g.grid > 0 ? g.grid : int(std::min<int64_t>(g.w->RT, int64_t(ps) * num_sms()));
   void* args[] = {&a};
-  launch_k_ptr(k->kernel, dim3(unsigned(grid)), dim3(unsigned(k->warps * 32)), size_t(k->lut_bytes), st, args);
+  launch_k_ptr(k->kernel, dim3(unsigned(grid)), dim3(unsigned(k->warps * 32)), size_t(k->smem_bytes), st, args);
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -191,7 +176,8 @@ void gemv_q4(const GemvQ4Args& g, cudaStream_t st) {
 bool gemv_q4_stream_supported() { return device_cc_major() >= 9; }
 
 // NF4FLASH_GEMV_Q4: unset/"auto" = stream-K kernel for the fused launches, register kernel for
-// lone GEMVs; "stream" = stream-K everywhere; "regs" / "async" = that kernel, nothing fused.
+// lone GEMVs; "stream" = stream-K everywhere; "regs" / "regs3" = the GEMV of NF4FLASH_GEMV_CFG (or
+// w8u4m3a0) for everything, nothing fused.
 bool gemv_q4_stream_enabled() {
   const char* v = std::getenv("NF4FLASH_GEMV_Q4");
   if (v && *v && std::string_view(v) != "stream" && std::string_view(v) != "auto") return false;

@@ -242,18 +242,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_kernel(const Q4KernelArg
   }
 }
 
-// Variant "async": the same math, but the weight tiles stream through a per-warp shared-memory
-// ring (kQ4Stages stages of kQ4AsyncU tiles) with cp.async.cg 16-byte copies, so the bytes in
-// flight no longer cost registers (the register-prefetch kernel above: 98 registers, 2 blocks/SM,
-// 25% occupancy, DRAM 31% busy in ncu). Each lane copies and later reads only its own 16 bytes of
-// each tile, so cp.async.wait_group alone orders the copy and the read. absmax is prefetched into
-// registers one stage ahead. Measured slower than the register kernel on the H200 (run 5 in
-// docs/performance.md: 28.1 vs 18.2 us on nf4-dq 4096x14336), so it is opt-in
-// (NF4FLASH_GEMV_Q4=async) until the cause is profiled.
-constexpr int kQ4Stages = 4;
-constexpr int kQ4AsyncU = 2;
-constexpr int kQ4AsyncRingBytes = kQ4Warps * kQ4Stages * kQ4AsyncU * 32 * 16;
-
+// cp.async helpers (the ring variant, kernels/gemv_q4_ring.cuh).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
   const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int n = pred ? 16 : 0;  // zero-fill when out of range
@@ -262,98 +251,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pr
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-template <typename TA, bool DQ>
-__global__ void __launch_bounds__(kQ4Warps * 32) gemv_q4_async_kernel(const Q4KernelArgs a) {
-  constexpr int S = kQ4Stages, U = kQ4AsyncU;
-  __shared__ __align__(16) uint32_t lut[256 * 32];
-  extern __shared__ __align__(16) uint4 ring[];  // [kQ4Warps][S][U][32], kQ4AsyncRingBytes (dynamic)
-  __shared__ float red[kQ4Warps][16][8];
-  __shared__ float s_nested_code[256];
-  __shared__ uint32_t s_bits[16];
-  if (threadIdx.x < 16) s_bits[threadIdx.x] = bits16<TA>(a.w.code[threadIdx.x]);
-  if constexpr (DQ) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = a.w.nested_code[i];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-    const int byte = i >> 3;
-    const uint32_t e = s_bits[byte >> 4] | (s_bits[byte & 15] << 16);
-    reinterpret_cast<uint4*>(lut)[i] = make_uint4(e, e, e, e);
-  }
-  __syncthreads();
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const uint32_t* lut_l = lut + lane;
-  const int64_t KT = a.w.KT, cols = a.w.cols, rows = a.w.rows, RT = a.w.RT;
-  const int NB = int((KT + kQ4Warps * U - 1) / (kQ4Warps * U));  // batches per row tile
-  const TA* xrow = static_cast<const TA*>(a.x) + int64_t(min(g, a.T - 1)) * cols + 16 * t;
-  const uint4* tiles = reinterpret_cast<const uint4*>(a.w.tiles);
-  if (int64_t(blockIdx.x) >= RT) return;
-  const int64_t my_rts = (RT - 1 - blockIdx.x) / gridDim.x + 1;
-  const int64_t nbatch = my_rts * NB;
-
-  auto batch_rt = [&](int64_t j) { return int64_t(blockIdx.x) + (j / NB) * gridDim.x; };
-  auto batch_kt = [&](int64_t j, int u) { return int64_t(j % NB) * kQ4Warps * U + u * kQ4Warps + warp; };
-  auto issue = [&](int64_t j) {
-    if (j < nbatch) {
-      const int64_t rt = batch_rt(j);
-      const int st = int(j % S);
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t kt = batch_kt(j, u);
-        const bool ok = kt < KT;
-        cp_async16(&ring[((warp * S + st) * U + u) * 32 + lane], tiles + (rt * KT + (ok ? kt : 0)) * 32 + lane, ok);
-      }
-    }
-    cp_async_commit();
-  };
-  auto load_scales = [&](int64_t j, float2* s) {
-    const int64_t rt = batch_rt(j);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kt = batch_kt(j, u);
-      s[u] = (j < nbatch && kt < KT) ? q4_scale_raw<DQ>(a.w, rt, kt, lane & 15) : make_float2(0.f, 0.f);
-    }
-  };
-
-#pragma unroll
-  for (int j = 0; j < S - 1; ++j) issue(j);
-  float2 s_cur[U], s_nxt[U];
-  load_scales(0, s_cur);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t j = 0; j < nbatch; ++j) {
-    issue(j + S - 1);
-    load_scales(j + 1, s_nxt);
-    cp_async_wait<S - 1>();
-    const int st = int(j % S);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t kt = batch_kt(j, u);
-      if (kt < KT) {  // warp-uniform
-        const uint4 wq = ring[((warp * S + st) * U + u) * 32 + lane];
-        const uint4* xp = reinterpret_cast<const uint4*>(xrow + kt * 64);
-        const uint4 xa = __ldg(xp), xb = __ldg(xp + 1);
-        const float sv = q4_scale_fin<DQ>(a.w, s_nested_code, s_cur[u]);
-        const float sg = __shfl_sync(0xffffffffu, sv, g);
-        const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        q4_tile_mma<TA>(lut_l, wq, xa, xb, d);
-        acc[0] = fmaf(d[0], sg, acc[0]);
-        acc[1] = fmaf(d[1], sg, acc[1]);
-        acc[2] = fmaf(d[2], sg8, acc[2]);
-        acc[3] = fmaf(d[3], sg8, acc[3]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) s_cur[u] = s_nxt[u];
-    if (j % NB == NB - 1) {  // last batch of this row tile: reduce over warps
-      q4_finish_row_tile<TA, kQ4Warps>(red, acc, batch_rt(j), rows, a.T, a.bias, a.out, a.out_f32);
-      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-    }
-  }
-  cp_async_wait<0>();
-}
 
 // One thread per output word of the tiled layout (see the header comment).
 __global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t rows, int64_t cols,
