@@ -91,20 +91,28 @@ __device__ __forceinline__ void pdl_trigger() {
 // Whether launch_k() asks for PDL: compute capability >= 9 and NF4FLASH_PDL not "0".
 bool pdl_enabled();
 
-// kernel<<<grid, block, smem, st>>>(args...) with the programmatic-serialization attribute when
-// pdl_enabled(). Only for kernels that call pdl_wait() as described above.
-template <typename... KArgs, typename... Args>
-void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+// The launch configuration of launch_k / launch_k_ptr: the programmatic-serialization attribute
+// (stored in *attr) when pdl_enabled().
+inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                            cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  return cfg;
+}
+
+// kernel<<<grid, block, smem, st>>>(args...) with the programmatic-serialization attribute when
+// pdl_enabled(). Only for kernels that call pdl_wait() as described above.
+template <typename... KArgs, typename... Args>
+void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pdl_launch_config(grid, block, smem, st, &attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 // The same for a kernel given by address with its argument array (cudaLaunchKernel's form).

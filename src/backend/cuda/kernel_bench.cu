@@ -67,6 +67,17 @@ double time_graph(Backend& be, const std::function<void(int)>& body, int reps, i
   return median(t);
 }
 
+// A [rows, cols] bf16 tensor view of host bits (for upload_dense).
+TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits) {
+  TensorInfo ti;
+  ti.name = name;
+  ti.dtype = DType::BF16;
+  ti.shape = {rows, cols};
+  ti.data = reinterpret_cast<const uint8_t*>(bits.data());
+  ti.nbytes = bits.size() * 2;
+  return ti;
+}
+
 std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std::mt19937& g) {
   auto q = std::make_shared<Quant4Tensor>();
   q->type = QuantType::NF4;
@@ -291,13 +302,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       {
         std::vector<uint16_t> wh(size_t(s.rows * s.cols));
         for (auto& v : wh) v = f32_to_bf16(nd(g) * 0.02f);
-        TensorInfo ti;
-        ti.name = "dense";
-        ti.dtype = DType::BF16;
-        ti.shape = {s.rows, s.cols};
-        ti.data = reinterpret_cast<const uint8_t*>(wh.data());
-        ti.nbytes = wh.size() * 2;
-        wd = be->upload_dense(ti, DType::BF16);
+        wd = be->upload_dense(bf16_tensor("dense", s.rows, s.cols, wh), DType::BF16);
       }
       for (int T : {512, 4096}) {
         auto xb = rand_act(T, s.cols);
@@ -524,13 +529,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     const int64_t N = 128256, K = 4096;
     std::vector<uint16_t> wh(size_t(N * K));
     for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
-    TensorInfo ti;
-    ti.name = "lm_head";
-    ti.dtype = DType::BF16;
-    ti.shape = {N, K};
-    ti.data = reinterpret_cast<const uint8_t*>(wh.data());
-    ti.nbytes = wh.size() * 2;
-    auto w = be->upload_dense(ti, DType::BF16);
+    auto w = be->upload_dense(bf16_tensor("lm_head", N, K, wh), DType::BF16);
     wh.clear();
     wh.shrink_to_fit();
     auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 4);

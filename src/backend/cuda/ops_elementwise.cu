@@ -93,32 +93,29 @@ void rope(const RopeArgs& a, cudaStream_t st) {
   });
 }
 
-void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st) {
+namespace {
+template <typename Op>
+void binary(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st, const char* what) {
   if (n == 0) return;
-  NF4FLASH_DISPATCH_ACT(act, "silu_mul", [&] {
+  NF4FLASH_DISPATCH_ACT(act, what, [&] {
     constexpr int E = 16 / sizeof(T);
-    if (n % E == 0 && aligned16(gate) && aligned16(up) && aligned16(out))
-      launch_k(silu_mul_vec_kernel<T>, dim3(grid_for(n / E)), dim3(256), 0, st, static_cast<const T*>(gate),
-               static_cast<const T*>(up), static_cast<T*>(out), n / E);
+    const T* pa = static_cast<const T*>(a);
+    const T* pb = static_cast<const T*>(b);
+    if (n % E == 0 && aligned16(a) && aligned16(b) && aligned16(out))
+      launch_k(binary_vec_kernel<T, Op>, dim3(grid_for(n / E)), dim3(256), 0, st, pa, pb, static_cast<T*>(out), n / E);
     else
-      launch_k(silu_mul_kernel<T>, dim3(grid_for(n)), dim3(256), 0, st, static_cast<const T*>(gate),
-               static_cast<const T*>(up), static_cast<T*>(out), n);
+      launch_k(binary_kernel<T, Op>, dim3(grid_for(n)), dim3(256), 0, st, pa, pb, static_cast<T*>(out), n);
     CUDA_CHECK_LAUNCH();
   });
 }
+}  // namespace
+
+void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st) {
+  binary<SiluMulOp>(gate, up, out, n, act, st, "silu_mul");
+}
 
 void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st) {
-  if (n == 0) return;
-  NF4FLASH_DISPATCH_ACT(act, "add", [&] {
-    constexpr int E = 16 / sizeof(T);
-    if (n % E == 0 && aligned16(a) && aligned16(b) && aligned16(out))
-      launch_k(add_vec_kernel<T>, dim3(grid_for(n / E)), dim3(256), 0, st, static_cast<const T*>(a),
-               static_cast<const T*>(b), static_cast<T*>(out), n / E);
-    else
-      launch_k(add_kernel<T>, dim3(grid_for(n)), dim3(256), 0, st, static_cast<const T*>(a), static_cast<const T*>(b),
-               static_cast<T*>(out), n);
-    CUDA_CHECK_LAUNCH();
-  });
+  binary<AddOp>(a, b, out, n, act, st, "add");
 }
 
 void bias_add(void* out, DType dt, const float* bias, int64_t rows, int64_t cols, cudaStream_t st) {

@@ -182,41 +182,25 @@ __global__ void rope_kernel(const RopeArgs a) {
   }
 }
 
-// silu_mul and add over n elements: 16-byte chunks (n % E == 0, 16-byte aligned: the launcher
-// checks; the scalar loop serves the rest), grid-stride.
-__device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.f + __expf(-g)) * u; }
+// Binary elementwise ops (silu_mul: SiluMulOp(gate, up); add: AddOp) over n elements, out may
+// alias either input: binary_vec_kernel over 16-byte chunks (n % E == 0, 16-byte aligned: the
+// launcher checks), binary_kernel one element per step for the rest; grid-stride.
+struct SiluMulOp {
+  __device__ __forceinline__ float operator()(float g, float u) const { return g / (1.f + __expf(-g)) * u; }
+};
+struct AddOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
 
-template <typename TA>
-__global__ void silu_mul_kernel(const TA* __restrict__ g, const TA* __restrict__ u, TA* __restrict__ o, int64_t n) {
+template <typename TA, typename Op>
+__global__ void binary_kernel(const TA* a, const TA* b, TA* o, int64_t n) {
   pdl_trigger();
   pdl_wait();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = from_f32<TA>(silu_mul1(to_f32<TA>(g[i]), to_f32<TA>(u[i])));
+    o[i] = from_f32<TA>(Op{}(to_f32<TA>(a[i]), to_f32<TA>(b[i])));
 }
-template <typename TA>
-__global__ void silu_mul_vec_kernel(const TA* g, const TA* u, TA* o, int64_t nvec) {  // o may alias u or g
-  pdl_trigger();
-  pdl_wait();
-  constexpr int E = 16 / sizeof(TA);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < nvec; i += int64_t(gridDim.x) * blockDim.x) {
-    float gf[E], uf[E];
-    load16_f32<TA>(g + i * E, gf);
-    load16_f32<TA>(u + i * E, uf);
-#pragma unroll
-    for (int e = 0; e < E; ++e) gf[e] = silu_mul1(gf[e], uf[e]);
-    store16_f32<TA>(o + i * E, gf);
-  }
-}
-
-template <typename TA>
-__global__ void add_kernel(const TA* a, const TA* b, TA* o, int64_t n) {  // o may alias a
-  pdl_trigger();
-  pdl_wait();
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    o[i] = from_f32<TA>(to_f32<TA>(a[i]) + to_f32<TA>(b[i]));
-}
-template <typename TA>
-__global__ void add_vec_kernel(const TA* a, const TA* b, TA* o, int64_t nvec) {  // o may alias a
+template <typename TA, typename Op>
+__global__ void binary_vec_kernel(const TA* a, const TA* b, TA* o, int64_t nvec) {
   pdl_trigger();
   pdl_wait();
   constexpr int E = 16 / sizeof(TA);
@@ -225,7 +209,7 @@ __global__ void add_vec_kernel(const TA* a, const TA* b, TA* o, int64_t nvec) { 
     load16_f32<TA>(a + i * E, af);
     load16_f32<TA>(b + i * E, bf);
 #pragma unroll
-    for (int e = 0; e < E; ++e) af[e] += bf[e];
+    for (int e = 0; e < E; ++e) af[e] = Op{}(af[e], bf[e]);
     store16_f32<TA>(o + i * E, af);
   }
 }

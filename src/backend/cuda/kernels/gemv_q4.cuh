@@ -154,24 +154,39 @@ __device__ __forceinline__ float q4_scale(const Q4Device& w, const float* s_nest
 // dynamic shared memory: q4_lut_bytes(ADDR).
 __host__ __device__ constexpr int q4_lut_bytes(int addr) { return 256 * (addr == 2 ? 64 : 32) * 4; }
 
+// The byte -> two codes table, replicated per lane (conflict-free lookups): entry `byte` starts at
+// lut + byte * LS words, the 32 lanes' copies in its first 32 words. s_bits: the 16 codes as 16-bit
+// values, written before a barrier. The caller syncs after.
+template <int LS>
+__device__ __forceinline__ void q4_fill_lut(uint32_t* lut, const uint32_t* s_bits) {
+  for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {  // 8 x 16 bytes (32 lanes) per table entry
+    const int byte = i >> 3;
+    const uint32_t e = s_bits[byte >> 4] | (s_bits[byte & 15] << 16);
+    reinterpret_cast<uint4*>(lut + byte * LS)[i & 7] = make_uint4(e, e, e, e);
+  }
+}
+
+// Block prologue of the register and ring kernels: the 16 codes, the nested code table (double
+// quant) and the table of LS words per entry, each behind a barrier.
+template <typename TA, bool DQ, int LS>
+__device__ __forceinline__ void q4_block_setup(const Q4Device& w, uint32_t* lut, uint32_t* s_bits,
+                                               float* s_nested_code) {
+  if (threadIdx.x < 16) s_bits[threadIdx.x] = bits16<TA>(w.code[threadIdx.x]);
+  if constexpr (DQ) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = w.nested_code[i];
+  }
+  __syncthreads();
+  q4_fill_lut<LS>(lut, s_bits);
+  __syncthreads();
+}
+
 template <typename TA, bool DQ, int MINB = 1, int W = kQ4Warps, int U = kQ4Unroll, int ADDR = 0>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_kernel(const Q4KernelArgs a) {
   extern __shared__ __align__(16) uint32_t lut[];  // [256][32] or [256][64] (ADDR 2)
   __shared__ float red[W][16][8];
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
-  constexpr int LS = ADDR == 2 ? 64 : 32;  // words per table entry
-  if (threadIdx.x < 16) s_bits[threadIdx.x] = bits16<TA>(a.w.code[threadIdx.x]);
-  if constexpr (DQ) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = a.w.nested_code[i];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {  // 8 x 16 bytes (32 lanes) per table entry
-    const int byte = i >> 3;
-    const uint32_t e = s_bits[byte >> 4] | (s_bits[byte & 15] << 16);
-    reinterpret_cast<uint4*>(lut + byte * LS)[i & 7] = make_uint4(e, e, e, e);
-  }
-  __syncthreads();
+  q4_block_setup<TA, DQ, ADDR == 2 ? 64 : 32>(a.w, lut, s_bits, s_nested_code);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const uint32_t* lut_l = lut + lane;

@@ -68,17 +68,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_ring_kernel(const Q4Kern
   for (int i = 0; i < S - 1; ++i) issue();
 
   pdl_trigger();
-  if (threadIdx.x < 16) s_bits[threadIdx.x] = bits16<TA>(a.w.code[threadIdx.x]);
-  if constexpr (DQ) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = a.w.nested_code[i];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-    const int byte = i >> 3;
-    const uint32_t e = s_bits[byte >> 4] | (s_bits[byte & 15] << 16);
-    reinterpret_cast<uint4*>(lut + byte * LS)[i & 7] = make_uint4(e, e, e, e);
-  }
-  __syncthreads();
+  q4_block_setup<TA, DQ, LS>(a.w, lut, s_bits, s_nested_code);
   pdl_wait();
 
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));

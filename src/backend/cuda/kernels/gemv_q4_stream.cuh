@@ -224,12 +224,7 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
     }
   }
 
-  // the byte -> two codes table, replicated per lane (conflict-free lookups)
-  for (int i = tid; i < 256 * 8; i += blockDim.x) {
-    const int byte = i >> 3;
-    const uint32_t e = s_bits[byte >> 4] | (s_bits[byte & 15] << 16);
-    reinterpret_cast<uint4*>(lut)[i] = make_uint4(e, e, e, e);
-  }
+  q4_fill_lut<32>(lut, s_bits);
   __syncthreads();
 
   const uint32_t* lut_l = lut + lane;
