@@ -152,6 +152,20 @@ void launch_q4(const GemvQ4Args& g, cudaStream_t st) {
 }
 }  // namespace
 
+// One thread per output word of the tiled layout (kernels/gemv_q4.cuh, header comment).
+__global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t rows, int64_t cols,
+                                 int64_t KT, int64_t n_words, uint32_t* __restrict__ tiles) {
+  const int64_t wi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (wi >= n_words) return;
+  const int64_t tile = wi >> 7;
+  const int lane = int(wi >> 2) & 31, j = int(wi & 3);
+  const int64_t rt = tile / KT, kt = tile % KT;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t r0 = rt * 16 + g, r1 = r0 + 8, c0 = kt * 32 + 8 * t + 2 * j, rb = cols / 2;
+  auto src = [&](int64_t r, int64_t c) -> uint32_t { return r < rows ? packed[r * rb + c] : 0u; };
+  tiles[wi] = src(r0, c0) | (src(r1, c0) << 8) | (src(r0, c0 + 1) << 16) | (src(r1, c0 + 1) << 24);
+}
+
 void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* tiles_dev, cudaStream_t st) {
   const int64_t RT = (rows + 15) / 16, KT = cols / 64, n_words = RT * KT * 128;
   const int threads = 256;

@@ -2,7 +2,7 @@
 //   out[n, r] = sum_k x[n, k] * code[q(r, k)] * absmax(r, k)  (+ bias[r]),   n < T <= 8 tokens.
 // x: [T, cols] bf16/f16 (the compute dtype); out: [T, rows] compute dtype or f32; f32 accumulation.
 //
-// Repacked layout ("tile16x64", made on the GPU at upload by q4_repack_kernel from bitsandbytes'
+// Repacked layout ("tile16x64", made on the GPU at upload by q4_repack_kernel (ops_gemv.cu) from bitsandbytes'
 // flat high-nibble-first packing; needs cols % 64 == 0 and a power-of-two blocksize >= 64):
 //   rows are padded to RT = ceil(rows/16) tiles of 16; the 64-column tile kt of row tile rt is
 //   512 bytes at offset (rt*KT + kt)*512. Inside it lane L = 4g + t (g = L>>2, t = L&3) owns the
@@ -21,6 +21,7 @@
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/mma.cuh"
 
 namespace nf4flash::cuda {
@@ -255,30 +256,6 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_kernel(const Q4KernelArg
     rt += gridDim.x;
     if (rt >= RT) break;
   }
-}
-
-// cp.async helpers (the ring variant, kernels/gemv_q4_ring.cuh).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int n = pred ? 16 : 0;  // zero-fill when out of range
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// One thread per output word of the tiled layout (see the header comment).
-__global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t rows, int64_t cols,
-                                 int64_t KT, int64_t n_words, uint32_t* __restrict__ tiles) {
-  const int64_t wi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (wi >= n_words) return;
-  const int64_t tile = wi >> 7;
-  const int lane = int(wi >> 2) & 31, j = int(wi & 3);
-  const int64_t rt = tile / KT, kt = tile % KT;
-  const int g = lane >> 2, t = lane & 3;
-  const int64_t r0 = rt * 16 + g, r1 = r0 + 8, c0 = kt * 32 + 8 * t + 2 * j, rb = cols / 2;
-  auto src = [&](int64_t r, int64_t c) -> uint32_t { return r < rows ? packed[r * rb + c] : 0u; };
-  tiles[wi] = src(r0, c0) | (src(r1, c0) << 8) | (src(r0, c0 + 1) << 16) | (src(r1, c0 + 1) << 24);
 }
 
 // Inverse of the layout, coalesced: one thread per (row, 8 consecutive columns) reads the two

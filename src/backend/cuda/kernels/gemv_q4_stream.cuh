@@ -29,6 +29,7 @@
 // per-lane replicated byte -> two-codes table, mma.m16n8k16 with the tokens as the n dimension.
 #pragma once
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/mbarrier.cuh"
 
 namespace nf4flash::cuda {
 
@@ -51,36 +52,6 @@ struct Q4StreamKArgs {
   float* partials;  // [gridDim.x][2][256]
   int* counters;    // [units], zero between launches
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n\t.reg .pred P1;\n"
-      "LAB_WAIT:\n\t"
-      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
-      "@!P1 bra LAB_WAIT;\n}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
 
 template <bool DQ>
 constexpr int qs_abs_bytes() { return DQ ? 16 : 64; }
@@ -347,8 +318,10 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
       if (finish) {
         __threadfence();
         if (tid < nv) {
+          // every contributor's partial in block order, this block's too: the sum must not depend
+          // on which block arrived last (with three or more contributors it would otherwise)
+          v = 0.f;
           for (int64_t bb = block_of(u0), bl = block_of(u1 - 1); bb <= bl; ++bb) {
-            if (bb == b) continue;
             const int sl = u0 < start_of(bb) ? 0 : 1;
             v += __ldcg(a.partials + (bb * 2 + sl) * 256 + tid);
           }
