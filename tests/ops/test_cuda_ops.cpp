@@ -1,6 +1,10 @@
 // Every CUDA op against the CPU f32 backend on fresh random inputs: elementwise ops, dense and
 // 4-bit linear (GEMV and GEMM paths), RoPE, KV cache + attention (decode and prefill, GQA,
 // head_dim 64/128, pos0 > 0), graphs, greedy sampling.
+#include <string_view>
+
+#include "backend/cuda/launchers.h"
+#include "core/error.h"
 #include "ops/cuda_test_util.h"
 #include "quant/blockwise.h"
 
@@ -48,6 +52,7 @@ struct Q4Case {
   int64_t N, K;
   int bs;
   int64_t T;
+  bool out_f32 = true;
 };
 
 void run_q4_linear(DType compute, const Q4Case& c) {
@@ -65,16 +70,16 @@ void run_q4_linear(DType compute, const Q4Case& c) {
   auto bc = b.cpu->upload_dense(f32_tensor(B, {c.N}), DType::F32);
   auto bg = b.gpu->upload_dense(f32_tensor(B, {c.N}), compute);
   DevAct xc(*b.cpu, c.T, c.K), yc(*b.cpu, c.T, c.N);
-  DevAct xg(*b.gpu, c.T, c.K), yg(*b.gpu, c.T, c.N, DType::F32);
+  DevAct xg(*b.gpu, c.T, c.K), yg(*b.gpu, c.T, c.N, c.out_f32 || compute == DType::F32 ? DType::F32 : compute);
   xc.set(X);
   xg.set(X);
   yg.poison();
   b.cpu->linear(xc.act, *wc, bc.get(), yc.act);
   b.gpu->linear(xg.act, *wg, bg.get(), yg.act);
   const double e = rel_err(yg.get(), yc.get());
-  EXPECT_LT(e, compute == DType::F32 ? 1e-4 : 5e-3)
+  EXPECT_LT(e, compute == DType::F32 ? 1e-4 : c.out_f32 ? 5e-3 : 8e-3)
       << quant_type_name(c.type) << (c.dq ? "-dq" : "") << " N=" << c.N << " K=" << c.K << " bs=" << c.bs
-      << " T=" << c.T << " path " << b.gpu->linear_path(*wg, c.T);
+      << " T=" << c.T << (c.out_f32 ? " f32 out" : "") << " path " << b.gpu->linear_path(*wg, c.T);
 }
 
 TEST(CudaOps, LinearQuant4) {
@@ -113,6 +118,7 @@ TEST(CudaOps, LinearQuant4Configs) {
 // columns land where the whole-matrix product puts them.
 TEST(CudaOps, LinearQuant4Chunked) {
   NF4FLASH_REQUIRE_CUDA();
+  setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
   setenv("NF4FLASH_DEQUANT_CHUNK_MB", "1", 1);
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
     run_q4_linear(dt, Q4Case{QuantType::NF4, true, 300, 2048, 64, 40});
@@ -126,6 +132,48 @@ TEST(CudaOps, LinearQuant4Chunked) {
     EXPECT_NE(b.gpu->linear_path(*w, 100).find("chunks of 1 MiB"), std::string::npos) << b.gpu->linear_path(*w, 100);
   }
   unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
+  unsetenv("NF4FLASH_Q4_GEMM");
+}
+
+// The fused wgmma GEMM (Hopper): every block configuration, ragged rows (row tiles past the
+// matrix), ragged tokens (token tiles past T), one to 64 column tiles, blocksizes 64 / 128 / 256,
+// NF4 / FP4, plain / double-quant absmax, bias, f32 and 16-bit output; and the dequantize path
+// on the same cases.
+TEST(CudaOps, LinearQuant4FusedGemm) {
+  NF4FLASH_REQUIRE_CUDA();
+  if (!cuda::gemm_q4_wgmma_supported())
+    GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
+  const Q4Case cases[] = {
+      {QuantType::NF4, true, 300, 512, 64, 40, false},   {QuantType::FP4, false, 129, 1024, 128, 100, true},
+      {QuantType::NF4, false, 64, 64, 64, 33, false},     {QuantType::NF4, true, 200, 128, 256, 257, false},
+      {QuantType::NF4, true, 1000, 4096, 64, 130, false}, {QuantType::FP4, true, 136, 192, 64, 600, true},
+      {QuantType::NF4, true, 4100, 256, 64, 65, false},
+  };
+  setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+  std::vector<std::string> cfgs = {""};
+  for (const char* const* c = cuda::gemm_q4_wgmma_cfgs(); *c; ++c) cfgs.push_back(*c);
+  for (const std::string& cfg : cfgs) {
+    setenv("NF4FLASH_Q4GEMM_CFG", cfg.c_str(), 1);
+    SCOPED_TRACE(cat("cfg '", cfg, "'"));
+    for (DType dt : {DType::BF16, DType::F16})
+      for (Q4Case c : cases) {
+        if (!cfg.empty() && cfg.find("n128") == std::string::npos) c.out_f32 = false;  // f32 output: the n128 ones
+        run_q4_linear(dt, c);
+      }
+  }
+  unsetenv("NF4FLASH_Q4GEMM_CFG");
+  // a config without an f32-output kernel refuses by name
+  setenv("NF4FLASH_Q4GEMM_CFG", "ws-n64s8", 1);
+  EXPECT_THROW(run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 64, 128, 64, 40, true}), Error);
+  setenv("NF4FLASH_Q4GEMM_CFG", "w9n1s1", 1);
+  EXPECT_THROW(run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 64, 128, 64, 40, false}), Error);
+  unsetenv("NF4FLASH_Q4GEMM_CFG");
+  setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
+  for (Q4Case c : cases) run_q4_linear(DType::BF16, c);
+  unsetenv("NF4FLASH_Q4_GEMM");
+  setenv("NF4FLASH_Q4_GEMM", "fused", 1);  // f32 compute has no fused kernel: asking for it is an error
+  EXPECT_THROW(Backends{DType::F32}, Error);
+  unsetenv("NF4FLASH_Q4_GEMM");
 }
 
 TEST(CudaOps, Quant4PathNames) {
@@ -135,7 +183,23 @@ TEST(CudaOps, Quant4PathNames) {
   auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, 64, 128, QuantType::NF4, 64, true));
   auto w = b.gpu->upload_quant4(q);
   EXPECT_NE(b.gpu->linear_path(*w, 1).find("gemv_q4"), std::string::npos);
-  EXPECT_NE(b.gpu->linear_path(*w, 100).find("cublas"), std::string::npos);
+  EXPECT_NE(b.gpu->linear_path(*w, 100).find("cublas"), std::string::npos) << b.gpu->linear_path(*w, 100);
+  if (cuda::gemm_q4_wgmma_supported()) {
+    setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+    Backends bf;
+    auto wf = bf.gpu->upload_quant4(q);
+    EXPECT_NE(bf.gpu->linear_path(*wf, 100).find("gemm_q4 fused"), std::string::npos) << bf.gpu->linear_path(*wf, 100);
+  }
+  setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
+  Backends b2;
+  auto w2 = b2.gpu->upload_quant4(q);
+  EXPECT_NE(b2.gpu->linear_path(*w2, 100).find("cublas"), std::string::npos);
+  unsetenv("NF4FLASH_Q4_GEMM");
+  if (!cuda::gemm_q4_wgmma_supported()) {  // asking for what cannot run is an error, not a fallback
+    setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+    EXPECT_THROW(Backends{}, Error);
+    unsetenv("NF4FLASH_Q4_GEMM");
+  }
 }
 
 void run_elementwise(DType dt) {

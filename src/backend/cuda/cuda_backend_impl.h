@@ -5,7 +5,8 @@
 // linear() paths (see linear_path(); measurements in docs/performance.md):
 //   4-bit, T <= 32, bf16/f16  : register-prefetch GEMV on the repacked tile16x64 layout (8 rows a launch);
 //                               q/k/v together and gate+up+SiLU: the stream-K GEMV (T <= 8)
-//   4-bit, T > 32 (or f32)    : dequantize the layer into a scratch buffer, cublasGemmEx
+//   4-bit, T > 32, bf16/f16   : fused GEMM, codes decoded in shared memory for wgmma (Hopper, sm_90a)
+//   4-bit, T > 32 otherwise   : dequantize the layer into a scratch buffer, cublasGemmEx
 //   4-bit, shape the layout cannot hold (cols % 64, blocksize < 64): dequantized at load, dense
 //   dense, T <= 8             : warp-per-row GEMV (16-byte streaming loads)
 //   dense, T > 8              : cublasGemmEx (weight converted to the compute dtype if needed)
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -129,6 +131,18 @@ class CudaBackend : public Backend {
                    "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
     CUDA_CHECK(cudaSetDevice(o.device_index));
     CUDA_CHECK(cudaGetDeviceProperties(&props_, o.device_index));
+    // Experiment (docs/performance.md, VRAM): NF4FLASH_CUDA_STACK_BYTES sets the per-thread stack
+    // limit, whose local-memory reservation (limit x resident threads) counts in total - free.
+    // Per-thread stack: the driver reserves limit x resident threads of local memory (1 KiB x 2048 x
+    // 132 SMs = 277 MB on an H200 by default). Our kernels need none or a few bytes; 256 bytes
+    // keeps 207 MB free (H200, peak VRAM 6.02 -> 5.82 GiB, docs/performance.md); a kernel that
+    // needs more still gets it (the driver raises the limit at its launch).
+    // NF4FLASH_CUDA_STACK_BYTES overrides.
+    {
+      size_t stack = 256;
+      if (const char* v = std::getenv("NF4FLASH_CUDA_STACK_BYTES"); v && *v) stack = size_t(std::max(0, std::atoi(v)));
+      CUDA_CHECK(cudaDeviceSetLimit(cudaLimitStackSize, stack));
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -140,6 +154,18 @@ class CudaBackend : public Backend {
     if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
     if (const char* v = std::getenv("NF4FLASH_DEQUANT_CHUNK_MB"))
       dequant_chunk_bytes_ = int64_t(std::clamp(std::atoi(v), 0, 4096)) << 20;
+    // NF4FLASH_Q4_GEMM: "fused" (default where it can run: the wgmma kernel), "dequant"
+    // (dequantize + cuBLAS, the portable path; kernel-bench compares the two)
+    q4_gemm_fused_ = kQ4GemmFusedDefault && act_ != DType::F32 && gemm_q4_wgmma_supported();
+    if (const char* v = std::getenv("NF4FLASH_Q4_GEMM"); v && *v) {
+      const std::string_view m(v);
+      NF4FLASH_CHECK(m == "fused" || m == "dequant", "NF4FLASH_Q4_GEMM=", m, ": expected fused or dequant");
+      q4_gemm_fused_ = m == "fused" && act_ != DType::F32 && gemm_q4_wgmma_supported();
+      if (m == "fused")
+        NF4FLASH_CHECK(q4_gemm_fused_, "NF4FLASH_Q4_GEMM=fused: the fused 4-bit GEMM needs bf16/f16 compute, a build for "
+                       "sm_90a and a compute capability 9.0 GPU (this: ", props_.major, ".", props_.minor,
+                       gemm_q4_wgmma_built() ? "" : ", built without sm_90a", ")");
+    }
     if (stream_gemv_) {
       qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
       qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
@@ -307,7 +333,7 @@ class CudaBackend : public Backend {
       d.nested_code = static_cast<const float*>(w->nested_code->data());
       w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
     }
-    reserve_scratch(dequant_chunk_rows(d) * d.cols);
+    if (!q4_gemm_fused_) reserve_scratch(dequant_chunk_rows(d) * d.cols);  // the fused GEMM needs none
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
                   (w->nested_code ? w->nested_code->bytes() : 0));
     return w;
@@ -593,6 +619,10 @@ class CudaBackend : public Backend {
   // (NF4FLASH_DEQUANT_CHUNK_MB). Measured slower on the H200 (kernel-bench "prefill" rows,
   // docs/performance.md): a chunk's GEMM (e.g. 2048 x 512 rows) leaves most SMs idle.
   int64_t dequant_chunk_bytes_ = 0;
+  // 4-bit GEMM path (T above the GEMV threshold): the fused wgmma kernel (sm_90a) or dequantize +
+  // cuBLAS. Measured on the H200: kernel-bench "prefill" rows, docs/performance.md.
+  bool q4_gemm_fused_ = false;
+  static constexpr bool kQ4GemmFusedDefault = false;
   int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
     if (dequant_chunk_bytes_ <= 0) return d.rows;
     const int64_t r = dequant_chunk_bytes_ / (d.cols * int64_t(dtype_size(act_))) / 16 * 16;

@@ -61,6 +61,17 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
         gemv_q4(a, stream_);
       }
       return;
+    } else if (q4_gemm_fused_) {
+      GemmQ4Args a;
+      a.w = &q->dev;
+      a.x = x.data;
+      a.act = act_;
+      a.T = x.rows;
+      a.bias = b;
+      a.out = out.data;
+      a.out_dtype = out.dtype;
+      gemm_q4_wgmma(a, stream_);
+      return;
     } else {
       gemm_q4(q->dev, x, out);
       if (b) bias_add(out.data, out.dtype, b, out.rows, out.cols, stream_);
@@ -153,6 +164,9 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum; stream-K for q/k/v and gate+up+silu)");
     if (rows <= gemv_max_rows_ && act_ != DType::F32)
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
+    if (q4_gemm_fused_)
+      return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_), ", codes decoded to ",
+                 dtype_name(act_), " in shared memory, f32 accum)");
     return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",
                dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"));
   }

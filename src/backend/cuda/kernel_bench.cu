@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernel_bench.h"
+#include "backend/cuda/launchers.h"
 #include "io/safetensors.h"
 
 namespace nf4flash {
@@ -283,15 +284,27 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   // ---- prefill linears (T = 512, 4096): bf16 weights (cuBLAS alone) against nf4-dq dequantize +
   //   cuBLAS, the whole matrix at once or in row chunks of 8/16/32 MiB (NF4FLASH_DEQUANT_CHUNK_MB)
   if (!o.gemv_only) {
-    const std::pair<const char*, const char*> cfgs[] = {{"whole", "0"}, {"chunk8", "8"}, {"chunk16", "16"}, {"chunk32", "32"}};
+    // backends: dequantize + cuBLAS (whole, chunks), then the fused wgmma GEMM (auto config, each
+    // config) where it runs. cfg_env: NF4FLASH_Q4GEMM_CFG for that row ("" = the default pick).
+    struct PCfg {
+      std::string name, chunk_mb, q4gemm, cfg_env;
+    };
+    std::vector<PCfg> cfgs = {{"whole", "0", "dequant", ""}, {"chunk8", "8", "dequant", ""},
+                              {"chunk16", "16", "dequant", ""}, {"chunk32", "32", "dequant", ""}};
+    if (cuda::gemm_q4_wgmma_supported()) {
+      cfgs.push_back({"fused", "0", "fused", ""});
+      for (const char* const* c = cuda::gemm_q4_wgmma_cfgs(); *c; ++c) cfgs.push_back({cat("fused-", *c), "0", "fused", *c});
+    }
     std::vector<std::unique_ptr<Backend>> bes;
     for (const auto& c : cfgs) {
-      setenv("NF4FLASH_DEQUANT_CHUNK_MB", c.second, 1);
+      setenv("NF4FLASH_DEQUANT_CHUNK_MB", c.chunk_mb.c_str(), 1);
+      setenv("NF4FLASH_Q4_GEMM", c.q4gemm.c_str(), 1);
       bes.push_back(make_cuda_backend(bo));
     }
     unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
+    unsetenv("NF4FLASH_Q4_GEMM");
     json pl = json::array();
-    for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}, Shape{4096, 4096}}) {
+    for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}, Shape{4096, 4096}, Shape{1024, 4096}}) {
       const int copies = copies_for(s.rows * s.cols / 2);
       std::vector<std::vector<std::unique_ptr<Weight>>> wq(bes.size());
       for (int c = 0; c < copies; ++c) {
@@ -304,7 +317,16 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         for (auto& v : wh) v = f32_to_bf16(nd(g) * 0.02f);
         wd = be->upload_dense(bf16_tensor("dense", s.rows, s.cols, wh), DType::BF16);
       }
-      for (int T : {512, 4096}) {
+      std::vector<int> Ts = {512, 4096};  // NF4FLASH_KB_PREFILL_TS="4096" narrows it (profiling runs)
+      if (const char* v = std::getenv("NF4FLASH_KB_PREFILL_TS"); v && *v) {
+        Ts.clear();
+        for (const char* p = v; *p;) {
+          Ts.push_back(std::max(1, std::atoi(p)));
+          while (*p && *p != ',') ++p;
+          if (*p == ',') ++p;
+        }
+      }
+      for (int T : Ts) {
         auto xb = rand_act(T, s.cols);
         auto yb = be->alloc(size_t(T * s.rows) * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
@@ -317,11 +339,13 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         row["bf16_us"] = sd * 1e6;
         for (size_t b = 0; b < bes.size(); ++b) {
           Backend& bb = *bes[b];
+          if (!cfgs[b].cfg_env.empty()) setenv("NF4FLASH_Q4GEMM_CFG", cfgs[b].cfg_env.c_str(), 1);
           const double sq = time_graph(bb, [&](int i) { bb.linear(x, *wq[b][size_t(i % copies)], nullptr, y); }, reps,
                                        o.trials);
-          report(cat("prefill nf4-dq ", cfgs[b].first, " ", s.rows, "x", s.cols, " T=", T), sq,
+          report(cat("prefill nf4-dq ", cfgs[b].name, " ", s.rows, "x", s.cols, " T=", T), sq,
                  double(wq[b][0]->resident_bytes()), {{"T", T}, {"tflops", flop / sq / 1e12}, {"path", bb.linear_path(*wq[b][0], T)}});
-          row[cat("nf4dq_", cfgs[b].first, "_us")] = sq * 1e6;
+          unsetenv("NF4FLASH_Q4GEMM_CFG");
+          row[cat("nf4dq_", cfgs[b].name, "_us")] = sq * 1e6;
         }
         pl.push_back(row);
       }
@@ -470,20 +494,24 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   //   "gemv" = the register GEMV in launches of 8 rows, "gemm" = dequantize to bf16 + cublasGemmEx
   {
     setenv("NF4FLASH_GEMV_MAX_ROWS", "0", 1);
-    auto be_gemm = make_cuda_backend(bo);
+    auto be_gemm = make_cuda_backend(bo);  // the default GEMM path (fused on Hopper)
+    setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
+    auto be_deq = make_cuda_backend(bo);
+    unsetenv("NF4FLASH_Q4_GEMM");
     setenv("NF4FLASH_GEMV_MAX_ROWS", "256", 1);
     auto be_gemv = make_cuda_backend(bo);
     unsetenv("NF4FLASH_GEMV_MAX_ROWS");
     json thr = json::array();
     for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}}) {
       const int copies = copies_for(s.rows * s.cols / 2);
-      std::vector<std::unique_ptr<Weight>> wg, wm;
+      std::vector<std::unique_ptr<Weight>> wg, wm, wdq;
       for (int c = 0; c < copies; ++c) {
         auto q = random_q4(s.rows, s.cols, true, g);
         wg.push_back(be_gemv->upload_quant4(q));
         wm.push_back(be_gemm->upload_quant4(q));
+        wdq.push_back(be_deq->upload_quant4(q));
       }
-      for (int T : {1, 4, 8, 16, 32, 64, 96, 128}) {
+      for (int T : {1, 4, 8, 16, 32, 48, 64, 96, 128}) {
         auto xb = be_gemv->alloc(size_t(T * s.cols) * 2), yb = be_gemv->alloc(size_t(T * s.rows) * 2);
         {
           std::vector<uint16_t> h(size_t(T * s.cols));
@@ -510,13 +538,12 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         report(cat("threshold gemm ", s.rows, "x", s.cols, " T=", T), sec, bytes,
                {{"T", T}, {"path", be_gemm->linear_path(*wm[0], T)}});
         row["gemm_us"] = sec * 1e6;
-        if (T == 16) {  // the same with the old 2-column dequantize kernel
-          setenv("NF4FLASH_Q4_DEQUANT", "v1", 1);
-          const double s1 = time_graph(*be_gemm, [&](int i) { be_gemm->linear(x2, *wm[size_t(i % copies)], nullptr, y2); },
+        if (cuda::gemm_q4_wgmma_supported()) {  // the portable path too: dequantize + cuBLAS
+          const double s1 = time_graph(*be_deq, [&](int i) { be_deq->linear(x2, *wdq[size_t(i % copies)], nullptr, y2); },
                                        std::max(8, o.reps / 4), o.trials);
-          unsetenv("NF4FLASH_Q4_DEQUANT");
-          report(cat("threshold gemm ", s.rows, "x", s.cols, " T=", T, " dequant-v1"), s1, bytes, {{"T", T}});
-          row["gemm_dequant_v1_us"] = s1 * 1e6;
+          report(cat("threshold dequant+cublas ", s.rows, "x", s.cols, " T=", T), s1, bytes,
+                 {{"T", T}, {"path", be_deq->linear_path(*wdq[0], T)}});
+          row["gemm_dequant_us"] = s1 * 1e6;
         }
         thr.push_back(row);
       }

@@ -85,6 +85,26 @@ bool gemv_q4_stream_all();        // NF4FLASH_GEMV_Q4=stream: lone GEMVs take th
 // Rows [row0, row0 + nrows) of w (all when nrows < 0) to a dense [nrows, cols] matrix at out.
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0 = 0, int64_t nrows = -1);
 
+// Fused 4-bit GEMM on Hopper tensor cores (kernels/gemm_q4_wgmma.cuh): out[T, rows] = x * W^T
+// (+ bias), weights decoded in shared memory, no dense copy. Needs a build for sm_90a
+// (CMAKE_CUDA_ARCHITECTURES containing 90) and a compute capability 9.0 device.
+struct GemmQ4Args {
+  const Q4Device* w = nullptr;
+  const void* x = nullptr;          // [T, cols], act dtype (BF16 or F16)
+  DType act = DType::BF16;
+  int64_t T = 0;
+  const float* bias = nullptr;      // [rows] or null
+  void* out = nullptr;              // [T, rows]
+  DType out_dtype = DType::BF16;    // act or F32
+};
+bool gemm_q4_wgmma_built();        // this build has the sm_90a kernel
+bool gemm_q4_wgmma_supported();    // built, and the current device is compute capability 9.0
+void gemm_q4_wgmma(const GemmQ4Args& a, cudaStream_t st);
+// The block configuration for T rows ("w2n128s4": 2 warpgroups, 128 tokens, 4 stages), or
+// NF4FLASH_Q4GEMM_CFG when set (one of gemm_q4_wgmma_cfgs()).
+std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype);
+const char* const* gemm_q4_wgmma_cfgs();  // null-terminated
+
 struct GemvDenseArgs {
   const void* w = nullptr;   // [N, K]
   DType w_dtype = DType::BF16;

@@ -1,0 +1,265 @@
+// Fused 4-bit x bf16/f16 GEMM on Hopper tensor cores (wgmma, sm_90a): the prefill linears.
+//   out[n, r] = sum_k x[n, k] * w(r, k)  (+ bias[r]),  w(r, k) = round16(round16(code[q(r, k)]) *
+//   round16(absmax(r, k))) -- bitsandbytes' own inference kernels' arithmetic (codes and absmax in
+//   the compute dtype, one 16-bit multiply); products accumulate in f32.
+// x: [T, cols] compute dtype (bf16 or f16), row-major; out: [T, rows], compute dtype or f32;
+// weights: Q4Device's tile16x64 layout (kernels/gemv_q4.cuh), absmax plain f32 or double-quant u8
+// codes decoded here.
+//
+// Block: NWG warpgroups (128 threads each) over BM = 64 * NWG weight rows x BN tokens; the K loop
+// walks the 64-column tiles of the layout. For column tile kt:
+//   - a cp.async ring of S stages, S - 2 tiles ahead, brings the x tile [BN x 64] in the 128-byte
+//     swizzled K-major layout (wgmma's B operand, kernels/wgmma.cuh), the block's 4 * NWG row
+//     tiles of codes (512 bytes each, one 16-byte chunk per thread) and their absmax (64 bytes:
+//     16 f32, or 16 u8 codes);
+//   - warp w decodes row tile w straight into wgmma A fragments (registers, "RS" wgmma): lane
+//     (g, t) loads its 16 code bytes (rows g, g + 8 x columns 16t .. 16t + 15), a 4 x 4 exchange
+//     of 4-byte packets inside the quad (4 shuffles) gives it the bytes of its fragment slots
+//     (columns 16s + 2t, +1, +8, +9 of K step s), each byte becomes two codes through a
+//     per-lane copy of a byte -> code-pair table in shared memory (one LDS), times absmax (HMUL2);
+//   - the warpgroup issues 4 wgmma m64nBNk16 and waits only for the previous tile's, so the
+//     tensor cores multiply tile kt while the warps decode tile kt + 1 (two register sets for A).
+// Ring slot reuse: the slot loaded at step kt held tile kt - 2, whose wgmma every warpgroup has
+// waited for before the step's __syncthreads.
+// Grid: (ceil(RT / (4 * NWG)), ceil(T / BN)). Rows beyond `rows` (the layout pads to 16) and
+// tokens beyond T are zero-filled and never stored.
+#pragma once
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/cp_async.cuh"
+#include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/wgmma.cuh"
+#include "backend/cuda/launchers.h"
+
+namespace nf4flash::cuda {
+
+struct Q4GemmKArgs {
+  Q4Device w;
+  const void* x;  // [T, cols]
+  int T;
+  const float* bias;  // [rows] or null
+  void* out;          // [T, rows]
+};
+
+// Shared memory of one block: per stage the x tile, codes and absmax; the code-pair table
+// ([256][64] words, lane L's copy of entry b at word 64b + L); the 16 codes as 16-bit values and
+// the 256-entry nested code table; 1024 bytes of alignment slack.
+__host__ __device__ constexpr int q4g_stage_bytes(int nwg, int bn) { return bn * 128 + nwg * 4 * (512 + 64); }
+__host__ __device__ constexpr int q4g_smem_bytes(int nwg, int bn, int s) {
+  return 1024 + s * q4g_stage_bytes(nwg, bn) + q4_lut_bytes(2) + (16 + 256) * 4;
+}
+
+template <typename TA>
+__device__ __forceinline__ uint32_t mul2_16(uint32_t a, uint32_t b) {
+  uint32_t r;
+  if constexpr (std::is_same_v<TA, __nv_bfloat16>) asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  else asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+template <typename TA>
+__device__ __forceinline__ uint32_t pack2_16(float lo, float hi) {
+  if constexpr (std::is_same_v<TA, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// Decode one row tile's column tile into the A fragments of its 4 K steps (16 registers, see
+// wgmma_rs): wq = shared address of the tile's 512 code bytes, sca = of its absmax (16 f32, or 16
+// u8 codes: then s_nested / nab0, nab1 / offset give the double-quant value), lut_s = the
+// code-pair table, lane4 = 4 * lane.
+template <typename TA, bool DQ>
+__device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t lut_s, uint32_t lane4, int g, int t,
+                                             const float* s_nested, float nab0, float nab1, float offset,
+                                             uint32_t (&A)[16]) {
+  uint4 q;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "r"(wq));
+  float s0, s1;
+  if constexpr (!DQ) {
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(s0) : "r"(sca + g * 4));
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(s1) : "r"(sca + g * 4 + 32));
+  } else {
+    uint32_t c0, c1;
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(c0) : "r"(sca + g));
+    asm volatile("ld.shared.u8 %0, [%1];" : "=r"(c1) : "r"(sca + g + 8));
+    // bitsandbytes: product rounded to f32, then the offset added (never fused)
+    s0 = __fadd_rn(__fmul_rn(s_nested[c0], nab0), offset);
+    s1 = __fadd_rn(__fmul_rn(s_nested[c1], nab1), offset);
+  }
+  const uint32_t sc0 = pack2_16<TA>(s0, s0), sc1 = pack2_16<TA>(s1, s1);
+  // Packets for quad lane t' (halfword t' & 1 of words t' >> 1 and (t' >> 1) + 2): bytes
+  // [row g, row g + 8] x columns 2t', 2t' + 1 of this lane's 16, then the same at 2t' + 8.
+  const uint32_t P0 = __byte_perm(q.x, q.z, 0x5410), P1 = __byte_perm(q.x, q.z, 0x7632);
+  const uint32_t P2 = __byte_perm(q.y, q.w, 0x5410), P3 = __byte_perm(q.y, q.w, 0x7632);
+  // 4 x 4 transpose in the quad: R[s] = lane s's packet for this lane = K step s's bytes.
+  const bool hi = t & 2, lo = t & 1;
+  const uint32_t e0 = __shfl_xor_sync(0xffffffffu, hi ? P0 : P2, 2);
+  const uint32_t e1 = __shfl_xor_sync(0xffffffffu, hi ? P1 : P3, 2);
+  const uint32_t Q0 = hi ? e0 : P0, Q1 = hi ? e1 : P1, Q2 = hi ? P2 : e0, Q3 = hi ? P3 : e1;
+  const uint32_t f0 = __shfl_xor_sync(0xffffffffu, lo ? Q0 : Q1, 1);
+  const uint32_t f1 = __shfl_xor_sync(0xffffffffu, lo ? Q2 : Q3, 1);
+  const uint32_t R[4] = {lo ? f0 : Q0, lo ? Q1 : f0, lo ? f1 : Q2, lo ? Q3 : f1};
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      // [lane4, code byte k, 0, 0] = byte * 256 + 4 * lane: lane's copy of the byte's code pair
+      const uint32_t off = __byte_perm(R[s], lane4, 0x5504u | (uint32_t(k) << 4));
+      uint32_t pair;
+      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pair) : "r"(lut_s + off));
+      A[4 * s + k] = mul2_16<TA>(pair, (k & 1) ? sc1 : sc0);
+    }
+  }
+}
+
+// The accumulator tile of warp `warp` (rows 16 * warp + g, + 8 of the block x BN tokens from n0)
+// to out [T, rows] (+ bias).
+template <typename TO, int BN>
+__device__ __forceinline__ void q4g_store(const Q4GemmKArgs& a, const float* acc, int64_t row_g, int n0, int t) {
+  const int64_t rows = a.w.rows, f0 = row_g, f1 = row_g + 8;
+  const float b0 = (a.bias && f0 < rows) ? a.bias[f0] : 0.f, b1 = (a.bias && f1 < rows) ? a.bias[f1] : 0.f;
+  TO* const out = static_cast<TO*>(a.out);
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int n = n0 + 8 * j + 2 * t + (e & 1);
+      const int64_t f = (e & 2) ? f1 : f0;
+      if (n < a.T && f < rows) out[int64_t(n) * rows + f] = from_f32<TO>(acc[4 * j + e] + ((e & 2) ? b1 : b0));
+    }
+  }
+}
+
+template <typename TA, typename TO, bool DQ, int NWG, int BN, int S>
+__global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4GemmKArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int NT = NWG * 128, RTB = NWG * 4, XS = BN * 128, WS = RTB * 512, SS = RTB * 64;
+  constexpr int XC = BN * 8 / NT;  // 16-byte x chunks per thread and stage
+  static_assert(S >= 3 && (BN * 8) % NT == 0 && (NT / 8) % 8 == 0, "gemm_q4_wgmma: shape");
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+  const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SS;
+  uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
+  uint32_t* const s_bits = lut + q4_lut_bytes(2) / 4;
+  float* const s_nested = reinterpret_cast<float*>(s_bits + 16);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int KT = int(a.w.KT);
+  const int64_t RT = a.w.RT, cols = a.w.cols, rows = a.w.rows;
+  const int64_t rt0 = int64_t(blockIdx.x) * RTB;
+  const int n0 = int(blockIdx.y) * BN;
+  if (tid < 16) s_bits[tid] = bits16<TA>(a.w.code[tid]);
+  if constexpr (DQ) {
+    for (int i = tid; i < 256; i += NT) s_nested[i] = a.w.nested_code[i];
+  }
+
+  // Copy assignments, fixed over the K loop (sources advance one column tile per step).
+  // x: chunk ch = tid % 8 of rows tid / 8 + i * NT / 8; (row % 8) is the same for all i.
+  const TA* const x = static_cast<const TA*>(a.x);
+  const int xr = tid >> 3, xch = tid & 7;
+  const TA* const xsrc = x + int64_t(n0 + xr) * cols + xch * 8;
+  const int64_t xstep = int64_t(NT / 8) * cols;
+  const uint32_t xdst = uint32_t(xr * 128 + ((xch ^ (xr & 7)) << 4));
+  uint32_t xmask = 0;
+#pragma unroll
+  for (int i = 0; i < XC; ++i) xmask |= uint32_t(n0 + xr + i * (NT / 8) < a.T) << i;
+  // codes: warp w copies (and later decodes) row tile w, lane L its 16 bytes
+  const int64_t my_rt = rt0 + warp;
+  const bool wok = my_rt < RT;
+  const uint8_t* const wsrc = a.w.tiles + (wok ? my_rt * KT * 512 + lane * 16 : 0);
+  // absmax: plain, 4 chunks per row tile (threads < 4 RTB); double quant, 1 (threads < RTB)
+  constexpr int SCT = DQ ? RTB : RTB * 4;
+  const int s_tr = DQ ? tid : tid >> 2, s_c = DQ ? 0 : tid & 3;
+  const bool sok = tid < SCT && rt0 + s_tr < RT;
+  const uint8_t* const ssrc =
+      sok ? (DQ ? a.w.absq_tiled + (rt0 + s_tr) * KT * 16
+                : reinterpret_cast<const uint8_t*>(a.w.absmax_tiled + (rt0 + s_tr) * KT * 16) + s_c * 16)
+          : a.w.tiles;
+  const uint32_t sdst = uint32_t(s_tr * 64 + s_c * 16);
+
+  auto load_stage = [&](int kt, int slot) {
+    const uint32_t xb = xs_s + slot * XS + xdst;
+#pragma unroll
+    for (int i = 0; i < XC; ++i) {
+      const bool ok = (xmask >> i) & 1u;
+      cp_async16_sa(xb + i * (NT / 8) * 128, ok ? xsrc + i * xstep + int64_t(kt) * 64 : x, ok);
+    }
+    cp_async16_sa(wq_s + slot * WS + warp * 512 + lane * 16, wok ? wsrc + int64_t(kt) * 512 : a.w.tiles, wok);
+    if (tid < SCT)
+      cp_async16_sa(sc_s + slot * SS + sdst, sok ? ssrc + int64_t(kt) * (DQ ? 16 : 64) : a.w.tiles, sok);
+  };
+
+  // Double quant: the nested absmax of rows g, g + 8 (clamped into range) for column tile kt.
+  const int64_t r0 = min(my_rt * 16 + g, rows - 1), r1 = min(my_rt * 16 + g + 8, rows - 1);
+  auto nested = [&](int kt, float& n0v, float& n1v) {
+    if constexpr (DQ) {
+      const int64_t c = int64_t(kt) * 64;
+      n0v = __ldg(a.w.nested_absmax + (((r0 * cols + c) >> a.w.log2_blocksize) >> a.w.log2_nested));
+      n1v = __ldg(a.w.nested_absmax + (((r1 * cols + c) >> a.w.log2_blocksize) >> a.w.log2_nested));
+    }
+  };
+
+  __syncthreads();  // s_bits, s_nested
+  q4_fill_lut<64>(lut, s_bits);
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();
+  }
+  float nab0 = 0.f, nab1 = 0.f;
+  nested(0, nab0, nab1);
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  const uint32_t lane4 = 4u * lane;
+
+  // One column tile: wait for its stage, prefetch, decode into A (16 registers), issue its wgmmas.
+  auto step = [&](int kt, uint32_t (&A)[16]) {
+    const int slot = kt % S;
+    cp_async_wait<S - 3>();
+    fence_proxy_async_smem();
+    __syncthreads();
+    {
+      const int nk = kt + S - 2;
+      if (nk < KT) load_stage(nk, nk % S);
+      cp_async_commit();
+    }
+    q4g_decode_a<TA, DQ>(wq_s + slot * WS + warp * 512 + lane * 16, sc_s + slot * SS + warp * 64, lut_s, lane4, g,
+                         t, s_nested, nab0, nab1, a.w.offset, A);
+    if constexpr (DQ) {
+      if (kt + 1 < KT) nested(kt + 1, nab0, nab1);
+    }
+    const uint64_t db = wgmma_desc_sw128(xs_s + slot * XS);
+    wgmma_fence_regs(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_rs<BN, std::is_same_v<TA, __nv_bfloat16>>(acc, &A[4 * s], db + 2 * s, 1);
+    wgmma_commit();
+    wgmma_fence_regs(acc);
+    wgmma_wait<1>();
+  };
+
+  uint32_t A0[16], A1[16];  // two sets: tile kt's stay untouched while its wgmma runs
+  int kt = 0;
+  for (; kt + 1 < KT; kt += 2) {
+    step(kt, A0);
+    step(kt + 1, A1);
+  }
+  if (kt < KT) step(kt, A0);
+  wgmma_wait<0>();
+  wgmma_fence_regs(acc);
+  cp_async_wait<0>();
+
+  q4g_store<TO, BN>(a, acc, my_rt * 16 + g, n0, t);
+#else
+  __trap();  // built only for sm_90a (gemm_q4_wgmma_supported() says so before any launch)
+#endif
+}
+
+}  // namespace nf4flash::cuda

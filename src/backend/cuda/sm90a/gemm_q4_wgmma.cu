@@ -1,0 +1,188 @@
+// Launcher of the fused 4-bit GEMM (kernels/gemm_q4_wgmma.cuh). This file alone is compiled for
+// sm_90a (wgmma is an arch-specific feature; CMakeLists.txt) when the build targets 90; built
+// without it, gemm_q4_wgmma_built() is false and the backend keeps dequantize + cuBLAS.
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "backend/cuda/kernels/gemm_q4_wgmma.cuh"
+#include "backend/cuda/kernels/gemm_q4_wgmma_ws.cuh"
+
+namespace nf4flash::cuda {
+
+namespace {
+
+struct Cfg {
+  const char* name;
+  bool ws;  // warp-specialized (TMA producer warp) or the cp.async kernel
+  int bn, stages;
+  bool f32_out;  // instantiated with an f32 output too
+};
+// Every instantiated configuration (kernel-bench sweeps them, the gpu tests run each).
+constexpr Cfg kCfgs[] = {
+    {"ws-n64s8", true, 64, 8, false},  {"ws-n128s6", true, 128, 6, true}, {"ws-n256s4", true, 256, 4, false},
+    {"w2n64s4", false, 64, 4, false},  {"w2n128s4", false, 128, 4, true}, {"w2n256s4", false, 256, 4, false},
+};
+const char* const kCfgNames[] = {"ws-n64s8", "ws-n128s6", "ws-n256s4", "w2n64s4", "w2n128s4", "w2n256s4", nullptr};
+
+const Cfg& find_cfg(std::string_view name) {
+  for (const Cfg& c : kCfgs)
+    if (name == c.name) return c;
+  fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (ws-n64s8, ws-n128s6, ws-n256s4, w2n64s4, w2n128s4, w2n256s4)");
+}
+
+// Default by token count (kernel-bench "prefill" rows, docs/performance.md).
+const Cfg& pick(int64_t T, DType out_dtype) {
+  if (const char* v = std::getenv("NF4FLASH_Q4GEMM_CFG"); v && *v) {
+    const Cfg& c = find_cfg(v);
+    NF4FLASH_CHECK(out_dtype != DType::F32 || c.f32_out, "NF4FLASH_Q4GEMM_CFG=", v,
+                   " has no f32-output kernel (ws-n128s6 and w2n128s4 have)");
+    return c;
+  }
+  if (out_dtype == DType::F32) return kCfgs[1];
+  if (T <= 64) return kCfgs[0];
+  if (T <= 1024) return kCfgs[1];
+  return kCfgs[2];
+}
+
+template <typename TA, typename TO, bool DQ, int BN, int S>
+void launch_sync(const Q4GemmKArgs& k, cudaStream_t st) {
+  auto kernel = gemm_q4_wgmma_kernel<TA, TO, DQ, 2, BN, S>;
+  constexpr int smem = q4g_smem_bytes(2, BN, S);
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attr_set = true;
+  }
+  const int64_t gx = (k.w.RT + 7) / 8, gy = (k.T + BN - 1) / BN;
+  NF4FLASH_CHECK(gx <= 0x7fffffff && gy <= 65535, "gemm_q4_wgmma: grid ", gx, " x ", gy, " too large");
+  kernel<<<dim3(unsigned(gx), unsigned(gy)), dim3(256), smem, st>>>(k);
+  CUDA_CHECK_LAUNCH();
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    NF4FLASH_CHECK(q == cudaDriverEntryPointSuccess && p, "gemm_q4_wgmma: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A 2D tensor map over a row-major [rows, inner] array (row stride in bytes), boxes of
+// box_inner x box_rows elements; out-of-range elements read as zeros.
+CUtensorMap tensor_map_2d(CUtensorMapDataType dt, const void* base, int64_t inner, int64_t rows, int64_t row_bytes,
+                          uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swz, const char* what) {
+  CUtensorMap map;
+  const cuuint64_t gdim[2] = {cuuint64_t(inner), cuuint64_t(rows)};
+  const cuuint64_t gstride[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {box_inner, box_rows}, estride[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, dt, 2, const_cast<void*>(base), gdim, gstride, box, estride,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  NF4FLASH_CHECK(r == CUDA_SUCCESS, "gemm_q4_wgmma: cuTensorMapEncodeTiled failed (", int(r), ") for ", what, " [",
+                 rows, ", ", inner, "]");
+  return map;
+}
+
+template <typename TA, typename TO, bool DQ, int BN, int S>
+void launch_ws(const Q4GemmKArgs& k, cudaStream_t st) {
+  auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S>;
+  constexpr int smem = q4g_ws_smem_bytes(BN, S);
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attr_set = true;
+  }
+  // x [T, cols] as a 2D tensor map: boxes of BN rows x 64 columns, 128-byte swizzle; the codes as
+  // [RT, KT * 128 u32] (boxes of 8 row tiles x one 512-byte column tile), the absmax as [RT, KT * 16]
+  // f32 or u8 (boxes of 8 x 16)
+  NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(k.x) % 16 == 0, "gemm_q4_wgmma: x not 16-byte aligned");
+  const CUtensorMap xmap = tensor_map_2d(
+      std::is_same_v<TA, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, k.x,
+      k.w.cols, k.T, k.w.cols * 2, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B, "x");
+  const CUtensorMap wmap = tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, k.w.tiles, k.w.KT * 128, k.w.RT,
+                                         k.w.KT * 512, 128, 8, CU_TENSOR_MAP_SWIZZLE_NONE, "codes");
+  const CUtensorMap smap =
+      DQ ? tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, k.w.absq_tiled, k.w.KT * 16, k.w.RT, k.w.KT * 16, 16, 8,
+                         CU_TENSOR_MAP_SWIZZLE_NONE, "absmax codes")
+         : tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, k.w.absmax_tiled, k.w.KT * 16, k.w.RT, k.w.KT * 64, 16, 8,
+                         CU_TENSOR_MAP_SWIZZLE_NONE, "absmax");
+  const int64_t gx = (k.w.RT + 7) / 8, gy = (k.T + BN - 1) / BN;
+  NF4FLASH_CHECK(gx <= 0x7fffffff && gy <= 65535, "gemm_q4_wgmma: grid ", gx, " x ", gy, " too large");
+  kernel<<<dim3(unsigned(gx), unsigned(gy)), dim3(kQ4gWsThreads), smem, st>>>(xmap, wmap, smap, k);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, typename TO, bool DQ>
+void launch_cfg(const Cfg& c, const Q4GemmKArgs& k, cudaStream_t st) {
+  if constexpr (std::is_same_v<TO, float>) {  // the n128 configurations only
+    if (c.ws) launch_ws<TA, TO, DQ, 128, 6>(k, st);
+    else launch_sync<TA, TO, DQ, 128, 4>(k, st);
+  } else if (c.ws) {
+    if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8>(k, st);
+    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6>(k, st);
+    else launch_ws<TA, TO, DQ, 256, 4>(k, st);
+  } else {
+    if (c.bn == 64) launch_sync<TA, TO, DQ, 64, 4>(k, st);
+    else if (c.bn == 128) launch_sync<TA, TO, DQ, 128, 4>(k, st);
+    else launch_sync<TA, TO, DQ, 256, 4>(k, st);
+  }
+}
+
+int device_cc() {
+  static int cc = [] {
+    int dev = 0, ma = 0, mi = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, dev));
+    return ma * 10 + mi;
+  }();
+  return cc;
+}
+
+}  // namespace
+
+bool gemm_q4_wgmma_built() {
+#if defined(NF4FLASH_SM90A_BUILD)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool gemm_q4_wgmma_supported() { return gemm_q4_wgmma_built() && device_cc() == 90; }
+
+std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype) { return pick(T, out_dtype).name; }
+const char* const* gemm_q4_wgmma_cfgs() { return kCfgNames; }
+
+void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
+  NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
+  NF4FLASH_CHECK(g.T >= 1 && g.T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", g.T, " out of range");
+  NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_wgmma: output dtype ",
+                 dtype_name(g.out_dtype));
+  const Q4Device& w = *g.w;
+  NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
+  const Q4GemmKArgs k{w, g.x, int(g.T), g.bias, g.out};
+  const Cfg& c = pick(g.T, g.out_dtype);
+  auto go = [&](auto ta) {
+    using TA = decltype(ta);
+    if (g.out_dtype == DType::F32) {
+      if (w.double_quant) launch_cfg<TA, float, true>(c, k, st);
+      else launch_cfg<TA, float, false>(c, k, st);
+    } else {
+      if (w.double_quant) launch_cfg<TA, TA, true>(c, k, st);
+      else launch_cfg<TA, TA, false>(c, k, st);
+    }
+  };
+  if (g.act == DType::BF16) go(__nv_bfloat16{});
+  else if (g.act == DType::F16) go(__half{});
+  else fail("gemm_q4_wgmma: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+}
+
+}  // namespace nf4flash::cuda
