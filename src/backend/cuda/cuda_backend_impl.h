@@ -135,8 +135,7 @@ class CudaBackend : public Backend {
     // limit, whose local-memory reservation (limit x resident threads) counts in total - free.
     // Per-thread stack: the driver reserves limit x resident threads of local memory (1 KiB x 2048 x
     // 132 SMs = 277 MB on an H200 by default). Our kernels need none or a few bytes; 256 bytes
-    // keeps 207 MB free (H200, peak VRAM 6.02 -> 5.82 GiB, docs/performance.md); a kernel that
-    // needs more still gets it (the driver raises the limit at its launch).
+    // keeps 207 MB free (H200, peak VRAM 6.47 -> 6.28 GiB at ctx 8192, docs/performance.md).
     // NF4FLASH_CUDA_STACK_BYTES overrides.
     {
       size_t stack = 256;
