@@ -5,8 +5,8 @@
 // linear() paths (see linear_path(); measurements in docs/performance.md):
 //   4-bit, T <= 32, bf16/f16  : register-prefetch GEMV on the repacked tile16x64 layout (8 rows a launch);
 //                               q/k/v together and gate+up+SiLU: the stream-K GEMV (T <= 8)
-//   4-bit, T > 32, bf16/f16   : fused GEMM, codes decoded in shared memory for wgmma (Hopper, sm_90a)
-//   4-bit, T > 32 otherwise   : dequantize the layer into a scratch buffer, cublasGemmEx
+//   4-bit, T > 32             : dequantize the layer into a scratch buffer, cublasGemmEx; or, opt-in
+//                               (NF4FLASH_Q4_GEMM=fused, Hopper, bf16/f16), the fused wgmma GEMM
 //   4-bit, shape the layout cannot hold (cols % 64, blocksize < 64): dequantized at load, dense
 //   dense, T <= 8             : warp-per-row GEMV (16-byte streaming loads)
 //   dense, T > 8              : cublasGemmEx (weight converted to the compute dtype if needed)
@@ -131,8 +131,6 @@ class CudaBackend : public Backend {
                    "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
     CUDA_CHECK(cudaSetDevice(o.device_index));
     CUDA_CHECK(cudaGetDeviceProperties(&props_, o.device_index));
-    // Experiment (docs/performance.md, VRAM): NF4FLASH_CUDA_STACK_BYTES sets the per-thread stack
-    // limit, whose local-memory reservation (limit x resident threads) counts in total - free.
     // Per-thread stack: the driver reserves limit x resident threads of local memory (1 KiB x 2048 x
     // 132 SMs = 277 MB on an H200 by default). Our kernels need none or a few bytes; 256 bytes
     // keeps 207 MB free (H200, peak VRAM 6.47 -> 6.28 GiB at ctx 8192, docs/performance.md).
@@ -153,8 +151,8 @@ class CudaBackend : public Backend {
     if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
     if (const char* v = std::getenv("NF4FLASH_DEQUANT_CHUNK_MB"))
       dequant_chunk_bytes_ = int64_t(std::clamp(std::atoi(v), 0, 4096)) << 20;
-    // NF4FLASH_Q4_GEMM: "fused" (default where it can run: the wgmma kernel), "dequant"
-    // (dequantize + cuBLAS, the portable path; kernel-bench compares the two)
+    // NF4FLASH_Q4_GEMM: "dequant" (dequantize + cuBLAS, the default) or "fused" (the wgmma kernel,
+    // an error where it cannot run); kernel-bench compares the two
     q4_gemm_fused_ = kQ4GemmFusedDefault && act_ != DType::F32 && gemm_q4_wgmma_supported();
     if (const char* v = std::getenv("NF4FLASH_Q4_GEMM"); v && *v) {
       const std::string_view m(v);
@@ -621,7 +619,7 @@ class CudaBackend : public Backend {
   // 4-bit GEMM path (T above the GEMV threshold): the fused wgmma kernel (sm_90a) or dequantize +
   // cuBLAS. Measured on the H200: kernel-bench "prefill" rows, docs/performance.md.
   bool q4_gemm_fused_ = false;
-  static constexpr bool kQ4GemmFusedDefault = false;
+  static constexpr bool kQ4GemmFusedDefault = false;  // end to end still slower (TTFT, H200)
   int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
     if (dequant_chunk_bytes_ <= 0) return d.rows;
     const int64_t r = dequant_chunk_bytes_ / (d.cols * int64_t(dtype_size(act_))) / 16 * 16;

@@ -166,7 +166,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
     if (q4_gemm_fused_)
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_), ", codes decoded to ",
-                 dtype_name(act_), " in shared memory, f32 accum)");
+                 dtype_name(act_), " in registers, f32 accum)");
     return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",
                dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"));
   }

@@ -304,6 +304,15 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
     unsetenv("NF4FLASH_Q4_GEMM");
     json pl = json::array();
+    std::vector<int> Ts = {512, 4096};  // NF4FLASH_KB_PREFILL_TS="4096" narrows it (profiling runs)
+    if (const char* v = std::getenv("NF4FLASH_KB_PREFILL_TS"); v && *v) {
+      Ts.clear();
+      for (const char* p = v; *p;) {
+        Ts.push_back(std::max(1, std::atoi(p)));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    }
     for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}, Shape{4096, 4096}, Shape{1024, 4096}}) {
       const int copies = copies_for(s.rows * s.cols / 2);
       std::vector<std::vector<std::unique_ptr<Weight>>> wq(bes.size());
@@ -316,15 +325,6 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         std::vector<uint16_t> wh(size_t(s.rows * s.cols));
         for (auto& v : wh) v = f32_to_bf16(nd(g) * 0.02f);
         wd = be->upload_dense(bf16_tensor("dense", s.rows, s.cols, wh), DType::BF16);
-      }
-      std::vector<int> Ts = {512, 4096};  // NF4FLASH_KB_PREFILL_TS="4096" narrows it (profiling runs)
-      if (const char* v = std::getenv("NF4FLASH_KB_PREFILL_TS"); v && *v) {
-        Ts.clear();
-        for (const char* p = v; *p;) {
-          Ts.push_back(std::max(1, std::atoi(p)));
-          while (*p && *p != ',') ++p;
-          if (*p == ',') ++p;
-        }
       }
       for (int T : Ts) {
         auto xb = rand_act(T, s.cols);
@@ -494,9 +494,10 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   //   "gemv" = the register GEMV in launches of 8 rows, "gemm" = dequantize to bf16 + cublasGemmEx
   {
     setenv("NF4FLASH_GEMV_MAX_ROWS", "0", 1);
-    auto be_gemm = make_cuda_backend(bo);  // the default GEMM path (fused on Hopper)
-    setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
-    auto be_deq = make_cuda_backend(bo);
+    auto be_gemm = make_cuda_backend(bo);  // the default GEMM path (dequantize + cuBLAS)
+    const bool fused = cuda::gemm_q4_wgmma_supported();
+    if (fused) setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+    auto be_fused = make_cuda_backend(bo);  // the fused wgmma GEMM where it runs (else unused)
     unsetenv("NF4FLASH_Q4_GEMM");
     setenv("NF4FLASH_GEMV_MAX_ROWS", "256", 1);
     auto be_gemv = make_cuda_backend(bo);
@@ -504,12 +505,12 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     json thr = json::array();
     for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}}) {
       const int copies = copies_for(s.rows * s.cols / 2);
-      std::vector<std::unique_ptr<Weight>> wg, wm, wdq;
+      std::vector<std::unique_ptr<Weight>> wg, wm, wfu;
       for (int c = 0; c < copies; ++c) {
         auto q = random_q4(s.rows, s.cols, true, g);
         wg.push_back(be_gemv->upload_quant4(q));
         wm.push_back(be_gemm->upload_quant4(q));
-        wdq.push_back(be_deq->upload_quant4(q));
+        if (fused) wfu.push_back(be_fused->upload_quant4(q));
       }
       for (int T : {1, 4, 8, 16, 32, 48, 64, 96, 128}) {
         auto xb = be_gemv->alloc(size_t(T * s.cols) * 2), yb = be_gemv->alloc(size_t(T * s.rows) * 2);
@@ -538,12 +539,12 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         report(cat("threshold gemm ", s.rows, "x", s.cols, " T=", T), sec, bytes,
                {{"T", T}, {"path", be_gemm->linear_path(*wm[0], T)}});
         row["gemm_us"] = sec * 1e6;
-        if (cuda::gemm_q4_wgmma_supported()) {  // the portable path too: dequantize + cuBLAS
-          const double s1 = time_graph(*be_deq, [&](int i) { be_deq->linear(x2, *wdq[size_t(i % copies)], nullptr, y2); },
+        if (fused) {  // the opt-in fused GEMM at the same row counts
+          const double s1 = time_graph(*be_fused, [&](int i) { be_fused->linear(x2, *wfu[size_t(i % copies)], nullptr, y2); },
                                        std::max(8, o.reps / 4), o.trials);
-          report(cat("threshold dequant+cublas ", s.rows, "x", s.cols, " T=", T), s1, bytes,
-                 {{"T", T}, {"path", be_deq->linear_path(*wdq[0], T)}});
-          row["gemm_dequant_us"] = s1 * 1e6;
+          report(cat("threshold fused-gemm ", s.rows, "x", s.cols, " T=", T), s1, bytes,
+                 {{"T", T}, {"path", be_fused->linear_path(*wfu[0], T)}});
+          row["gemm_fused_us"] = s1 * 1e6;
         }
         thr.push_back(row);
       }

@@ -86,7 +86,7 @@ bool gemv_q4_stream_all();        // NF4FLASH_GEMV_Q4=stream: lone GEMVs take th
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0 = 0, int64_t nrows = -1);
 
 // Fused 4-bit GEMM on Hopper tensor cores (kernels/gemm_q4_wgmma.cuh): out[T, rows] = x * W^T
-// (+ bias), weights decoded in shared memory, no dense copy. Needs a build for sm_90a
+// (+ bias), weights decoded into the tensor-core operands, no dense copy. Needs a build for sm_90a
 // (CMAKE_CUDA_ARCHITECTURES containing 90) and a compute capability 9.0 device.
 struct GemmQ4Args {
   const Q4Device* w = nullptr;

@@ -27,6 +27,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/mma.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
 #include "backend/cuda/launchers.h"
 
@@ -56,15 +57,37 @@ __device__ __forceinline__ uint32_t mul2_16(uint32_t a, uint32_t b) {
   return r;
 }
 
-template <typename TA>
-__device__ __forceinline__ uint32_t pack2_16(float lo, float hi) {
-  if constexpr (std::is_same_v<TA, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
+// Double quant: the nested absmax of rows 16 rt + g and + 8 (clamped into range) for column tile
+// kt; the rows' first weight indices are computed once.
+template <bool DQ>
+struct Q4gNested {
+  int64_t r0c = 0, r1c = 0;
+  __device__ __forceinline__ Q4gNested(const Q4Device& w, int64_t rt, int g) {
+    if constexpr (DQ) {
+      r0c = min(rt * 16 + g, w.rows - 1) * w.cols;
+      r1c = min(rt * 16 + g + 8, w.rows - 1) * w.cols;
+    }
   }
+  __device__ __forceinline__ void load(const Q4Device& w, int kt, float& n0, float& n1) const {
+    if constexpr (DQ) {
+      const int64_t c = int64_t(kt) * 64;
+      n0 = __ldg(w.nested_absmax + (((r0c + c) >> w.log2_blocksize) >> w.log2_nested));
+      n1 = __ldg(w.nested_absmax + (((r1c + c) >> w.log2_blocksize) >> w.log2_nested));
+    }
+  }
+};
+
+// Issue one column tile's 4 wgmma m64nBNk16 (A = the decoded fragments, B = the x tile at shared
+// address xs) as one committed group.
+template <typename TA, int BN>
+__device__ __forceinline__ void q4g_mma_tile(float (&acc)[BN / 2], const uint32_t (&A)[16], uint32_t xs) {
+  const uint64_t db = wgmma_desc_sw128(xs);
+  wgmma_fence_regs(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) wgmma_rs<BN, std::is_same_v<TA, __nv_bfloat16>>(acc, &A[4 * s], db + 2 * s, 1);
+  wgmma_commit();
+  wgmma_fence_regs(acc);
 }
 
 // Decode one row tile's column tile into the A fragments of its 4 K steps (16 registers, see
@@ -89,7 +112,7 @@ __device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t
     s0 = __fadd_rn(__fmul_rn(s_nested[c0], nab0), offset);
     s1 = __fadd_rn(__fmul_rn(s_nested[c1], nab1), offset);
   }
-  const uint32_t sc0 = pack2_16<TA>(s0, s0), sc1 = pack2_16<TA>(s1, s1);
+  const uint32_t sc0 = pack2<TA>(s0, s0), sc1 = pack2<TA>(s1, s1);
   // Packets for quad lane t' (halfword t' & 1 of words t' >> 1 and (t' >> 1) + 2): bytes
   // [row g, row g + 8] x columns 2t', 2t' + 1 of this lane's 16, then the same at 2t' + 8.
   const uint32_t P0 = __byte_perm(q.x, q.z, 0x5410), P1 = __byte_perm(q.x, q.z, 0x7632);
@@ -150,7 +173,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int KT = int(a.w.KT);
-  const int64_t RT = a.w.RT, cols = a.w.cols, rows = a.w.rows;
+  const int64_t RT = a.w.RT, cols = a.w.cols;
   const int64_t rt0 = int64_t(blockIdx.x) * RTB;
   const int n0 = int(blockIdx.y) * BN;
   if (tid < 16) s_bits[tid] = bits16<TA>(a.w.code[tid]);
@@ -194,15 +217,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
       cp_async16_sa(sc_s + slot * SS + sdst, sok ? ssrc + int64_t(kt) * (DQ ? 16 : 64) : a.w.tiles, sok);
   };
 
-  // Double quant: the nested absmax of rows g, g + 8 (clamped into range) for column tile kt.
-  const int64_t r0 = min(my_rt * 16 + g, rows - 1), r1 = min(my_rt * 16 + g + 8, rows - 1);
-  auto nested = [&](int kt, float& n0v, float& n1v) {
-    if constexpr (DQ) {
-      const int64_t c = int64_t(kt) * 64;
-      n0v = __ldg(a.w.nested_absmax + (((r0 * cols + c) >> a.w.log2_blocksize) >> a.w.log2_nested));
-      n1v = __ldg(a.w.nested_absmax + (((r1 * cols + c) >> a.w.log2_blocksize) >> a.w.log2_nested));
-    }
-  };
+  const Q4gNested<DQ> nested(a.w, my_rt, g);
 
   __syncthreads();  // s_bits, s_nested
   q4_fill_lut<64>(lut, s_bits);
@@ -212,7 +227,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
     cp_async_commit();
   }
   float nab0 = 0.f, nab1 = 0.f;
-  nested(0, nab0, nab1);
+  nested.load(a.w, 0, nab0, nab1);
 
   float acc[BN / 2];
 #pragma unroll
@@ -232,16 +247,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
     }
     q4g_decode_a<TA, DQ>(wq_s + slot * WS + warp * 512 + lane * 16, sc_s + slot * SS + warp * 64, lut_s, lane4, g,
                          t, s_nested, nab0, nab1, a.w.offset, A);
-    if constexpr (DQ) {
-      if (kt + 1 < KT) nested(kt + 1, nab0, nab1);
-    }
-    const uint64_t db = wgmma_desc_sw128(xs_s + slot * XS);
-    wgmma_fence_regs(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_rs<BN, std::is_same_v<TA, __nv_bfloat16>>(acc, &A[4 * s], db + 2 * s, 1);
-    wgmma_commit();
-    wgmma_fence_regs(acc);
+    if (DQ && kt + 1 < KT) nested.load(a.w, kt + 1, nab0, nab1);
+    q4g_mma_tile<TA, BN>(acc, A, xs_s + slot * XS);
     wgmma_wait<1>();
   };
 

@@ -47,7 +47,6 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int KT = int(a.w.KT);
-  const int64_t cols = a.w.cols, rows = a.w.rows;
   const int64_t rt0 = int64_t(blockIdx.x) * RTB;
   const int n0 = int(blockIdx.y) * BN;
   if (tid < 16) s_bits[tid] = bits16<TA>(a.w.code[tid]);
@@ -86,16 +85,9 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int cw = warp - 4;  // consumer warp: row tile cw, warpgroup cw / 4
   const int64_t my_rt = rt0 + cw;
-  const int64_t r0 = min(my_rt * 16 + g, rows - 1), r1 = min(my_rt * 16 + g + 8, rows - 1);
-  auto nested = [&](int kt, float& n0v, float& n1v) {
-    if constexpr (DQ) {
-      const int64_t c = int64_t(kt) * 64;
-      n0v = __ldg(a.w.nested_absmax + (((r0 * cols + c) >> a.w.log2_blocksize) >> a.w.log2_nested));
-      n1v = __ldg(a.w.nested_absmax + (((r1 * cols + c) >> a.w.log2_blocksize) >> a.w.log2_nested));
-    }
-  };
+  const Q4gNested<DQ> nested(a.w, my_rt, g);
   float nab0 = 0.f, nab1 = 0.f;
-  nested(0, nab0, nab1);
+  nested.load(a.w, 0, nab0, nab1);
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -109,18 +101,10 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
     mbar_wait(&full[slot], uint32_t(kt / S) & 1u);
     q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SS + cw * ABS, lut_s, lane4, g,
                          t, s_nested, nab0, nab1, a.w.offset, A);
-    if constexpr (DQ) {
-      if (kt + 1 < KT) nested(kt + 1, nab0, nab1);
-    }
+    if (DQ && kt + 1 < KT) nested.load(a.w, kt + 1, nab0, nab1);
   };
   auto step = [&](int kt, const uint32_t (&Ai)[16], uint32_t (&An)[16]) {
-    const uint64_t db = wgmma_desc_sw128(xs_s + (kt % S) * XS);
-    wgmma_fence_regs(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < 4; ++s) wgmma_rs<BN, std::is_same_v<TA, __nv_bfloat16>>(acc, &Ai[4 * s], db + 2 * s, 1);
-    wgmma_commit();
-    wgmma_fence_regs(acc);
+    q4g_mma_tile<TA, BN>(acc, Ai, xs_s + (kt % S) * XS);
     if (kt + 1 < KT) decode(kt + 1, An);
     wgmma_wait<1>();  // tile kt - 1's group is done: its slot may be refilled
     if (kt > 0) {

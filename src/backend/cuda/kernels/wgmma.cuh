@@ -1,10 +1,10 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) helpers: shared-memory matrix descriptors for the
 // 128-byte-swizzled K-major layout, the fence / commit / wait instructions and the
-// D[64 x N] (f32) += A[64 x 16] * B[N x 16]^T step with both operands in shared memory (SS), for
-// N = 64, 128, 256 and bf16 or f16 inputs; and the same with A in registers (RS).
+// D[64 x N] (f32) += A[64 x 16] * B[N x 16]^T step with A in registers and B in shared memory
+// (RS), for N = 64, 128, 256 and bf16 or f16 inputs.
 //
-// Layout both operands use ("K-major, 128B swizzle", CUTLASS's Layout_K_SW128): a tile of R rows
-// (M rows of A or N rows of B) by 64 K-values of 16 bits; row r's 128 bytes at r * 128 in a
+// Shared-memory operand layout ("K-major, 128B swizzle", CUTLASS's Layout_K_SW128): a tile of R
+// rows (the N rows of B) by 64 K-values of 16 bits; row r's 128 bytes at r * 128 in a
 // 1024-byte-aligned buffer, its 16-byte chunk c (K values 8c .. 8c+7) stored at chunk position
 // c ^ (r % 8). Groups of 8 rows are 1024 bytes apart (the descriptor's stride byte offset); the
 // k-th 16-wide K step starts 32k bytes into the rows (descriptor start address + 32k).
@@ -48,66 +48,6 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-
-#define NF4FLASH_WGMMA_SS_N64(TY)                                                              \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                             \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                   \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"  \
-               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                     \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-
-#define NF4FLASH_WGMMA_SS_N128(TY)                                                              \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                             \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                   \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
-               "}, %64, %65, p, 1, 1, 0, 0;\n}\n"                                     \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-
-#define NF4FLASH_WGMMA_SS_N256(TY)                                                              \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                             \
-               "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                   \
-               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"  \
-               "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"  \
-               "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"  \
-               "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
-               "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"  \
-               "}, %128, %129, p, 1, 1, 0, 0;\n}\n"                                     \
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-                 "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-                 "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-                 "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-                 "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-                 "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-                 "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-                 "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-                 "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-                 "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-                 "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-                 "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-                 "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-                 "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-                 "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
 #define NF4FLASH_WGMMA_RS_N64(TY)                                                              \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
@@ -169,22 +109,8 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
                  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
-// d (N/2 floats per thread) = scale_d ? d + A * B^T : A * B^T, A and B given by descriptors.
-template <int N, bool BF16>
-__device__ __forceinline__ void wgmma_ss(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (N == 64) {
-    if constexpr (BF16) NF4FLASH_WGMMA_SS_N64("bf16"); else NF4FLASH_WGMMA_SS_N64("f16");
-  } else if constexpr (N == 128) {
-    if constexpr (BF16) NF4FLASH_WGMMA_SS_N128("bf16"); else NF4FLASH_WGMMA_SS_N128("f16");
-  } else {
-    static_assert(N == 256, "wgmma_ss: N is 64, 128 or 256");
-    if constexpr (BF16) NF4FLASH_WGMMA_SS_N256("bf16"); else NF4FLASH_WGMMA_SS_N256("f16");
-  }
-#endif
-}
-
-// The same with A in registers (RS): a[0..3] = lane (g, t) of warp w's fragment of rows 16w + g
+// d (N/2 floats per thread) = scale_d ? d + A * B^T : A * B^T with A in registers ("RS") and B
+// given by a descriptor: a[0..3] = lane (g, t) of warp w's fragment of rows 16w + g
 // (a[0], a[2]) and 16w + g + 8 (a[1], a[3]) at K slots 2t, 2t + 1 (a[0], a[1]) and 2t + 8, 2t + 9
 // (a[2], a[3]), two 16-bit values per register, lower K slot in the low half (mma.m16n8k16's A).
 // The registers must stay unchanged until the wgmma completes (wgmma_wait).

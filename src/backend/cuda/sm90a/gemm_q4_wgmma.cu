@@ -48,18 +48,24 @@ const Cfg& pick(int64_t T, DType out_dtype) {
   return kCfgs[2];
 }
 
-template <typename TA, typename TO, bool DQ, int BN, int S>
-void launch_sync(const Q4GemmKArgs& k, cudaStream_t st) {
-  auto kernel = gemm_q4_wgmma_kernel<TA, TO, DQ, 2, BN, S>;
-  constexpr int smem = q4g_smem_bytes(2, BN, S);
-  static bool attr_set = false;
+// Both kernels: blocks of 8 row tiles x BN tokens; the shared-memory opt-in, once per kernel.
+template <auto Kernel>
+dim3 prepare(int smem, int64_t RT, int64_t T, int bn) {
+  static bool attr_set = false;  // one per kernel (the template argument is the kernel itself)
   if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attr_set = true;
   }
-  const int64_t gx = (k.w.RT + 7) / 8, gy = (k.T + BN - 1) / BN;
+  const int64_t gx = (RT + 7) / 8, gy = (T + bn - 1) / bn;
   NF4FLASH_CHECK(gx <= 0x7fffffff && gy <= 65535, "gemm_q4_wgmma: grid ", gx, " x ", gy, " too large");
-  kernel<<<dim3(unsigned(gx), unsigned(gy)), dim3(256), smem, st>>>(k);
+  return dim3(unsigned(gx), unsigned(gy));
+}
+
+template <typename TA, typename TO, bool DQ, int BN, int S>
+void launch_sync(const Q4GemmKArgs& k, cudaStream_t st) {
+  constexpr auto kernel = gemm_q4_wgmma_kernel<TA, TO, DQ, 2, BN, S>;
+  constexpr int smem = q4g_smem_bytes(2, BN, S);
+  kernel<<<prepare<kernel>(smem, k.w.RT, k.T, BN), dim3(256), smem, st>>>(k);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -92,13 +98,8 @@ CUtensorMap tensor_map_2d(CUtensorMapDataType dt, const void* base, int64_t inne
 
 template <typename TA, typename TO, bool DQ, int BN, int S>
 void launch_ws(const Q4GemmKArgs& k, cudaStream_t st) {
-  auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S>;
+  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S>;
   constexpr int smem = q4g_ws_smem_bytes(BN, S);
-  static bool attr_set = false;
-  if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attr_set = true;
-  }
   // x [T, cols] as a 2D tensor map: boxes of BN rows x 64 columns, 128-byte swizzle; the codes as
   // [RT, KT * 128 u32] (boxes of 8 row tiles x one 512-byte column tile), the absmax as [RT, KT * 16]
   // f32 or u8 (boxes of 8 x 16)
@@ -113,9 +114,7 @@ void launch_ws(const Q4GemmKArgs& k, cudaStream_t st) {
                          CU_TENSOR_MAP_SWIZZLE_NONE, "absmax codes")
          : tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, k.w.absmax_tiled, k.w.KT * 16, k.w.RT, k.w.KT * 64, 16, 8,
                          CU_TENSOR_MAP_SWIZZLE_NONE, "absmax");
-  const int64_t gx = (k.w.RT + 7) / 8, gy = (k.T + BN - 1) / BN;
-  NF4FLASH_CHECK(gx <= 0x7fffffff && gy <= 65535, "gemm_q4_wgmma: grid ", gx, " x ", gy, " too large");
-  kernel<<<dim3(unsigned(gx), unsigned(gy)), dim3(kQ4gWsThreads), smem, st>>>(xmap, wmap, smap, k);
+  kernel<<<prepare<kernel>(smem, k.w.RT, k.T, BN), dim3(kQ4gWsThreads), smem, st>>>(xmap, wmap, smap, k);
   CUDA_CHECK_LAUNCH();
 }
 
