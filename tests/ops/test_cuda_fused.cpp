@@ -4,10 +4,13 @@
 // units cut between blocks (large K), launches with fewer tiles than blocks, odd row counts,
 // 1..8 tokens, NF4/FP4, plain and double-quant absmax, bias, bf16 and f16; every launch is run
 // twice and must give bit-identical results (the stream-K counters reset themselves).
+#include "backend/cuda/launchers.h"
+#include "core/error.h"
 #include "ops/cuda_test_util.h"
 #include "quant/blockwise.h"
 
 #include <cstdlib>
+#include <tuple>
 
 namespace nf4flash::test {
 namespace {
@@ -133,6 +136,63 @@ TEST(CudaFused, LinearSwiGLU) {
     run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);
     run_swiglu(dt, QuantType::FP4, false, 40, 128, 8, false);
   }
+}
+
+// The fused tensor-core GEMM's multi-weight launches (prefill rows, NF4FLASH_Q4_GEMM=fused): q/k/v
+// in one launch and gate+up with the SwiGLU epilogue, against the CPU and, bit for bit, against
+// the same configuration run one weight at a time (+ silu_mul for SwiGLU).
+TEST(CudaFused, GemmQ4MultiAndSwiGLU) {
+  NF4FLASH_REQUIRE_CUDA();
+  if (!cuda::gemm_q4_wgmma_supported())
+    GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
+  setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+  for (const char* cfg : {"", "ws-n64s8", "ws-n128s6", "ws-n256s4"}) {
+    setenv("NF4FLASH_Q4GEMM_CFG", cfg, 1);
+    SCOPED_TRACE(cat("cfg '", cfg, "'"));
+    for (DType dt : {DType::BF16, DType::F16}) {
+      for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 100},
+                                 MultiCase{QuantType::NF4, false, 512, {100, 37, 37}, 33},
+                                 MultiCase{QuantType::FP4, true, 192, {2050, 512, 130}, 300},
+                                 MultiCase{QuantType::NF4, true, 1536, {333, 70}, 600}}) {
+        run_multi(dt, c);
+        if (!*cfg) continue;
+        // bit-identical to one launch per weight (same configuration)
+        Backends b(dt);
+        std::vector<QW> ws;
+        for (size_t i = 0; i < c.N.size(); ++i) ws.push_back(make_q4(b, dt, c.type, c.dq, c.N[i], c.K, i != 1));
+        DevAct xg(*b.gpu, c.T, c.K);
+        xg.set(rounded(randn(size_t(c.T * c.K)), dt));
+        std::vector<std::unique_ptr<DevAct>> ym, y1;
+        std::vector<Backend::LinearOut> om;
+        for (auto& w : ws) {
+          ym.push_back(std::make_unique<DevAct>(*b.gpu, c.T, w.N));
+          y1.push_back(std::make_unique<DevAct>(*b.gpu, c.T, w.N));
+          ym.back()->poison();
+          om.push_back({w.gpu.get(), w.bgpu.get(), ym.back()->act});
+          b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), y1.back()->act);
+        }
+        b.gpu->linear_multi(xg.act, om.data(), int(om.size()));
+        for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(ym[i]->get(), y1[i]->get()) << "multi vs single, seg " << i;
+      }
+      for (auto [type, dq, I, H, T, bias] : {std::tuple{QuantType::NF4, true, int64_t{1000}, int64_t{512}, int64_t{65}, true},
+                                             std::tuple{QuantType::NF4, true, int64_t{2048}, int64_t{1024}, int64_t{257}, false},
+                                             std::tuple{QuantType::FP4, false, int64_t{40}, int64_t{128}, int64_t{40}, false},
+                                             std::tuple{QuantType::NF4, false, int64_t{200}, int64_t{256}, int64_t{700}, true}}) {
+        run_swiglu(dt, type, dq, I, H, T, bias);
+        if (!*cfg) continue;
+        Backends b(dt);
+        QW g = make_q4(b, dt, type, dq, I, H, bias), u = make_q4(b, dt, type, dq, I, H, bias);
+        DevAct xg(*b.gpu, T, H), tg(*b.gpu, T, I), of(*b.gpu, T, I), ou(*b.gpu, T, I);
+        xg.set(rounded(randn(size_t(T * H)), dt));
+        of.poison();
+        b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, of.act);
+        b.gpu->Backend::linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, ou.act);
+        EXPECT_EQ(of.get(), ou.get()) << "swiglu epilogue vs gate, up, silu_mul: I=" << I << " T=" << T;
+      }
+    }
+  }
+  unsetenv("NF4FLASH_Q4GEMM_CFG");
+  unsetenv("NF4FLASH_Q4_GEMM");
 }
 
 // rope_kv_write, then attention over what it wrote (and the rotated q/k buffers) vs the CPU.

@@ -103,7 +103,46 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   if (b) bias_add(out.data, out.dtype, b, out.rows, out.cols, stream_);
 }
 
+// The fused tensor-core GEMM over several 4-bit weights (q/k/v, or gate+up with SwiGLU): all of
+// them 4-bit with the same parameters, and the row count one the fused GEMM serves.
+bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, GemmQ4MultiArgs& a) const {
+  if (!q4_gemm_fused_ || x.rows <= gemv_max_rows_ || n < 1 || n > 3) return false;
+  const CudaQ4* q0 = nullptr;
+  int64_t rb = 0;
+  for (int i = 0; i < n; ++i) {
+    auto* q = dynamic_cast<const CudaQ4*>(ws[i]);
+    if (!q || q->fallback || (q0 && !same_q4_params(*q0, *q))) return false;
+    if (!q0) q0 = q;
+    a.w[i] = &q->dev;
+    rb += (q->dev.RT + 7) / 8;
+  }
+  if (!gemm_q4_wgmma_multi_ok(x.rows, rb)) return false;
+  a.nseg = n;
+  a.x = x.data;
+  a.act = act_;
+  a.T = x.rows;
+  return true;
+}
+
 void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
+  {
+    const Weight* ws[3] = {};
+    bool ok = n >= 1 && n <= 3;
+    for (int i = 0; ok && i < n; ++i) {
+      ws[i] = outs[i].w;
+      ok = outs[i].out.dtype == act_;
+    }
+    GemmQ4MultiArgs a;
+    if (ok && gemm_q4_multi_args(x, ws, n, a)) {
+      for (int i = 0; i < n; ++i) {
+        check_linear(x, *outs[i].w, outs[i].out);
+        a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
+        a.out[i] = outs[i].out.data;
+      }
+      gemm_q4_wgmma_multi(a, stream_);
+      return;
+    }
+  }
   const CudaQ4* q[kQsMaxSegs] = {};
   bool fuse = n >= 1 && n <= kQsMaxSegs;
   for (int i = 0; fuse && i < n; ++i) {
@@ -136,6 +175,20 @@ void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Ac
 
 void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
                                 Act g_tmp, Act out) {
+  {
+    const Weight* ws[2] = {&gate, &up};
+    GemmQ4MultiArgs a;
+    if (out.dtype == act_ && gate.rows() == up.rows() && gemm_q4_multi_args(x, ws, 2, a)) {
+      check_linear(x, gate, out);
+      check_linear(x, up, out);
+      a.swiglu = true;
+      a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+      a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+      a.out[0] = out.data;
+      gemm_q4_wgmma_multi(a, stream_);
+      return;
+    }
+  }
   const CudaQ4* qg = stream_q4(gate, x.rows);
   const CudaQ4* qu = stream_q4(up, x.rows);
   if (!qg || !qu || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu))
@@ -165,8 +218,8 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     if (rows <= gemv_max_rows_ && act_ != DType::F32)
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
     if (q4_gemm_fused_)
-      return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_), ", codes decoded to ",
-                 dtype_name(act_), " in registers, f32 accum)");
+      return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q->dev.RT + 7) / 8), ", codes decoded to ",
+                 dtype_name(act_), " in registers, f32 accum; q/k/v and gate+up+silu one launch each)");
     return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",
                dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"));
   }

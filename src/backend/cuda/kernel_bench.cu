@@ -351,6 +351,91 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       }
     }
     out["prefill_linear"] = pl;
+
+    // One layer's linears as the decoder issues them (q/k/v via linear_multi, o, gate+up+SiLU via
+    // linear_swiglu, down), Llama-3-8B shapes, each backend: bf16 cuBLAS, nf4-dq dequantize +
+    // cuBLAS ("whole"), nf4-dq fused GEMM (default configs: q/k/v one launch, SwiGLU epilogue).
+    // Two copies of the layer alternate (220 MB of 4-bit weights, past the 60 MB L2).
+    {
+      const int64_t H = 4096, I = 14336, KV = 1024;
+      struct Layer {
+        std::unique_ptr<Weight> q, k, v, o, gate, up, down;
+      };
+      struct LB {
+        std::string name;
+        Backend* be;
+        std::vector<Layer> layers;
+      };
+      std::vector<LB> lbs;
+      lbs.push_back({"bf16", be.get(), {}});
+      lbs.push_back({"nf4-dq whole", bes[0].get(), {}});
+      if (cuda::gemm_q4_wgmma_supported()) lbs.push_back({"nf4-dq fused", bes[4].get(), {}});
+      for (int c = 0; c < 2; ++c) {
+        auto mk = [&](int64_t r, int64_t k) { return random_q4(r, k, true, g); };
+        auto qq = mk(H, H), qk = mk(KV, H), qv = mk(KV, H), qo = mk(H, H), qg = mk(I, H), qu = mk(I, H), qd = mk(H, I);
+        for (LB& lb : lbs) {
+          Layer L;
+          if (lb.name == "bf16") {
+            auto dense = [&](int64_t r, int64_t k) {
+              std::vector<uint16_t> wh(size_t(r * k));
+              for (auto& v : wh) v = f32_to_bf16(nd(g) * 0.02f);
+              return lb.be->upload_dense(bf16_tensor("dense", r, k, wh), DType::BF16);
+            };
+            L = {dense(H, H), dense(KV, H), dense(KV, H), dense(H, H), dense(I, H), dense(I, H), dense(H, I)};
+          } else {
+            Backend& b = *lb.be;
+            L = {b.upload_quant4(qq), b.upload_quant4(qk), b.upload_quant4(qv), b.upload_quant4(qo),
+                 b.upload_quant4(qg), b.upload_quant4(qu), b.upload_quant4(qd)};
+          }
+          lb.layers.push_back(std::move(L));
+        }
+      }
+      json ll = json::array();
+      for (int T : Ts) {
+        auto xb = rand_act(T, H), qb = be->alloc(size_t(T * H) * 2), kb = be->alloc(size_t(T * KV) * 2),
+             vb = be->alloc(size_t(T * KV) * 2), gb = be->alloc(size_t(T * I) * 2), ub = be->alloc(size_t(T * I) * 2),
+             ob = be->alloc(size_t(T * H) * 2);
+        Act x = xb->as_act(DType::BF16, T, H), q = qb->as_act(DType::BF16, T, H), k = kb->as_act(DType::BF16, T, KV),
+            v = vb->as_act(DType::BF16, T, KV), gt = gb->as_act(DType::BF16, T, I), u = ub->as_act(DType::BF16, T, I),
+            ao = ob->as_act(DType::BF16, T, H);
+        const int reps = T >= 4096 ? 2 : 8;
+        json row = {{"T", T}};
+        for (LB& lb : lbs) {
+          Backend& b = *lb.be;
+          auto qkv = [&](int i) {
+            const Layer& L = lb.layers[size_t(i % 2)];
+            const Backend::LinearOut outs[3] = {{L.q.get(), nullptr, q}, {L.k.get(), nullptr, k}, {L.v.get(), nullptr, v}};
+            b.linear_multi(x, outs, 3);
+          };
+          auto mlp_in = [&](int i) {
+            const Layer& L = lb.layers[size_t(i % 2)];
+            b.linear_swiglu(x, *L.gate, nullptr, *L.up, nullptr, gt, u);
+          };
+          auto all = [&](int i) {
+            const Layer& L = lb.layers[size_t(i % 2)];
+            qkv(i);
+            b.linear(q, *L.o, nullptr, ao);
+            mlp_in(i);
+            b.linear(u, *L.down, nullptr, ao);
+          };
+          const double a = 2.0 * T;
+          const double s_qkv = time_graph(b, qkv, reps, o.trials);
+          report(cat("prefill layer ", lb.name, " q/k/v T=", T), s_qkv, 0.0,
+                 {{"T", T}, {"tflops", a * (H + 2 * KV) * H / s_qkv / 1e12}});
+          const double s_mlp = time_graph(b, mlp_in, reps, o.trials);
+          report(cat("prefill layer ", lb.name, " gate+up+silu T=", T), s_mlp, 0.0,
+                 {{"T", T}, {"tflops", a * 2 * I * H / s_mlp / 1e12}});
+          const double s_all = time_graph(b, all, reps, o.trials);
+          report(cat("prefill layer ", lb.name, " all linears T=", T), s_all, 0.0,
+                 {{"T", T}, {"tflops", a * ((H + 2 * KV) * H + H * H + 3 * I * H) / s_all / 1e12}});
+          row[cat(lb.name, "_qkv_us")] = s_qkv * 1e6;
+          row[cat(lb.name, "_swiglu_us")] = s_mlp * 1e6;
+          row[cat(lb.name, "_layer_us")] = s_all * 1e6;
+        }
+        ll.push_back(row);
+      }
+      out["prefill_layer"] = ll;
+    }
   }
   if (o.prefill_linear_only) {
     out["kernels"] = rows;

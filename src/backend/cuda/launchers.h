@@ -100,9 +100,27 @@ struct GemmQ4Args {
 bool gemm_q4_wgmma_built();        // this build has the sm_90a kernel
 bool gemm_q4_wgmma_supported();    // built, and the current device is compute capability 9.0
 void gemm_q4_wgmma(const GemmQ4Args& a, cudaStream_t st);
-// The block configuration for T rows ("w2n128s4": 2 warpgroups, 128 tokens, 4 stages), or
-// NF4FLASH_Q4GEMM_CFG when set (one of gemm_q4_wgmma_cfgs()).
-std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype);
+// Several weights sharing x in one launch (warp-specialized kernel): out[i] = x W_i^T + bias[i] for
+// nseg <= 3 weights with the same cols and quantization parameters (q, k, v); or, with swiglu,
+// out[0] = silu(x W_0^T + b_0) * (x W_1^T + b_1), each product rounded to the compute dtype first
+// (what linear + linear + silu_mul give, without the gate buffer). Output dtype = act.
+struct GemmQ4MultiArgs {
+  int nseg = 1;
+  bool swiglu = false;
+  const Q4Device* w[3] = {};
+  const float* bias[3] = {};
+  void* out[3] = {};
+  const void* x = nullptr;
+  DType act = DType::BF16;
+  int64_t T = 0;
+};
+void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& a, cudaStream_t st);
+// The block configuration for T rows over row_blocks blocks of 128 weight rows ("ws-n128s6":
+// warp-specialized, 128 tokens, 6 stages), or NF4FLASH_Q4GEMM_CFG when set (one of
+// gemm_q4_wgmma_cfgs()); multi launches need a ws-* configuration (false when the override names
+// another).
+std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks);
+bool gemm_q4_wgmma_multi_ok(int64_t T, int64_t row_blocks);
 const char* const* gemm_q4_wgmma_cfgs();  // null-terminated
 
 struct GemvDenseArgs {

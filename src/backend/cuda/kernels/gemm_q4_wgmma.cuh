@@ -58,21 +58,27 @@ __device__ __forceinline__ uint32_t mul2_16(uint32_t a, uint32_t b) {
 }
 
 // Double quant: the nested absmax of rows 16 rt + g and + 8 (clamped into range) for column tile
-// kt; the rows' first weight indices are computed once.
+// kt. Everything the K loop needs is copied into registers here (the weight descriptor may live in
+// parameter space behind a generic pointer, which the loop's asm memory clobbers would re-read).
 template <bool DQ>
 struct Q4gNested {
   int64_t r0c = 0, r1c = 0;
+  const float* nab = nullptr;
+  int lb = 0, ln = 0;
   __device__ __forceinline__ Q4gNested(const Q4Device& w, int64_t rt, int g) {
     if constexpr (DQ) {
       r0c = min(rt * 16 + g, w.rows - 1) * w.cols;
       r1c = min(rt * 16 + g + 8, w.rows - 1) * w.cols;
+      nab = w.nested_absmax;
+      lb = w.log2_blocksize;
+      ln = w.log2_nested;
     }
   }
-  __device__ __forceinline__ void load(const Q4Device& w, int kt, float& n0, float& n1) const {
+  __device__ __forceinline__ void load(int kt, float& n0, float& n1) const {
     if constexpr (DQ) {
       const int64_t c = int64_t(kt) * 64;
-      n0 = __ldg(w.nested_absmax + (((r0c + c) >> w.log2_blocksize) >> w.log2_nested));
-      n1 = __ldg(w.nested_absmax + (((r1c + c) >> w.log2_blocksize) >> w.log2_nested));
+      n0 = __ldg(nab + (((r0c + c) >> lb) >> ln));
+      n1 = __ldg(nab + (((r1c + c) >> lb) >> ln));
     }
   }
 };
@@ -141,17 +147,17 @@ __device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t
 // The accumulator tile of warp `warp` (rows 16 * warp + g, + 8 of the block x BN tokens from n0)
 // to out [T, rows] (+ bias).
 template <typename TO, int BN>
-__device__ __forceinline__ void q4g_store(const Q4GemmKArgs& a, const float* acc, int64_t row_g, int n0, int t) {
-  const int64_t rows = a.w.rows, f0 = row_g, f1 = row_g + 8;
-  const float b0 = (a.bias && f0 < rows) ? a.bias[f0] : 0.f, b1 = (a.bias && f1 < rows) ? a.bias[f1] : 0.f;
-  TO* const out = static_cast<TO*>(a.out);
+__device__ __forceinline__ void q4g_store(TO* out, int64_t rows, const float* bias, int T, const float* acc,
+                                          int64_t row_g, int n0, int t) {
+  const int64_t f0 = row_g, f1 = row_g + 8;
+  const float b0 = (bias && f0 < rows) ? bias[f0] : 0.f, b1 = (bias && f1 < rows) ? bias[f1] : 0.f;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int n = n0 + 8 * j + 2 * t + (e & 1);
       const int64_t f = (e & 2) ? f1 : f0;
-      if (n < a.T && f < rows) out[int64_t(n) * rows + f] = from_f32<TO>(acc[4 * j + e] + ((e & 2) ? b1 : b0));
+      if (n < T && f < rows) out[int64_t(n) * rows + f] = from_f32<TO>(acc[4 * j + e] + ((e & 2) ? b1 : b0));
     }
   }
 }
@@ -227,7 +233,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
     cp_async_commit();
   }
   float nab0 = 0.f, nab1 = 0.f;
-  nested.load(a.w, 0, nab0, nab1);
+  nested.load(0, nab0, nab1);
 
   float acc[BN / 2];
 #pragma unroll
@@ -247,7 +253,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
     }
     q4g_decode_a<TA, DQ>(wq_s + slot * WS + warp * 512 + lane * 16, sc_s + slot * SS + warp * 64, lut_s, lane4, g,
                          t, s_nested, nab0, nab1, a.w.offset, A);
-    if (DQ && kt + 1 < KT) nested.load(a.w, kt + 1, nab0, nab1);
+    if (DQ && kt + 1 < KT) nested.load(kt + 1, nab0, nab1);
     q4g_mma_tile<TA, BN>(acc, A, xs_s + slot * XS);
     wgmma_wait<1>();
   };
@@ -263,7 +269,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
   wgmma_fence_regs(acc);
   cp_async_wait<0>();
 
-  q4g_store<TO, BN>(a, acc, my_rt * 16 + g, n0, t);
+  q4g_store<TO, BN>(static_cast<TO*>(a.out), a.w.rows, a.bias, a.T, acc, my_rt * 16 + g, n0, t);
 #else
   __trap();  // built only for sm_90a (gemm_q4_wgmma_supported() says so before any launch)
 #endif

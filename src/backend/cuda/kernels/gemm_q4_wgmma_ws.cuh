@@ -13,31 +13,58 @@
 // while those run, then, once tile kt - 1's group has completed (wgmma_wait<1>), release that
 // tile's slot: one arrival per warp on empty[slot] (8 per phase). No block-wide barrier in the K
 // loop: the warpgroups drift freely.
-// Grid as the cp.async kernel: (ceil(RT / 8), ceil(T / BN)); 384 threads.
+// Several weights in one launch (Q4gWsParams, up to 3 with the same in_features and quant
+// parameters: q, k and v): blockIdx.x walks the row blocks of weight 0, then of 1, then of 2
+// (blk_end = running sums of ceil(RT_i / 8)); each block works on one weight as above.
+// SWIGLU (2 weights, gate and up, same rows): a block covers 4 row tiles (64 rows) of each; the
+// producer brings 4 row tiles of gate codes into slots 0-3 and 4 of up into 4-7, so warpgroup 0
+// multiplies gate rows and warpgroup 1 the same up rows; at the end warpgroup 0 parks its
+// accumulators (rounded to the compute dtype with bias, as linear() would store them) in the
+// drained ring, and warpgroup 1 stores out = silu(gate) * up (SiluMulOp, rounded): the result of
+// two GEMMs and silu_mul, bit for bit, without the [T, rows] gate buffer.
+// Grid: (sum of row blocks, ceil(T / BN)); 384 threads.
 // Shared memory: [S][BN*128] x tiles (1024-aligned), [S][8][512] codes, [S][8][64 or 16] absmax,
 // the [256][64]-word code-pair table, 16 codes, 256 nested codes, 2S mbarriers.
 #pragma once
 #include "backend/cuda/kernels/gemm_q4_wgmma.cuh"
+#include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/mbarrier.cuh"
 
 namespace nf4flash::cuda {
 
 constexpr int kQ4gWsThreads = 384;
+constexpr int kQ4gMaxSegs = 3;
+
+// Kernel parameters (passed __grid_constant__: the tensor maps must live in parameter space).
+struct Q4gWsParams {
+  CUtensorMap xmap;                    // x [T, cols]: boxes BN x 64, 128-byte swizzle
+  CUtensorMap wmap[kQ4gMaxSegs];       // codes [RT, KT * 128 u32]: boxes 128 x 8 (SWIGLU: x 4)
+  CUtensorMap smap[kQ4gMaxSegs];       // absmax [RT, KT * 16] f32 / u8: boxes 16 x 8 (SWIGLU: x 4)
+  Q4Device w[kQ4gMaxSegs];
+  const float* bias[kQ4gMaxSegs];      // [rows] or null
+  void* out[kQ4gMaxSegs];              // [T, rows]; SWIGLU: out[0] only
+  int blk_end[kQ4gMaxSegs];            // row blocks of weights 0..i
+  int nseg;
+  int T;
+};
 __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
   return 1024 + s * (bn * 128 + 8 * (512 + 64)) + q4_lut_bytes(2) + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
 }
 
-template <typename TA, typename TO, bool DQ, int BN, int S>
-__global__ void __launch_bounds__(kQ4gWsThreads, 1)
-    gemm_q4_ws_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
-                      const __grid_constant__ CUtensorMap smap, const __grid_constant__ Q4GemmKArgs a) {
+template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
+__global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __grid_constant__ Q4gWsParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int RTB = 8, ABS = DQ ? 16 : 64, XS = BN * 128, WS = RTB * 512, SS = RTB * ABS;
+  constexpr int RTW = SWIGLU ? 4 : 8;  // row tiles of one weight per block
+  // absmax of a stage: SWIGLU puts up's 4 row tiles at a 128-byte boundary (tensor copies need it)
+  constexpr int AH = SWIGLU ? ((4 * ABS + 127) / 128) * 128 : 4 * ABS;
+  constexpr int SST = SWIGLU ? 2 * AH : SS;
+  static_assert(SST <= RTB * 64, "gemm_q4_ws: absmax stage exceeds its shared-memory share");
   static_assert(S >= 2, "gemm_q4_ws: stages");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
-  const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SS;
+  const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SST;
   uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
   uint32_t* const s_bits = lut + q4_lut_bytes(2) / 4;
   float* const s_nested = reinterpret_cast<float*>(s_bits + 16);
@@ -46,12 +73,17 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
-  const int KT = int(a.w.KT);
-  const int64_t rt0 = int64_t(blockIdx.x) * RTB;
+  const int KT = int(p.w[0].KT);
+  int seg = 0, blk = int(blockIdx.x);
+  if constexpr (!SWIGLU) {
+    while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
+    if (seg > 0) blk -= p.blk_end[seg - 1];
+  }
+  const int64_t rt0 = int64_t(blk) * RTW;
   const int n0 = int(blockIdx.y) * BN;
-  if (tid < 16) s_bits[tid] = bits16<TA>(a.w.code[tid]);
+  if (tid < 16) s_bits[tid] = bits16<TA>(p.w[0].code[tid]);  // same code table for every weight
   if constexpr (DQ) {
-    for (int i = tid; i < 256; i += kQ4gWsThreads) s_nested[i] = a.w.nested_code[i];
+    for (int i = tid; i < 256; i += kQ4gWsThreads) s_nested[i] = p.w[0].nested_code[i];
   }
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
@@ -67,15 +99,19 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
   if (warp < 4) {  // ---- producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (warp == 0 && lane == 0) {
-      constexpr uint32_t bytes = uint32_t(XS + WS + SS);
+      constexpr uint32_t bytes = uint32_t(XS + WS + SS);  // SS: both halves' boxes
       const int row0 = int(rt0);
       for (int kt = 0; kt < KT; ++kt) {
         const int slot = kt % S;
         if (kt >= S) mbar_wait(&empty[slot], uint32_t((kt / S) + 1) & 1u);
         mbar_expect_tx(&full[slot], bytes);
-        tma_load_2d(xs_s + slot * XS, &xmap, kt * 64, n0, &full[slot]);
-        tma_load_2d(wq_s + slot * WS, &wmap, kt * 128, row0, &full[slot]);
-        tma_load_2d(sc_s + slot * SS, &smap, kt * 16, row0, &full[slot]);  // 16 absmax per row tile
+        tma_load_2d(xs_s + slot * XS, &p.xmap, kt * 64, n0, &full[slot]);
+        tma_load_2d(wq_s + slot * WS, &p.wmap[seg], kt * 128, row0, &full[slot]);
+        tma_load_2d(sc_s + slot * SST, &p.smap[seg], kt * 16, row0, &full[slot]);  // 16 absmax per row tile
+        if constexpr (SWIGLU) {  // up's 4 row tiles after gate's
+          tma_load_2d(wq_s + slot * WS + 4 * 512, &p.wmap[1], kt * 128, row0, &full[slot]);
+          tma_load_2d(sc_s + slot * SST + AH, &p.smap[1], kt * 16, row0, &full[slot]);
+        }
       }
     }
     return;
@@ -83,11 +119,15 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
 
   // ---- consumers
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
-  const int cw = warp - 4;  // consumer warp: row tile cw, warpgroup cw / 4
-  const int64_t my_rt = rt0 + cw;
-  const Q4gNested<DQ> nested(a.w, my_rt, g);
+  const int cw = warp - 4;  // consumer warp: row tile cw of the block, warpgroup cw / 4
+  const int wseg = SWIGLU ? (cw >> 2) : seg;
+  const Q4Device& W = p.w[wseg];
+  const int64_t my_rt = rt0 + (SWIGLU ? (cw & 3) : cw);
+  const float w_offset = W.offset;
+  const uint32_t my_abs = uint32_t(SWIGLU ? (cw >> 2) * AH + (cw & 3) * ABS : cw * ABS);
+  const Q4gNested<DQ> nested(W, my_rt, g);
   float nab0 = 0.f, nab1 = 0.f;
-  nested.load(a.w, 0, nab0, nab1);
+  nested.load(0, nab0, nab1);
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -99,9 +139,9 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
   auto decode = [&](int kt, uint32_t (&A)[16]) {
     const int slot = kt % S;
     mbar_wait(&full[slot], uint32_t(kt / S) & 1u);
-    q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SS + cw * ABS, lut_s, lane4, g,
-                         t, s_nested, nab0, nab1, a.w.offset, A);
-    if (DQ && kt + 1 < KT) nested.load(a.w, kt + 1, nab0, nab1);
+    q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SST + my_abs, lut_s, lane4, g,
+                         t, s_nested, nab0, nab1, w_offset, A);
+    if (DQ && kt + 1 < KT) nested.load(kt + 1, nab0, nab1);
   };
   auto step = [&](int kt, const uint32_t (&Ai)[16], uint32_t (&An)[16]) {
     q4g_mma_tile<TA, BN>(acc, Ai, xs_s + (kt % S) * XS);
@@ -125,7 +165,37 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1)
   if (kt + 1 < KT) step(kt + 1, A1, A2);
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
-  q4g_store<TO, BN>(a, acc, my_rt * 16 + g, n0, t);
+  if constexpr (!SWIGLU) {
+    q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), W.rows, p.bias[seg], p.T, acc, my_rt * 16 + g, n0, t);
+  } else {
+    static_assert(std::is_same_v<TO, TA>, "gemm_q4_ws: SwiGLU writes the compute dtype");
+    // Both warpgroups' wgmmas are done reading the ring before warpgroup 0 overwrites it.
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    float* const park = reinterpret_cast<float*>(smem_raw + (base_s - raw_s));  // [BN / 2][128]
+    const int ct = tid & 127;
+    const int64_t rows = W.rows, f0 = my_rt * 16 + g, f1 = f0 + 8;
+    const float* const bias = p.bias[wseg];
+    const float b0 = (bias && f0 < rows) ? bias[f0] : 0.f, b1 = (bias && f1 < rows) ? bias[f1] : 0.f;
+    if (cw < 4) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) park[i * 128 + ct] = to_f32<TA>(from_f32<TA>(acc[i] + ((i & 2) ? b1 : b0)));
+    }
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    if (cw >= 4) {
+      TA* const out = static_cast<TA*>(p.out[0]);
+      const SiluMulOp op;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 4 * j + e, n = n0 + 8 * j + 2 * t + (e & 1);
+          const int64_t f = (e & 2) ? f1 : f0;
+          const float up = to_f32<TA>(from_f32<TA>(acc[i] + ((e & 2) ? b1 : b0)));
+          if (n < p.T && f < rows) out[int64_t(n) * rows + f] = from_f32<TA>(op(park[i * 128 + ct], up));
+        }
+      }
+    }
+  }
 #else
   __trap();  // built only for sm_90a (gemm_q4_wgmma_supported() says so before any launch)
 #endif

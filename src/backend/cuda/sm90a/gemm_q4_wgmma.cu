@@ -1,7 +1,9 @@
 // Launcher of the fused 4-bit GEMM (kernels/gemm_q4_wgmma.cuh). This file alone is compiled for
 // sm_90a (wgmma is an arch-specific feature; CMakeLists.txt) when the build targets 90; built
 // without it, gemm_q4_wgmma_built() is false and the backend keeps dequantize + cuBLAS.
+#include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 #include <cstring>
 #include <string_view>
 
@@ -34,8 +36,12 @@ const Cfg& find_cfg(std::string_view name) {
   fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (ws-n64s8, ws-n128s6, ws-n256s4, w2n64s4, w2n128s4, w2n256s4)");
 }
 
-// Default by token count (kernel-bench "prefill" rows, docs/performance.md).
-const Cfg& pick(int64_t T, DType out_dtype) {
+// Configuration for rb row blocks (of 8 row tiles; all weights of the launch) x T tokens: the
+// widest token tile that still gives about a wave of blocks (132 SMs on the H200), n64 when none
+// does. Measured (kernel-bench "prefill" rows, H200, c0fa985, nf4-dq): T=512 14336x4096 (112
+// row blocks) n256 105.9 us / n128 151.4; 4096x14336 (32) n128 123.7 / n256 165.7; 4096x4096
+// n128 39.0 / n256 51.8; 1024x4096 (8) n64 32.1 / n128 38.2; T=4096 n256 best on every shape.
+const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
   if (const char* v = std::getenv("NF4FLASH_Q4GEMM_CFG"); v && *v) {
     const Cfg& c = find_cfg(v);
     NF4FLASH_CHECK(out_dtype != DType::F32 || c.f32_out, "NF4FLASH_Q4GEMM_CFG=", v,
@@ -43,9 +49,10 @@ const Cfg& pick(int64_t T, DType out_dtype) {
     return c;
   }
   if (out_dtype == DType::F32) return kCfgs[1];
-  if (T <= 64) return kCfgs[0];
-  if (T <= 1024) return kCfgs[1];
-  return kCfgs[2];
+  constexpr int64_t kWave = 120;  // ~0.9 of 132 SMs
+  if (rb * ((T + 255) / 256) >= kWave) return kCfgs[2];
+  if (rb * ((T + 127) / 128) >= kWave) return kCfgs[1];
+  return kCfgs[0];
 }
 
 // Both kernels: blocks of 8 row tiles x BN tokens; the shared-memory opt-in, once per kernel.
@@ -96,26 +103,59 @@ CUtensorMap tensor_map_2d(CUtensorMapDataType dt, const void* base, int64_t inne
   return map;
 }
 
+// One launch over the weights of m (1-3; SWIGLU: gate and up): x [T, cols] as a 2D tensor map
+// (boxes of BN rows x 64 columns, 128-byte swizzle); each weight's codes as [RT, KT * 128 u32]
+// (boxes of one 512-byte column tile x 8 row tiles, 4 for SWIGLU) and absmax as [RT, KT * 16] f32
+// or u8 (boxes of 16 x 8 or 4).
+template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
+void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st) {
+  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S, SWIGLU>;
+  constexpr int smem = q4g_ws_smem_bytes(BN, S);
+  constexpr uint32_t rtw = SWIGLU ? 4 : 8;
+  NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(m.x) % 16 == 0, "gemm_q4_wgmma: x not 16-byte aligned");
+  const Q4Device& w0 = *m.w[0];
+  Q4gWsParams p{};
+  p.xmap = tensor_map_2d(
+      std::is_same_v<TA, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, m.x,
+      w0.cols, m.T, w0.cols * 2, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B, "x");
+  int64_t blocks = 0;
+  for (int i = 0; i < m.nseg; ++i) {
+    const Q4Device& w = *m.w[i];
+    p.wmap[i] = tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, w.tiles, w.KT * 128, w.RT, w.KT * 512, 128, rtw,
+                              CU_TENSOR_MAP_SWIZZLE_NONE, "codes");
+    p.smap[i] = DQ ? tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, w.absq_tiled, w.KT * 16, w.RT, w.KT * 16, 16, rtw,
+                                   CU_TENSOR_MAP_SWIZZLE_NONE, "absmax codes")
+                   : tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, w.absmax_tiled, w.KT * 16, w.RT, w.KT * 64, 16,
+                                   rtw, CU_TENSOR_MAP_SWIZZLE_NONE, "absmax");
+    p.w[i] = w;
+    p.bias[i] = m.bias[i];
+    p.out[i] = m.out[i];
+    if (!SWIGLU || i == 0) blocks += (w.RT + rtw - 1) / rtw;
+    NF4FLASH_CHECK(blocks <= 0x7fffffff, "gemm_q4_wgmma: too many row blocks");
+    p.blk_end[i] = int(blocks);
+  }
+  p.nseg = m.nseg;
+  p.T = int(m.T);
+  static bool attr_set = false;
+  if (!attr_set) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attr_set = true;
+  }
+  const int64_t gy = (m.T + BN - 1) / BN;
+  NF4FLASH_CHECK(gy <= 65535, "gemm_q4_wgmma: grid ", blocks, " x ", gy, " too large");
+  kernel<<<dim3(unsigned(blocks), unsigned(gy)), dim3(kQ4gWsThreads), smem, st>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <typename TA, typename TO, bool DQ, int BN, int S>
 void launch_ws(const Q4GemmKArgs& k, cudaStream_t st) {
-  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S>;
-  constexpr int smem = q4g_ws_smem_bytes(BN, S);
-  // x [T, cols] as a 2D tensor map: boxes of BN rows x 64 columns, 128-byte swizzle; the codes as
-  // [RT, KT * 128 u32] (boxes of 8 row tiles x one 512-byte column tile), the absmax as [RT, KT * 16]
-  // f32 or u8 (boxes of 8 x 16)
-  NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(k.x) % 16 == 0, "gemm_q4_wgmma: x not 16-byte aligned");
-  const CUtensorMap xmap = tensor_map_2d(
-      std::is_same_v<TA, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, k.x,
-      k.w.cols, k.T, k.w.cols * 2, 64, BN, CU_TENSOR_MAP_SWIZZLE_128B, "x");
-  const CUtensorMap wmap = tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT32, k.w.tiles, k.w.KT * 128, k.w.RT,
-                                         k.w.KT * 512, 128, 8, CU_TENSOR_MAP_SWIZZLE_NONE, "codes");
-  const CUtensorMap smap =
-      DQ ? tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_UINT8, k.w.absq_tiled, k.w.KT * 16, k.w.RT, k.w.KT * 16, 16, 8,
-                         CU_TENSOR_MAP_SWIZZLE_NONE, "absmax codes")
-         : tensor_map_2d(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, k.w.absmax_tiled, k.w.KT * 16, k.w.RT, k.w.KT * 64, 16, 8,
-                         CU_TENSOR_MAP_SWIZZLE_NONE, "absmax");
-  kernel<<<prepare<kernel>(smem, k.w.RT, k.T, BN), dim3(kQ4gWsThreads), smem, st>>>(xmap, wmap, smap, k);
-  CUDA_CHECK_LAUNCH();
+  GemmQ4MultiArgs m;
+  m.w[0] = &k.w;
+  m.bias[0] = k.bias;
+  m.out[0] = k.out;
+  m.x = k.x;
+  m.T = k.T;
+  launch_ws<TA, TO, DQ, BN, S, false>(m, st);
 }
 
 template <typename TA, typename TO, bool DQ>
@@ -157,7 +197,10 @@ bool gemm_q4_wgmma_built() {
 
 bool gemm_q4_wgmma_supported() { return gemm_q4_wgmma_built() && device_cc() == 90; }
 
-std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype) { return pick(T, out_dtype).name; }
+std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks) {
+  return pick(T, out_dtype, row_blocks).name;
+}
+bool gemm_q4_wgmma_multi_ok(int64_t T, int64_t row_blocks) { return pick(T, DType::BF16, row_blocks).ws; }
 const char* const* gemm_q4_wgmma_cfgs() { return kCfgNames; }
 
 void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
@@ -168,7 +211,7 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
   const Q4Device& w = *g.w;
   NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
   const Q4GemmKArgs k{w, g.x, int(g.T), g.bias, g.out};
-  const Cfg& c = pick(g.T, g.out_dtype);
+  const Cfg& c = pick(g.T, g.out_dtype, (w.RT + 7) / 8);
   auto go = [&](auto ta) {
     using TA = decltype(ta);
     if (g.out_dtype == DType::F32) {
@@ -182,6 +225,49 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
   if (g.act == DType::BF16) go(__nv_bfloat16{});
   else if (g.act == DType::F16) go(__half{});
   else fail("gemm_q4_wgmma: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+}
+
+}  // namespace nf4flash::cuda
+
+namespace nf4flash::cuda {
+
+void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
+  NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
+  NF4FLASH_CHECK(m.nseg >= 1 && m.nseg <= kQ4gMaxSegs && (!m.swiglu || m.nseg == 2), "gemm_q4_wgmma_multi: ",
+                 m.nseg, " weights", m.swiglu ? " (SwiGLU takes gate and up)" : "");
+  NF4FLASH_CHECK(m.T >= 1 && m.T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", m.T, " out of range");
+  const Q4Device& w0 = *m.w[0];
+  NF4FLASH_CHECK(w0.cols % 64 == 0 && w0.KT == w0.cols / 64, "gemm_q4_wgmma: cols ", w0.cols, " not a multiple of 64");
+  int64_t rb = 0;
+  for (int i = 0; i < m.nseg; ++i) {
+    const Q4Device& w = *m.w[i];
+    // (the nested code table is taken from weight 0: the caller checks the tables are equal)
+    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && std::equal(w.code, w.code + 16, w0.code),
+                   "gemm_q4_wgmma_multi: weight ", i, " differs from weight 0 in cols or quantization parameters");
+    NF4FLASH_CHECK(!m.swiglu || w.rows == w0.rows, "gemm_q4_wgmma_multi: gate and up rows differ");
+    rb += (w.RT + 7) / 8;
+  }
+  const Cfg& c = pick(m.T, m.act, rb);
+  NF4FLASH_CHECK(c.ws, "gemm_q4_wgmma_multi: configuration ", c.name, " is not warp-specialized (ws-*)");
+  auto go = [&](auto ta) {
+    using TA = decltype(ta);
+    auto run = [&](auto dq) {
+      constexpr bool DQ = decltype(dq)::value;
+      auto bn = [&](auto sw) {
+        constexpr bool SW = decltype(sw)::value;
+        if (c.bn == 64) launch_ws<TA, TA, DQ, 64, 8, SW>(m, st);
+        else if (c.bn == 128) launch_ws<TA, TA, DQ, 128, 6, SW>(m, st);
+        else launch_ws<TA, TA, DQ, 256, 4, SW>(m, st);
+      };
+      if (m.swiglu) bn(std::true_type{});
+      else bn(std::false_type{});
+    };
+    if (w0.double_quant) run(std::true_type{});
+    else run(std::false_type{});
+  };
+  if (m.act == DType::BF16) go(__nv_bfloat16{});
+  else if (m.act == DType::F16) go(__half{});
+  else fail("gemm_q4_wgmma: compute dtype ", dtype_name(m.act), " not supported (bf16/f16)");
 }
 
 }  // namespace nf4flash::cuda
