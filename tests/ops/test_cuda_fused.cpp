@@ -146,6 +146,7 @@ TEST(CudaFused, GemmQ4MultiAndSwiGLU) {
   if (!cuda::gemm_q4_wgmma_supported())
     GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
   setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+  setenv("NF4FLASH_Q4GEMM_SWIGLU", "1", 1);  // the epilogue is opt-in
   for (const char* cfg : {"", "ws-n64s8", "ws-n128s6", "ws-n256s4"}) {
     setenv("NF4FLASH_Q4GEMM_CFG", cfg, 1);
     SCOPED_TRACE(cat("cfg '", cfg, "'"));
@@ -192,6 +193,7 @@ TEST(CudaFused, GemmQ4MultiAndSwiGLU) {
     }
   }
   unsetenv("NF4FLASH_Q4GEMM_CFG");
+  unsetenv("NF4FLASH_Q4GEMM_SWIGLU");
   unsetenv("NF4FLASH_Q4_GEMM");
 }
 

@@ -183,12 +183,23 @@ TEST(CudaOps, Quant4PathNames) {
   auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, 64, 128, QuantType::NF4, 64, true));
   auto w = b.gpu->upload_quant4(q);
   EXPECT_NE(b.gpu->linear_path(*w, 1).find("gemv_q4"), std::string::npos);
-  EXPECT_NE(b.gpu->linear_path(*w, 100).find("cublas"), std::string::npos) << b.gpu->linear_path(*w, 100);
+  // default (auto): the fused GEMM up to 1024 rows where it runs, dequantize + cuBLAS above
+  EXPECT_NE(b.gpu->linear_path(*w, 100).find(cuda::gemm_q4_wgmma_supported() ? "gemm_q4 fused" : "cublas"),
+            std::string::npos) << b.gpu->linear_path(*w, 100);
+  EXPECT_NE(b.gpu->linear_path(*w, 5000).find("cublas"), std::string::npos) << b.gpu->linear_path(*w, 5000);
+  setenv("NF4FLASH_Q4GEMM_FUSED_MAX_ROWS", "64", 1);
+  {
+    Backends b64;
+    auto w64 = b64.gpu->upload_quant4(q);
+    EXPECT_NE(b64.gpu->linear_path(*w64, 100).find("cublas"), std::string::npos) << b64.gpu->linear_path(*w64, 100);
+  }
+  unsetenv("NF4FLASH_Q4GEMM_FUSED_MAX_ROWS");
   if (cuda::gemm_q4_wgmma_supported()) {
     setenv("NF4FLASH_Q4_GEMM", "fused", 1);
     Backends bf;
     auto wf = bf.gpu->upload_quant4(q);
     EXPECT_NE(bf.gpu->linear_path(*wf, 100).find("gemm_q4 fused"), std::string::npos) << bf.gpu->linear_path(*wf, 100);
+    EXPECT_NE(bf.gpu->linear_path(*wf, 5000).find("gemm_q4 fused"), std::string::npos) << bf.gpu->linear_path(*wf, 5000);
   }
   setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
   Backends b2;

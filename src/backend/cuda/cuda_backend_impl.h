@@ -151,18 +151,27 @@ class CudaBackend : public Backend {
     if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
     if (const char* v = std::getenv("NF4FLASH_DEQUANT_CHUNK_MB"))
       dequant_chunk_bytes_ = int64_t(std::clamp(std::atoi(v), 0, 4096)) << 20;
-    // NF4FLASH_Q4_GEMM: "dequant" (dequantize + cuBLAS, the default) or "fused" (the wgmma kernel,
-    // an error where it cannot run); kernel-bench compares the two
-    q4_gemm_fused_ = kQ4GemmFusedDefault && act_ != DType::F32 && gemm_q4_wgmma_supported();
+    // NF4FLASH_Q4_GEMM: "auto" (the default: the fused wgmma GEMM for up to q4_fused_max_rows_
+    // rows where it can run, dequantize + cuBLAS above), "fused" (always; an error where it cannot
+    // run) or "dequant" (never); kernel-bench compares them
+    const bool fused_ok = act_ != DType::F32 && gemm_q4_wgmma_supported();
+    q4_gemm_fused_ = fused_ok;
+    if (const char* v = std::getenv("NF4FLASH_Q4GEMM_FUSED_MAX_ROWS"); v && *v)
+      q4_fused_max_rows_ = std::max<int64_t>(0, std::atoll(v));
     if (const char* v = std::getenv("NF4FLASH_Q4_GEMM"); v && *v) {
       const std::string_view m(v);
-      NF4FLASH_CHECK(m == "fused" || m == "dequant", "NF4FLASH_Q4_GEMM=", m, ": expected fused or dequant");
-      q4_gemm_fused_ = m == "fused" && act_ != DType::F32 && gemm_q4_wgmma_supported();
-      if (m == "fused")
+      NF4FLASH_CHECK(m == "fused" || m == "dequant" || m == "auto", "NF4FLASH_Q4_GEMM=", m,
+                     ": expected auto, fused or dequant");
+      q4_gemm_fused_ = m != "dequant" && fused_ok;
+      if (m == "fused") {
         NF4FLASH_CHECK(q4_gemm_fused_, "NF4FLASH_Q4_GEMM=fused: the fused 4-bit GEMM needs bf16/f16 compute, a build for "
                        "sm_90a and a compute capability 9.0 GPU (this: ", props_.major, ".", props_.minor,
                        gemm_q4_wgmma_built() ? "" : ", built without sm_90a", ")");
+        q4_fused_max_rows_ = INT64_MAX;
+      }
     }
+    if (!q4_gemm_fused_) q4_fused_max_rows_ = 0;
+    if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SWIGLU"); v && *v) q4_fused_swiglu_ = std::atoi(v) != 0;
     if (stream_gemv_) {
       qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
       qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
@@ -330,7 +339,8 @@ class CudaBackend : public Backend {
       d.nested_code = static_cast<const float*>(w->nested_code->data());
       w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
     }
-    if (!q4_gemm_fused_) reserve_scratch(dequant_chunk_rows(d) * d.cols);  // the fused GEMM needs none
+    // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS
+    if (q4_fused_max_rows_ != INT64_MAX) reserve_scratch(dequant_chunk_rows(d) * d.cols);
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
                   (w->nested_code ? w->nested_code->bytes() : 0));
     return w;
@@ -619,7 +629,17 @@ class CudaBackend : public Backend {
   // 4-bit GEMM path (T above the GEMV threshold): the fused wgmma kernel (sm_90a) or dequantize +
   // cuBLAS. Measured on the H200: kernel-bench "prefill" rows, docs/performance.md.
   bool q4_gemm_fused_ = false;
-  static constexpr bool kQ4GemmFusedDefault = false;  // end to end still slower (TTFT, H200)
+  // Rows up to which the fused GEMM serves 4-bit linears (NF4FLASH_Q4GEMM_FUSED_MAX_ROWS). H200,
+  // NF4-dq Llama-3-8B shape, TTFT fused vs dequantize + cuBLAS: 512 rows 17.3 vs 19.6 ms, 1024
+  // rows 31.1 vs 30.6; one layer's linears (kernel-bench "prefill layer") T=512 521 vs 574 us,
+  // T=4096 3406 vs 3012 (docs/performance.md, fifth session).
+  int64_t q4_fused_max_rows_ = kQ4FusedMaxRowsDefault;
+  static constexpr int64_t kQ4FusedMaxRowsDefault = 512;
+  // gate+up as one launch with the SwiGLU epilogue (NF4FLASH_Q4GEMM_SWIGLU=1); off by default: on
+  // the H200 it measured slower than two launches + silu_mul at every T (kernel-bench "prefill
+  // layer", T=512: 269 vs 229 us; T=4096: 2040 vs 1739)
+  bool q4_fused_swiglu_ = false;
+  bool fused_q4_rows(int64_t rows) const { return q4_gemm_fused_ && rows > gemv_max_rows_ && rows <= q4_fused_max_rows_; }
   int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
     if (dequant_chunk_bytes_ <= 0) return d.rows;
     const int64_t r = dequant_chunk_bytes_ / (d.cols * int64_t(dtype_size(act_))) / 16 * 16;

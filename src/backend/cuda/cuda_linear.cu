@@ -61,7 +61,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
         gemv_q4(a, stream_);
       }
       return;
-    } else if (q4_gemm_fused_) {
+    } else if (fused_q4_rows(x.rows)) {
       GemmQ4Args a;
       a.w = &q->dev;
       a.x = x.data;
@@ -106,7 +106,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
 // The fused tensor-core GEMM over several 4-bit weights (q/k/v, or gate+up with SwiGLU): all of
 // them 4-bit with the same parameters, and the row count one the fused GEMM serves.
 bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, GemmQ4MultiArgs& a) const {
-  if (!q4_gemm_fused_ || x.rows <= gemv_max_rows_ || n < 1 || n > 3) return false;
+  if (!fused_q4_rows(x.rows) || n < 1 || n > 3) return false;
   const CudaQ4* q0 = nullptr;
   int64_t rb = 0;
   for (int i = 0; i < n; ++i) {
@@ -178,7 +178,7 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
   {
     const Weight* ws[2] = {&gate, &up};
     GemmQ4MultiArgs a;
-    if (out.dtype == act_ && gate.rows() == up.rows() && gemm_q4_multi_args(x, ws, 2, a)) {
+    if (q4_fused_swiglu_ && out.dtype == act_ && gate.rows() == up.rows() && gemm_q4_multi_args(x, ws, 2, a)) {
       check_linear(x, gate, out);
       check_linear(x, up, out);
       a.swiglu = true;
@@ -217,7 +217,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 fused ", qn, " (tile16x64, ", dtype_name(act_), " mma, f32 accum; stream-K for q/k/v and gate+up+silu)");
     if (rows <= gemv_max_rows_ && act_ != DType::F32)
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
-    if (q4_gemm_fused_)
+    if (fused_q4_rows(rows))
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q->dev.RT + 7) / 8), ", codes decoded to ",
                  dtype_name(act_), " in registers, f32 accum; q/k/v and gate+up+silu one launch each)");
     return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",

@@ -289,12 +289,17 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     struct PCfg {
       std::string name, chunk_mb, q4gemm, cfg_env;
     };
-    std::vector<PCfg> cfgs = {{"whole", "0", "dequant", ""}, {"chunk8", "8", "dequant", ""},
-                              {"chunk16", "16", "dequant", ""}, {"chunk32", "32", "dequant", ""}};
+    // NF4FLASH_KB_PREFILL_ALL=1 adds the measured negatives (dequantize in L2-sized row chunks, the
+    // cp.async w2* kernels; docs/performance.md)
+    const bool all_cfgs = std::getenv("NF4FLASH_KB_PREFILL_ALL") && std::atoi(std::getenv("NF4FLASH_KB_PREFILL_ALL"));
+    std::vector<PCfg> cfgs = {{"whole", "0", "dequant", ""}};
     if (cuda::gemm_q4_wgmma_supported()) {
       cfgs.push_back({"fused", "0", "fused", ""});
-      for (const char* const* c = cuda::gemm_q4_wgmma_cfgs(); *c; ++c) cfgs.push_back({cat("fused-", *c), "0", "fused", *c});
+      for (const char* const* c = cuda::gemm_q4_wgmma_cfgs(); *c; ++c)
+        if (all_cfgs || std::string_view(*c).substr(0, 3) == "ws-") cfgs.push_back({cat("fused-", *c), "0", "fused", *c});
     }
+    if (all_cfgs)
+      for (const char* mb : {"8", "16", "32"}) cfgs.push_back({cat("chunk", mb), mb, "dequant", ""});
     std::vector<std::unique_ptr<Backend>> bes;
     for (const auto& c : cfgs) {
       setenv("NF4FLASH_DEQUANT_CHUNK_MB", c.chunk_mb.c_str(), 1);
@@ -369,7 +374,23 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       std::vector<LB> lbs;
       lbs.push_back({"bf16", be.get(), {}});
       lbs.push_back({"nf4-dq whole", bes[0].get(), {}});
-      if (cuda::gemm_q4_wgmma_supported()) lbs.push_back({"nf4-dq fused", bes[4].get(), {}});
+      std::unique_ptr<Backend> be_noswiglu;
+      if (cuda::gemm_q4_wgmma_supported()) {
+        lbs.push_back({"nf4-dq fused", bes[1].get(), {}});
+        setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+        setenv("NF4FLASH_Q4GEMM_SWIGLU", "1", 1);
+        be_noswiglu = make_cuda_backend(bo);
+        unsetenv("NF4FLASH_Q4GEMM_SWIGLU");
+        unsetenv("NF4FLASH_Q4_GEMM");
+        lbs.push_back({"nf4-dq fused swiglu-epilogue", be_noswiglu.get(), {}});
+      }
+      // fused variants timed on the fused backend's weights: block order, forced configurations
+      struct Var {
+        std::string name, env, val;
+      };
+      const std::vector<Var> vars = {{"raster-row", "NF4FLASH_Q4GEMM_RASTER", "row"},
+                                     {"ws-n128s6", "NF4FLASH_Q4GEMM_CFG", "ws-n128s6"},
+                                     {"ws-n256s4", "NF4FLASH_Q4GEMM_CFG", "ws-n256s4"}};
       for (int c = 0; c < 2; ++c) {
         auto mk = [&](int64_t r, int64_t k) { return random_q4(r, k, true, g); };
         auto qq = mk(H, H), qk = mk(KV, H), qv = mk(KV, H), qo = mk(H, H), qg = mk(I, H), qu = mk(I, H), qd = mk(H, I);
@@ -391,7 +412,9 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         }
       }
       json ll = json::array();
-      for (int T : Ts) {
+      std::vector<int> LTs = Ts;
+      if (!std::getenv("NF4FLASH_KB_PREFILL_TS")) LTs = {512, 1024, 2048, 4096};
+      for (int T : LTs) {
         auto xb = rand_act(T, H), qb = be->alloc(size_t(T * H) * 2), kb = be->alloc(size_t(T * KV) * 2),
              vb = be->alloc(size_t(T * KV) * 2), gb = be->alloc(size_t(T * I) * 2), ub = be->alloc(size_t(T * I) * 2),
              ob = be->alloc(size_t(T * H) * 2);
@@ -400,8 +423,15 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
             ao = ob->as_act(DType::BF16, T, H);
         const int reps = T >= 4096 ? 2 : 8;
         json row = {{"T", T}};
-        for (LB& lb : lbs) {
+        std::vector<std::pair<LB*, const Var*>> runs;
+        for (LB& lb : lbs) runs.push_back({&lb, nullptr});
+        if (cuda::gemm_q4_wgmma_supported())
+          for (const Var& v : vars) runs.push_back({&lbs[2], &v});
+        for (auto [lbp, var] : runs) {
+          LB& lb = *lbp;
           Backend& b = *lb.be;
+          const std::string name = var ? cat(lb.name, " ", var->name) : lb.name;
+          if (var) setenv(var->env.c_str(), var->val.c_str(), 1);
           auto qkv = [&](int i) {
             const Layer& L = lb.layers[size_t(i % 2)];
             const Backend::LinearOut outs[3] = {{L.q.get(), nullptr, q}, {L.k.get(), nullptr, k}, {L.v.get(), nullptr, v}};
@@ -420,17 +450,18 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
           };
           const double a = 2.0 * T;
           const double s_qkv = time_graph(b, qkv, reps, o.trials);
-          report(cat("prefill layer ", lb.name, " q/k/v T=", T), s_qkv, 0.0,
+          report(cat("prefill layer ", name, " q/k/v T=", T), s_qkv, 0.0,
                  {{"T", T}, {"tflops", a * (H + 2 * KV) * H / s_qkv / 1e12}});
           const double s_mlp = time_graph(b, mlp_in, reps, o.trials);
-          report(cat("prefill layer ", lb.name, " gate+up+silu T=", T), s_mlp, 0.0,
+          report(cat("prefill layer ", name, " gate+up+silu T=", T), s_mlp, 0.0,
                  {{"T", T}, {"tflops", a * 2 * I * H / s_mlp / 1e12}});
           const double s_all = time_graph(b, all, reps, o.trials);
-          report(cat("prefill layer ", lb.name, " all linears T=", T), s_all, 0.0,
+          report(cat("prefill layer ", name, " all linears T=", T), s_all, 0.0,
                  {{"T", T}, {"tflops", a * ((H + 2 * KV) * H + H * H + 3 * I * H) / s_all / 1e12}});
-          row[cat(lb.name, "_qkv_us")] = s_qkv * 1e6;
-          row[cat(lb.name, "_swiglu_us")] = s_mlp * 1e6;
-          row[cat(lb.name, "_layer_us")] = s_all * 1e6;
+          row[cat(name, "_qkv_us")] = s_qkv * 1e6;
+          row[cat(name, "_swiglu_us")] = s_mlp * 1e6;
+          row[cat(name, "_layer_us")] = s_all * 1e6;
+          if (var) unsetenv(var->env.c_str());
         }
         ll.push_back(row);
       }

@@ -1,7 +1,8 @@
 // Fused 4-bit x bf16/f16 GEMM on Hopper tensor cores (wgmma, sm_90a): the prefill linears.
-//   out[n, r] = sum_k x[n, k] * w(r, k)  (+ bias[r]),  w(r, k) = round16(round16(code[q(r, k)]) *
-//   round16(absmax(r, k))) -- bitsandbytes' own inference kernels' arithmetic (codes and absmax in
-//   the compute dtype, one 16-bit multiply); products accumulate in f32.
+//   out[n, r] = sum_k x[n, k] * w(r, k)  (+ bias[r]),  w(r, k) = round16(code[q(r, k)] * absmax(r, k))
+//   with the product in f32 -- what bitsandbytes' dequantize_4bit feeds its prefill matmul (its
+//   one-token inference kernel rounds code and absmax to 16 bits first; that arithmetic put the GPU
+//   prefill of the qwen2-bias NF4 golden 5% past its tolerance); products accumulate in f32.
 // x: [T, cols] compute dtype (bf16 or f16), row-major; out: [T, rows], compute dtype or f32;
 // weights: Q4Device's tile16x64 layout (kernels/gemv_q4.cuh), absmax plain f32 or double-quant u8
 // codes decoded here.
@@ -15,8 +16,9 @@
 //   - warp w decodes row tile w straight into wgmma A fragments (registers, "RS" wgmma): lane
 //     (g, t) loads its 16 code bytes (rows g, g + 8 x columns 16t .. 16t + 15), a 4 x 4 exchange
 //     of 4-byte packets inside the quad (4 shuffles) gives it the bytes of its fragment slots
-//     (columns 16s + 2t, +1, +8, +9 of K step s), each byte becomes two codes through a
-//     per-lane copy of a byte -> code-pair table in shared memory (one LDS), times absmax (HMUL2);
+//     (columns 16s + 2t, +1, +8, +9 of K step s), each byte becomes two f32 codes through a
+//     per-lane copy of a byte -> code-pair table in shared memory (one 8-byte LDS), times the f32
+//     absmax (two FMUL), rounded into one 16-bit pair (one cvt);
 //   - the warpgroup issues 4 wgmma m64nBNk16 and waits only for the previous tile's, so the
 //     tensor cores multiply tile kt while the warps decode tile kt + 1 (two register sets for A).
 // Ring slot reuse: the slot loaded at step kt held tile kt - 2, whose wgmma every warpgroup has
@@ -42,19 +44,31 @@ struct Q4GemmKArgs {
 };
 
 // Shared memory of one block: per stage the x tile, codes and absmax; the code-pair table
-// ([256][64] words, lane L's copy of entry b at word 64b + L); the 16 codes as 16-bit values and
-// the 256-entry nested code table; 1024 bytes of alignment slack.
+// ([256][32][2] f32, lane L's copy of entry b at byte 256b + 8L: code[b >> 4], code[b & 15]); the
+// 16 codes (f32) and the 256-entry nested code table; 1024 bytes of alignment slack.
 __host__ __device__ constexpr int q4g_stage_bytes(int nwg, int bn) { return bn * 128 + nwg * 4 * (512 + 64); }
 __host__ __device__ constexpr int q4g_smem_bytes(int nwg, int bn, int s) {
   return 1024 + s * q4g_stage_bytes(nwg, bn) + q4_lut_bytes(2) + (16 + 256) * 4;
 }
 
+// {lo, hi} rounded to a 16-bit pair (lo in the low half)
 template <typename TA>
-__device__ __forceinline__ uint32_t mul2_16(uint32_t a, uint32_t b) {
+__device__ __forceinline__ uint32_t cvt2_16(float lo, float hi) {
   uint32_t r;
-  if constexpr (std::is_same_v<TA, __nv_bfloat16>) asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  else asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  if constexpr (std::is_same_v<TA, __nv_bfloat16>) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+// The f32 code-pair table (see q4g_smem_bytes) from the 16 codes; the caller syncs after.
+__device__ __forceinline__ void q4g_fill_lut(uint32_t lut_s, const float* code) {
+  for (int i = threadIdx.x; i < 256 * 16; i += blockDim.x) {  // 16 x 16 bytes (two lanes each) per entry
+    const int byte = i >> 4;
+    const float lo = code[byte >> 4], hi = code[byte & 15];
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(lut_s + uint32_t(i) * 16u), "f"(lo), "f"(hi), "f"(lo),
+                 "f"(hi)
+                 : "memory");
+  }
 }
 
 // Double quant: the nested absmax of rows 16 rt + g and + 8 (clamped into range) for column tile
@@ -99,9 +113,9 @@ __device__ __forceinline__ void q4g_mma_tile(float (&acc)[BN / 2], const uint32_
 // Decode one row tile's column tile into the A fragments of its 4 K steps (16 registers, see
 // wgmma_rs): wq = shared address of the tile's 512 code bytes, sca = of its absmax (16 f32, or 16
 // u8 codes: then s_nested / nab0, nab1 / offset give the double-quant value), lut_s = the
-// code-pair table, lane4 = 4 * lane.
+// code-pair table, lane8 = 8 * lane.
 template <typename TA, bool DQ>
-__device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t lut_s, uint32_t lane4, int g, int t,
+__device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t lut_s, uint32_t lane8, int g, int t,
                                              const float* s_nested, float nab0, float nab1, float offset,
                                              uint32_t (&A)[16]) {
   uint4 q;
@@ -118,7 +132,6 @@ __device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t
     s0 = __fadd_rn(__fmul_rn(s_nested[c0], nab0), offset);
     s1 = __fadd_rn(__fmul_rn(s_nested[c1], nab1), offset);
   }
-  const uint32_t sc0 = pack2<TA>(s0, s0), sc1 = pack2<TA>(s1, s1);
   // Packets for quad lane t' (halfword t' & 1 of words t' >> 1 and (t' >> 1) + 2): bytes
   // [row g, row g + 8] x columns 2t', 2t' + 1 of this lane's 16, then the same at 2t' + 8.
   const uint32_t P0 = __byte_perm(q.x, q.z, 0x5410), P1 = __byte_perm(q.x, q.z, 0x7632);
@@ -135,11 +148,12 @@ __device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t
   for (int s = 0; s < 4; ++s) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      // [lane4, code byte k, 0, 0] = byte * 256 + 4 * lane: lane's copy of the byte's code pair
-      const uint32_t off = __byte_perm(R[s], lane4, 0x5504u | (uint32_t(k) << 4));
-      uint32_t pair;
-      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pair) : "r"(lut_s + off));
-      A[4 * s + k] = mul2_16<TA>(pair, (k & 1) ? sc1 : sc0);
+      // [lane8, code byte k, 0, 0] = byte * 256 + 8 * lane: lane's copy of the byte's code pair
+      const uint32_t off = __byte_perm(R[s], lane8, 0x5504u | (uint32_t(k) << 4));
+      float c0, c1;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(c0), "=f"(c1) : "r"(lut_s + off));
+      const float sc = (k & 1) ? s1 : s0;
+      A[4 * s + k] = cvt2_16<TA>(__fmul_rn(c0, sc), __fmul_rn(c1, sc));
     }
   }
 }
@@ -173,8 +187,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
   const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SS;
   uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
-  uint32_t* const s_bits = lut + q4_lut_bytes(2) / 4;
-  float* const s_nested = reinterpret_cast<float*>(s_bits + 16);
+  float* const s_code = reinterpret_cast<float*>(lut + q4_lut_bytes(2) / 4);
+  float* const s_nested = s_code + 16;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -182,7 +196,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
   const int64_t RT = a.w.RT, cols = a.w.cols;
   const int64_t rt0 = int64_t(blockIdx.x) * RTB;
   const int n0 = int(blockIdx.y) * BN;
-  if (tid < 16) s_bits[tid] = bits16<TA>(a.w.code[tid]);
+  if (tid < 16) s_code[tid] = a.w.code[tid];
   if constexpr (DQ) {
     for (int i = tid; i < 256; i += NT) s_nested[i] = a.w.nested_code[i];
   }
@@ -225,8 +239,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
 
   const Q4gNested<DQ> nested(a.w, my_rt, g);
 
-  __syncthreads();  // s_bits, s_nested
-  q4_fill_lut<64>(lut, s_bits);
+  __syncthreads();  // s_code, s_nested
+  q4g_fill_lut(lut_s, s_code);
 #pragma unroll
   for (int s = 0; s < S - 2; ++s) {
     if (s < KT) load_stage(s, s);
@@ -238,7 +252,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  const uint32_t lane4 = 4u * lane;
+  const uint32_t lane8 = 8u * lane;
 
   // One column tile: wait for its stage, prefetch, decode into A (16 registers), issue its wgmmas.
   auto step = [&](int kt, uint32_t (&A)[16]) {
@@ -251,7 +265,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
       if (nk < KT) load_stage(nk, nk % S);
       cp_async_commit();
     }
-    q4g_decode_a<TA, DQ>(wq_s + slot * WS + warp * 512 + lane * 16, sc_s + slot * SS + warp * 64, lut_s, lane4, g,
+    q4g_decode_a<TA, DQ>(wq_s + slot * WS + warp * 512 + lane * 16, sc_s + slot * SS + warp * 64, lut_s, lane8, g,
                          t, s_nested, nab0, nab1, a.w.offset, A);
     if (DQ && kt + 1 < KT) nested.load(kt + 1, nab0, nab1);
     q4g_mma_tile<TA, BN>(acc, A, xs_s + slot * XS);

@@ -22,9 +22,9 @@
 // accumulators (rounded to the compute dtype with bias, as linear() would store them) in the
 // drained ring, and warpgroup 1 stores out = silu(gate) * up (SiluMulOp, rounded): the result of
 // two GEMMs and silu_mul, bit for bit, without the [T, rows] gate buffer.
-// Grid: (sum of row blocks, ceil(T / BN)); 384 threads.
+// Grid: (sum of row blocks, ceil(T / BN)), or transposed (raster_rows); 384 threads.
 // Shared memory: [S][BN*128] x tiles (1024-aligned), [S][8][512] codes, [S][8][64 or 16] absmax,
-// the [256][64]-word code-pair table, 16 codes, 256 nested codes, 2S mbarriers.
+// the code-pair table (64 KiB of f32 pairs), 16 codes, 256 nested codes, 2S mbarriers.
 #pragma once
 #include "backend/cuda/kernels/gemm_q4_wgmma.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
@@ -46,6 +46,7 @@ struct Q4gWsParams {
   int blk_end[kQ4gMaxSegs];            // row blocks of weights 0..i
   int nseg;
   int T;
+  bool raster_rows;  // grid is (token tiles, row blocks) rather than (row blocks, token tiles)
 };
 __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
   return 1024 + s * (bn * 128 + 8 * (512 + 64)) + q4_lut_bytes(2) + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
@@ -66,22 +67,23 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
   const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SST;
   uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
-  uint32_t* const s_bits = lut + q4_lut_bytes(2) / 4;
-  float* const s_nested = reinterpret_cast<float*>(s_bits + 16);
+  float* const s_code = reinterpret_cast<float*>(lut + q4_lut_bytes(2) / 4);
+  float* const s_nested = s_code + 16;
   uint64_t* const full = reinterpret_cast<uint64_t*>(s_nested + 256);
   uint64_t* const empty = full + S;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int KT = int(p.w[0].KT);
-  int seg = 0, blk = int(blockIdx.x);
+  const unsigned bx = p.raster_rows ? blockIdx.y : blockIdx.x, by = p.raster_rows ? blockIdx.x : blockIdx.y;
+  int seg = 0, blk = int(bx);
   if constexpr (!SWIGLU) {
     while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
     if (seg > 0) blk -= p.blk_end[seg - 1];
   }
   const int64_t rt0 = int64_t(blk) * RTW;
-  const int n0 = int(blockIdx.y) * BN;
-  if (tid < 16) s_bits[tid] = bits16<TA>(p.w[0].code[tid]);  // same code table for every weight
+  const int n0 = int(by) * BN;
+  if (tid < 16) s_code[tid] = p.w[0].code[tid];  // same code table for every weight
   if constexpr (DQ) {
     for (int i = tid; i < 256; i += kQ4gWsThreads) s_nested[i] = p.w[0].nested_code[i];
   }
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  q4_fill_lut<64>(lut, s_bits);
+  q4g_fill_lut(lut_s, s_code);
   __syncthreads();
 
   if (warp < 4) {  // ---- producer warpgroup
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  const uint32_t lane4 = 4u * lane;
+  const uint32_t lane8 = 8u * lane;
 
   // Software-pipelined: issue tile kt's wgmmas (A decoded one step earlier), then decode tile
   // kt + 1 while they (and kt - 1's) run, then wait for kt - 1's group and release its slot. Three
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   auto decode = [&](int kt, uint32_t (&A)[16]) {
     const int slot = kt % S;
     mbar_wait(&full[slot], uint32_t(kt / S) & 1u);
-    q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SST + my_abs, lut_s, lane4, g,
+    q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SST + my_abs, lut_s, lane8, g,
                          t, s_nested, nab0, nab1, w_offset, A);
     if (DQ && kt + 1 < KT) nested.load(kt + 1, nab0, nab1);
   };

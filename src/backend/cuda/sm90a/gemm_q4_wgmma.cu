@@ -30,17 +30,40 @@ constexpr Cfg kCfgs[] = {
 };
 const char* const kCfgNames[] = {"ws-n64s8", "ws-n128s6", "ws-n256s4", "w2n64s4", "w2n128s4", "w2n256s4", nullptr};
 
+int device_sms() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+// Block order (NF4FLASH_Q4GEMM_RASTER): "col" (default) runs all row blocks of one token tile
+// before the next (x tile shared, weights streamed once per token tile); "row" runs the token
+// tiles of one row block together (weights read once, x from L2).
+bool raster_rows() {
+  const char* v = std::getenv("NF4FLASH_Q4GEMM_RASTER");  // per launch: kernel-bench switches it
+  if (!v || !*v) return false;
+  const std::string_view m(v);
+  NF4FLASH_CHECK(m == "row" || m == "col", "NF4FLASH_Q4GEMM_RASTER=", m, ": expected row or col");
+  return m == "row";
+}
+
 const Cfg& find_cfg(std::string_view name) {
   for (const Cfg& c : kCfgs)
     if (name == c.name) return c;
   fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (ws-n64s8, ws-n128s6, ws-n256s4, w2n64s4, w2n128s4, w2n256s4)");
 }
 
-// Configuration for rb row blocks (of 8 row tiles; all weights of the launch) x T tokens: the
-// widest token tile that still gives about a wave of blocks (132 SMs on the H200), n64 when none
-// does. Measured (kernel-bench "prefill" rows, H200, c0fa985, nf4-dq): T=512 14336x4096 (112
-// row blocks) n256 105.9 us / n128 151.4; 4096x14336 (32) n128 123.7 / n256 165.7; 4096x4096
-// n128 39.0 / n256 51.8; 1024x4096 (8) n64 32.1 / n128 38.2; T=4096 n256 best on every shape.
+// Configuration for rb row blocks (of 8 row tiles; all weights of the launch) x T tokens. A
+// block's time hardly shrinks with its token tile (prologue, pipeline fill, decode latency), so
+// the pick is by waves: minimize ceil(blocks / SMs) x the time of one block of that tile, per
+// 4096 columns on the H200: n64 30 us, n128 36, n256 55 (kernel-bench "prefill" rows, c0fa985,
+// nf4-dq, one-wave launches: 1024x4096 n64 31.6, 4096x4096 n128 38.4 / n256 51.8 at T=512). The
+// model reproduces every measured pick: T=512 14336x4096 n256 (105.9 us, n128 151.4),
+// 4096x14336 n128 (123.7; n256 165.7), 1024x4096 n64; T=4096 n256 on every shape.
 const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
   if (const char* v = std::getenv("NF4FLASH_Q4GEMM_CFG"); v && *v) {
     const Cfg& c = find_cfg(v);
@@ -49,10 +72,16 @@ const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
     return c;
   }
   if (out_dtype == DType::F32) return kCfgs[1];
-  constexpr int64_t kWave = 120;  // ~0.9 of 132 SMs
-  if (rb * ((T + 255) / 256) >= kWave) return kCfgs[2];
-  if (rb * ((T + 127) / 128) >= kWave) return kCfgs[1];
-  return kCfgs[0];
+  const int64_t sms = std::max(1, device_sms());
+  const Cfg* best = nullptr;
+  int64_t best_cost = 0;
+  for (const auto& [idx, us] : {std::pair{0, 30}, std::pair{1, 36}, std::pair{2, 55}}) {
+    const Cfg& c = kCfgs[idx];
+    const int64_t blocks = rb * ((T + c.bn - 1) / c.bn);
+    const int64_t cost = (blocks + sms - 1) / sms * us;
+    if (!best || cost < best_cost || (cost == best_cost && c.bn > best->bn)) best = &c, best_cost = cost;
+  }
+  return *best;
 }
 
 // Both kernels: blocks of 8 row tiles x BN tokens; the shared-memory opt-in, once per kernel.
@@ -142,8 +171,10 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st) {
     attr_set = true;
   }
   const int64_t gy = (m.T + BN - 1) / BN;
-  NF4FLASH_CHECK(gy <= 65535, "gemm_q4_wgmma: grid ", blocks, " x ", gy, " too large");
-  kernel<<<dim3(unsigned(blocks), unsigned(gy)), dim3(kQ4gWsThreads), smem, st>>>(p);
+  p.raster_rows = raster_rows() && blocks <= 65535;
+  NF4FLASH_CHECK(gy <= (p.raster_rows ? 0x7fffffff : 65535), "gemm_q4_wgmma: grid ", blocks, " x ", gy, " too large");
+  const dim3 grid = p.raster_rows ? dim3(unsigned(gy), unsigned(blocks)) : dim3(unsigned(blocks), unsigned(gy));
+  kernel<<<grid, dim3(kQ4gWsThreads), smem, st>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
