@@ -4,6 +4,8 @@
 // also f32). Inputs are rounded to bf16 once (exact in f16 and f32 too), so one CPU reference
 // serves every dtype and path. Also: eager inside a captured graph (key length = the capacity,
 // positions from device memory), and the refusals by name.
+#include "backend/cuda/launchers.h"
+#include "core/error.h"
 #include "ops/cuda_test_util.h"
 
 namespace nf4flash::test {
@@ -57,14 +59,22 @@ void run_case(const Case& c) {
       if (dt == DType::F32 && impl != AttnImpl::Eager) continue;  // sdpa f32 is covered in test_cuda_ops
       AttnParams pi = p;
       pi.impl = impl;
-      // eager: with the host-known length, and (short cases) over the whole capacity as in a graph
-      for (int64_t host : {int64_t(c.pos0), int64_t(-1)}) {
-        if (host < 0 && (impl != AttnImpl::Eager || c.T > 128)) continue;
-        o.poison();
-        gpu.be->attention(1, q.act, o.act, pi, StepState{pos.ptr(), host});
-        EXPECT_LT(rel_err(o.get(), ref), tol_for(dt))
-            << impl_str(impl) << " " << dtype_name(dt) << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd
-            << " pos0 " << c.pos0 << " T " << c.T << (host < 0 ? " (length = capacity)" : "");
+      // flash: the mma.sync kernel and, on Hopper builds, the wgmma one (NF4FLASH_FLASH_KERNEL)
+      std::vector<const char*> kernels = {"mma"};
+      if (impl == AttnImpl::Flash && cuda::attention_flash_wgmma_supported()) kernels.push_back("wgmma");
+      for (const char* kern : kernels) {
+        setenv("NF4FLASH_FLASH_KERNEL", kern, 1);
+        // eager: with the host-known length, and (short cases) over the whole capacity as in a graph
+        for (int64_t host : {int64_t(c.pos0), int64_t(-1)}) {
+          if (host < 0 && (impl != AttnImpl::Eager || c.T > 128)) continue;
+          o.poison();
+          gpu.be->attention(1, q.act, o.act, pi, StepState{pos.ptr(), host});
+          EXPECT_LT(rel_err(o.get(), ref), tol_for(dt))
+              << impl_str(impl) << (impl == AttnImpl::Flash ? cat(" (", kern, ")") : std::string()) << " "
+              << dtype_name(dt) << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
+              << " T " << c.T << (host < 0 ? " (length = capacity)" : "");
+        }
+        unsetenv("NF4FLASH_FLASH_KERNEL");
       }
     }
   }

@@ -205,6 +205,12 @@ void attention_prefill(const AttnArgs& a, cudaStream_t st);
 // KV cache of the same dtype, head_dim 64 or 128. Empty string = servable, else why not.
 std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim);
 void attention_flash(const AttnArgs& a, cudaStream_t st);
+// The Hopper form of the flash kernel (wgmma + TMA, kernels/attention_flash_wgmma.cuh): same
+// contract as attention_flash (checked by it); built for sm_90a only. attention_flash takes it when
+// NF4FLASH_FLASH_KERNEL=wgmma (an error where it cannot run).
+bool attention_flash_wgmma_built();
+bool attention_flash_wgmma_supported();
+void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st);
 
 // Eager (materialized scores, as transformers' eager): S = Q K^T and O = P V by cuBLAS per kv-head
 // group (strided batches over the group's q heads, K/V never repeated), softmax kernel between.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "backend/cuda/kernels/attention.cuh"
 #include "backend/cuda/kernels/attention_eager.cuh"
@@ -88,6 +89,13 @@ void attention_flash(const AttnArgs& a, cudaStream_t st) {
                  " not a multiple of n_kv_heads ", a.n_kv);
   NF4FLASH_CHECK(a.q_stride % 8 == 0 && a.out_stride % 2 == 0, "attention_flash: q/out row strides must be multiples of 8/2 elements");
   if (a.T == 0) return;
+  // NF4FLASH_FLASH_KERNEL=wgmma: the Hopper kernel (read per call: kernel-bench switches it)
+  if (const char* k = std::getenv("NF4FLASH_FLASH_KERNEL"); k && *k && std::string_view(k) != "mma") {
+    NF4FLASH_CHECK(std::string_view(k) == "wgmma", "NF4FLASH_FLASH_KERNEL=", k, ": expected mma or wgmma");
+    NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=wgmma: needs a compute capability 9.0 GPU "
+                   "and a build for sm_90a");
+    return attention_flash_wgmma(a, st);
+  }
   // K/V ring depth; NF4FLASH_FLASH_STAGES=2|3 selects it for measurements (kernel-bench).
   static const int stages = [] {
     const char* e = std::getenv("NF4FLASH_FLASH_STAGES");

@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/mbarrier.cuh"  // smem_u32
 #include "backend/cuda/kernels/mma.cuh"
 #include "backend/cuda/launchers.h"
 
@@ -47,9 +48,6 @@ constexpr int kFlashThreads = 32 * kFlashWarps;
 
 __host__ __device__ constexpr int flash_smem_bytes(int hd, int stages) { return (kFlashBQ + 2 * stages * kFlashBK) * hd * 2; }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 // 16-byte async copy global -> shared; src_bytes 0 zero-fills the destination.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));

@@ -26,6 +26,8 @@
 // Shared memory: [S][BN*128] x tiles (1024-aligned), [S][8][512] codes, [S][8][64 or 16] absmax,
 // the code-pair table (64 KiB of f32 pairs), 16 codes, 256 nested codes, 2S mbarriers.
 #pragma once
+#include <cuda.h>  // CUtensorMap
+
 #include "backend/cuda/kernels/gemm_q4_wgmma.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/mbarrier.cuh"

@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) helpers: shared-memory matrix descriptors for the
 // 128-byte-swizzled K-major layout, the fence / commit / wait instructions and the
 // D[64 x N] (f32) += A[64 x 16] * B[N x 16]^T step with A in registers and B in shared memory
-// (RS), for N = 64, 128, 256 and bf16 or f16 inputs.
+// (RS), for N = 64, 128, 256 and bf16 or f16 inputs, B K-major or (TRANS_B) MN-major.
 //
 // Shared-memory operand layout ("K-major, 128B swizzle", CUTLASS's Layout_K_SW128): a tile of R
 // rows (the N rows of B) by 64 K-values of 16 bits; row r's 128 bytes at r * 128 in a
@@ -49,26 +49,26 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#define NF4FLASH_WGMMA_RS_N64(TY)                                                              \
+#define NF4FLASH_WGMMA_RS_N64(TY, TB)                                                              \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                             \
                "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {"                   \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"  \
-               "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                     \
+               "}, {%32, %33, %34, %35}, %36, p, 1, 1, " TB ";\n}\n"                                     \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
                  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
                  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
-#define NF4FLASH_WGMMA_RS_N128(TY)                                                              \
+#define NF4FLASH_WGMMA_RS_N128(TY, TB)                                                              \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                             \
                "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " {"                   \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
                "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"  \
                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"  \
                "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"  \
-               "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                     \
+               "}, {%64, %65, %66, %67}, %68, p, 1, 1, " TB ";\n}\n"                                     \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
                  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
@@ -79,7 +79,7 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
                  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
-#define NF4FLASH_WGMMA_RS_N256(TY)                                                              \
+#define NF4FLASH_WGMMA_RS_N256(TY, TB)                                                              \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                             \
                "wgmma.mma_async.sync.aligned.m64n256k16.f32." TY "." TY " {"                   \
                "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"  \
@@ -90,7 +90,7 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
                "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"  \
                "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"  \
                "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"  \
-               "}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"                                     \
+               "}, {%128, %129, %130, %131}, %132, p, 1, 1, " TB ";\n}\n"                                     \
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
                  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
                  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
@@ -113,19 +113,36 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
 // given by a descriptor: a[0..3] = lane (g, t) of warp w's fragment of rows 16w + g
 // (a[0], a[2]) and 16w + g + 8 (a[1], a[3]) at K slots 2t, 2t + 1 (a[0], a[1]) and 2t + 8, 2t + 9
 // (a[2], a[3]), two 16-bit values per register, lower K slot in the low half (mma.m16n8k16's A).
+// TRANS_B: B is MN-major (N contiguous in shared memory; wgmma_desc_sw128_mn) instead of K-major.
 // The registers must stay unchanged until the wgmma completes (wgmma_wait).
-template <int N, bool BF16>
+template <int N, bool BF16, bool TRANS_B = false>
 __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t desc_b, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NF4FLASH_WGMMA_PICK(M)                                        \
+  if constexpr (BF16) {                                               \
+    if constexpr (TRANS_B) M("bf16", "1"); else M("bf16", "0");       \
+  } else {                                                            \
+    if constexpr (TRANS_B) M("f16", "1"); else M("f16", "0");         \
+  }
   if constexpr (N == 64) {
-    if constexpr (BF16) NF4FLASH_WGMMA_RS_N64("bf16"); else NF4FLASH_WGMMA_RS_N64("f16");
+    NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N64)
   } else if constexpr (N == 128) {
-    if constexpr (BF16) NF4FLASH_WGMMA_RS_N128("bf16"); else NF4FLASH_WGMMA_RS_N128("f16");
+    NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N128)
   } else {
     static_assert(N == 256, "wgmma_rs: N is 64, 128 or 256");
-    if constexpr (BF16) NF4FLASH_WGMMA_RS_N256("bf16"); else NF4FLASH_WGMMA_RS_N256("f16");
+    NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N256)
   }
+#undef NF4FLASH_WGMMA_PICK
 #endif
+}
+
+// Descriptor of an MN-major SW128 operand (CUTLASS's Layout_MN_SW128): atoms of 64 N-values
+// (128 bytes, contiguous) x 8 K-rows (128 bytes apart, 16-byte chunks swizzled by row % 8 --
+// what a TMA box of 64 columns with 128-byte swizzle writes); K-row groups of 8 are sbo bytes
+// apart (1024 for a dense tile), atoms along N lbo bytes apart (the next 64-column box).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128_mn(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
+         (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
 }  // namespace nf4flash::cuda

@@ -1,0 +1,226 @@
+// FlashAttention forward on Hopper tensor cores (wgmma + TMA, sm_90a only): the same product as
+// attn_flash_kernel (kernels/attention_flash.cuh) -- causal attention of q [T_rows, n_heads*HD]
+// over one layer's KV cache (K, V each [n_kv][capacity][HD], dtype T = bf16 or f16), query row t
+// at absolute position pos0 + t (pos0 in device memory) seeing cache positions [0, pos0 + t],
+// GQA without repeating K/V -- with the FA3 structure:
+//
+//   grid (n_heads, ceil(T_rows / 128)), 384 threads, blockIdx.y reversed (longest tiles first).
+//   warps 0-3  producer warpgroup (setmaxnreg 40): lane 0 of warp 0 walks the block's KV tiles
+//              (BK = 128 positions) S stages ahead; per tile it issues HD/64 TMA copies of K and
+//              as many of V (tensor maps over the layer's cache viewed as [n_kv * capacity, HD],
+//              boxes of 64 columns x BK rows, 128-byte swizzle) completing on the stage's `full`
+//              mbarrier. Rows past the block's last visible position arrive as whatever the cache
+//              holds there (kv_allocate zeroes it; written rows are finite) and are masked.
+//   warps 4-11 two consumer warpgroups (setmaxnreg 232), 64 query rows each:
+//              Q [64 x HD] in registers as RS A fragments (loaded once from global);
+//              S [64 x BK] = Q K^T: HD/16 wgmma m64n128k16, B = the K tile (K-major: rows of HD
+//              values, two 64-column swizzled boxes for HD = 128);
+//              causal mask on tiles crossing the diagonal, online softmax in registers (base 2,
+//              as attn_flash_kernel); P re-packed from the S accumulators into A fragments;
+//              O [64 x HD] += P V: BK/16 wgmma m64nHDk16 with B = the V tile read MN-major
+//              (transposed B: HD contiguous per cache row; wgmma_desc_sw128_mn);
+//              then one arrival per warp on the stage's `empty` mbarrier (8 per phase).
+// Shared memory: S stages x (K tile + V tile) = S x 2 x BK x HD x 2 bytes (HD 128: 64 KiB per
+// stage, 2 stages; HD 64: 32 KiB, 3 stages), 1024-aligned, plus 2S mbarriers.
+// Accumulator layout (kernels/wgmma.cuh): warp w of a consumer warpgroup, lane 4g + t, register
+// 4j + e = row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1) -- the same per-warp layout as the
+// mma.sync kernel's s[n][e] / o[n][e], so its softmax and store code carry over.
+#pragma once
+#include <cuda.h>
+
+#include "backend/cuda/kernels/attention_flash.cuh"
+#include "backend/cuda/kernels/mbarrier.cuh"
+#include "backend/cuda/kernels/wgmma.cuh"
+
+namespace nf4flash::cuda {
+
+constexpr int kFlashWgBQ = 128, kFlashWgBK = 128, kFlashWgThreads = 384;
+__host__ __device__ constexpr int flash_wg_stages(int hd) { return hd == 128 ? 2 : 3; }
+__host__ __device__ constexpr int flash_wg_smem_bytes(int hd) {
+  return 1024 + flash_wg_stages(hd) * 2 * kFlashWgBK * hd * 2 + 2 * flash_wg_stages(hd) * 8;
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(kFlashWgThreads, 1)
+    attn_flash_wgmma_kernel(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap,
+                            const AttnArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BQ = kFlashWgBQ, BK = kFlashWgBK, S = flash_wg_stages(HD), KS = HD / 16, NB = HD / 64;
+  constexpr int TILE = BK * HD * 2;  // bytes of one K (or V) tile; box r (64 columns) at r * BK * 128
+  constexpr bool BF = std::is_same_v<T, __nv_bfloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_s = smem_u32(smem_raw);
+  const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+  const uint32_t k_s = base_s, v_s = base_s + S * TILE;  // K stage s at k_s + s * TILE, V likewise
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem_raw + (base_s - raw_s) + 2 * S * TILE);
+  uint64_t* const empty = full + S;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int h = blockIdx.x, G = a.n_heads / a.n_kv, kvh = h / G;
+  const int t0 = int(gridDim.y - 1 - blockIdx.y) * BQ;
+  const int pos0 = a.pos0[0];
+  const int rows = min(BQ, a.T - t0);
+  const int kv_end = pos0 + t0 + rows;  // exclusive
+  const int n_tiles = (kv_end + BK - 1) / BK;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp < 4) {  // ---- producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (warp == 0 && lane == 0) {
+      const int row0 = int(int64_t(kvh) * a.capacity);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int slot = j % S;
+        if (j >= S) mbar_wait(&empty[slot], uint32_t((j / S) + 1) & 1u);
+        mbar_expect_tx(&full[slot], uint32_t(2 * TILE));
+#pragma unroll
+        for (int r = 0; r < NB; ++r) {
+          tma_load_2d(k_s + slot * TILE + r * BK * 128, &kmap, 64 * r, row0 + j * BK, &full[slot]);
+          tma_load_2d(v_s + slot * TILE + r * BK * 128, &vmap, 64 * r, row0 + j * BK, &full[slot]);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = warp - 4, wg = cw >> 2, wq = cw & 3;  // warpgroup, warp within it
+  const int g = lane >> 2, c = lane & 3;
+  const int r_lo = t0 + 64 * wg + 16 * wq + g, r_hi = r_lo + 8;  // query rows of this lane
+  const int q_lo = pos0 + r_lo, q_hi = pos0 + r_hi;
+  const int block_qmin = pos0 + t0;
+  const float sl2 = a.scale * 1.4426950408889634f;
+
+  // Q fragments straight from global (rows past T read as zeros)
+  uint32_t qf[KS][4];
+  {
+    const T* qg = static_cast<const T*>(a.q) + int64_t(h) * HD + 2 * c;
+    const bool ok_lo = r_lo < a.T, ok_hi = r_hi < a.T;
+    const uint32_t* qlo = reinterpret_cast<const uint32_t*>(qg + int64_t(ok_lo ? r_lo : 0) * a.q_stride);
+    const uint32_t* qhi = reinterpret_cast<const uint32_t*>(qg + int64_t(ok_hi ? r_hi : 0) * a.q_stride);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      qf[ks][0] = ok_lo ? qlo[8 * ks] : 0u;
+      qf[ks][1] = ok_hi ? qhi[8 * ks] : 0u;
+      qf[ks][2] = ok_lo ? qlo[8 * ks + 4] : 0u;
+      qf[ks][3] = ok_hi ? qhi[8 * ks + 4] : 0u;
+    }
+  }
+
+  float o[HD / 2];
+#pragma unroll
+  for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int slot = j % S;
+    const uint32_t sk = k_s + slot * TILE, sv = v_s + slot * TILE;
+    mbar_wait(&full[slot], uint32_t(j / S) & 1u);
+    // ---- S = Q K^T
+    float s[BK / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+      wgmma_rs<BK, BF>(s, qf[ks], wgmma_desc_sw128(sk + (ks >> 2) * BK * 128 + (ks & 3) * 32), ks > 0 ? 1 : 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(s);
+    const int kb = j * BK;
+    // ---- causal mask on tiles crossing the diagonal
+    if (kb + BK - 1 > block_qmin) {
+#pragma unroll
+      for (int n = 0; n < BK / 8; ++n) {
+        const int p = kb + n * 8 + 2 * c;
+        if (p > q_lo) s[4 * n] = -INFINITY;
+        if (p + 1 > q_lo) s[4 * n + 1] = -INFINITY;
+        if (p > q_hi) s[4 * n + 2] = -INFINITY;
+        if (p + 1 > q_hi) s[4 * n + 3] = -INFINITY;
+      }
+    }
+    // ---- online softmax (attn_flash_kernel's arithmetic)
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[4 * n], s[4 * n + 1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+    }
+    const float ms_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2;
+    const float ms_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
+    const float corr_lo = fast_exp2(m_lo == -INFINITY ? -INFINITY : m_lo * sl2 - ms_lo);
+    const float corr_hi = fast_exp2(m_hi == -INFINITY ? -INFINITY : m_hi * sl2 - ms_hi);
+    m_lo = mx_lo;
+    m_hi = mx_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int n = 0; n < BK / 8; ++n) {
+      s[4 * n] = fast_exp2(fmaf(s[4 * n], sl2, -ms_lo));
+      s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], sl2, -ms_lo));
+      s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], sl2, -ms_hi));
+      s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], sl2, -ms_hi));
+      sum_lo += s[4 * n] + s[4 * n + 1];
+      sum_hi += s[4 * n + 2] + s[4 * n + 3];
+    }
+    l_lo = l_lo * corr_lo + sum_lo;
+    l_hi = l_hi * corr_hi + sum_hi;
+#pragma unroll
+    for (int n = 0; n < HD / 8; ++n) {
+      o[4 * n] *= corr_lo;
+      o[4 * n + 1] *= corr_lo;
+      o[4 * n + 2] *= corr_hi;
+      o[4 * n + 3] *= corr_hi;
+    }
+    // ---- O += P V (P as A fragments: K step kp = columns 16kp .. 16kp + 15 of S)
+    uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int kp = 0; kp < BK / 16; ++kp) {
+      pa[kp][0] = pack2<T>(s[8 * kp], s[8 * kp + 1]);
+      pa[kp][1] = pack2<T>(s[8 * kp + 2], s[8 * kp + 3]);
+      pa[kp][2] = pack2<T>(s[8 * kp + 4], s[8 * kp + 5]);
+      pa[kp][3] = pack2<T>(s[8 * kp + 6], s[8 * kp + 7]);
+    }
+    wgmma_fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < BK / 16; ++kp)  // 16 cache rows per step: 2048 bytes into each box
+      wgmma_rs<HD, BF, true>(o, pa[kp], wgmma_desc_sw128_mn(sv + kp * 2048, BK * 128, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_regs(o);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[slot]);
+  }
+
+  // ---- normalize and store
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, o2);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, o2);
+  }
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f, inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  T* og = static_cast<T*>(a.out) + int64_t(h) * HD + 2 * c;
+#pragma unroll
+  for (int n = 0; n < HD / 8; ++n) {
+    if (r_lo < a.T)
+      *reinterpret_cast<uint32_t*>(og + int64_t(r_lo) * a.out_stride + n * 8) = pack2<T>(o[4 * n] * inv_lo, o[4 * n + 1] * inv_lo);
+    if (r_hi < a.T)
+      *reinterpret_cast<uint32_t*>(og + int64_t(r_hi) * a.out_stride + n * 8) = pack2<T>(o[4 * n + 2] * inv_hi, o[4 * n + 3] * inv_hi);
+  }
+#else
+  __trap();  // built only for sm_90a (attention_flash_wgmma_supported() says so before any launch)
+#endif
+}
+
+}  // namespace nf4flash::cuda
