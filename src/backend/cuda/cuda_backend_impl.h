@@ -341,6 +341,15 @@ class CudaBackend : public Backend {
     }
     // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS
     if (q4_fused_max_rows_ != INT64_MAX) reserve_scratch(dequant_chunk_rows(d) * d.cols);
+    // split-K partials for the fused GEMM on weights with few row blocks (<= kSplitKMaxWeightRows),
+    // 2 splits x up to kSplitKMaxTokens rows (Llama-3-8B: 2 x 512 x 4096 floats = 16 MiB)
+    if (q4_gemm_fused_ && d.rows <= kSplitKMaxWeightRows) {
+      const size_t need = size_t(2 * std::min<int64_t>(q4_fused_max_rows_, kSplitKMaxTokens) * d.rows) * 4;
+      if (!splitk_ws_ || splitk_ws_->bytes() < need) {
+        splitk_ws_.reset();
+        splitk_ws_ = std::make_unique<CudaBuffer>(need);
+      }
+    }
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
                   (w->nested_code ? w->nested_code->bytes() : 0));
     return w;
@@ -639,6 +648,8 @@ class CudaBackend : public Backend {
   // the H200 it measured slower than two launches + silu_mul at every T (kernel-bench "prefill
   // layer", T=512: 269 vs 229 us; T=4096: 2040 vs 1739)
   bool q4_fused_swiglu_ = false;
+  static constexpr int64_t kSplitKMaxWeightRows = 8192, kSplitKMaxTokens = 512;
+  std::unique_ptr<CudaBuffer> splitk_ws_;
   bool fused_q4_rows(int64_t rows) const { return q4_gemm_fused_ && rows > gemv_max_rows_ && rows <= q4_fused_max_rows_; }
   int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
     if (dequant_chunk_bytes_ <= 0) return d.rows;

@@ -70,6 +70,10 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
       a.bias = b;
       a.out = out.data;
       a.out_dtype = out.dtype;
+      if (splitk_ws_) {
+        a.splitk_ws = static_cast<float*>(splitk_ws_->data());
+        a.splitk_ws_floats = int64_t(splitk_ws_->bytes() / 4);
+      }
       gemm_q4_wgmma(a, stream_);
       return;
     } else {

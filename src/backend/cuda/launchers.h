@@ -96,6 +96,10 @@ struct GemmQ4Args {
   const float* bias = nullptr;      // [rows] or null
   void* out = nullptr;              // [T, rows]
   DType out_dtype = DType::BF16;    // act or F32
+  // split-K workspace (f32); with room for s x T x rows floats the launcher may split K s ways
+  // when few blocks would leave SMs idle (kernels/gemm_q4_wgmma_ws.cuh), or as NF4FLASH_Q4GEMM_SPLITK says
+  float* splitk_ws = nullptr;
+  int64_t splitk_ws_floats = 0;
 };
 bool gemm_q4_wgmma_built();        // this build has the sm_90a kernel
 bool gemm_q4_wgmma_supported();    // built, and the current device is compute capability 9.0

@@ -22,7 +22,7 @@
 // accumulators (rounded to the compute dtype with bias, as linear() would store them) in the
 // drained ring, and warpgroup 1 stores out = silu(gate) * up (SiluMulOp, rounded): the result of
 // two GEMMs and silu_mul, bit for bit, without the [T, rows] gate buffer.
-// Grid: (sum of row blocks, ceil(T / BN)), or transposed (raster_rows); 384 threads.
+// Grid: (sum of row blocks, ceil(T / BN), K splits), or x/y transposed (raster_rows); 384 threads.
 // Shared memory: [S][BN*128] x tiles (1024-aligned), [S][8][512] codes, [S][8][64 or 16] absmax,
 // the code-pair table (64 KiB of f32 pairs), 16 codes, 256 nested codes, 2S mbarriers.
 #pragma once
@@ -49,6 +49,10 @@ struct Q4gWsParams {
   int nseg;
   int T;
   bool raster_rows;  // grid is (token tiles, row blocks) rather than (row blocks, token tiles)
+  // split-K (one weight, no SwiGLU): blockIdx.z takes column tiles [z * kps, (z + 1) * kps) and
+  // stores its f32 partial sums (no bias) to partial + z * T * rows; a reduce kernel adds them
+  int ksplit = 1, kps = 0;
+  float* partial = nullptr;
 };
 __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
   return 1024 + s * (bn * 128 + 8 * (512 + 64)) + q4_lut_bytes(2) + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
@@ -77,6 +81,8 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int KT = int(p.w[0].KT);
+  const int kz = int(blockIdx.z), kt0 = kz * p.kps;
+  const int NK = min(KT, kt0 + p.kps) - kt0;  // column tiles of this block (>= 1: the host sizes kps)
   const unsigned bx = p.raster_rows ? blockIdx.y : blockIdx.x, by = p.raster_rows ? blockIdx.x : blockIdx.y;
   int seg = 0, blk = int(bx);
   if constexpr (!SWIGLU) {
@@ -105,9 +111,9 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
     if (warp == 0 && lane == 0) {
       constexpr uint32_t bytes = uint32_t(XS + WS + SS);  // SS: both halves' boxes
       const int row0 = int(rt0);
-      for (int kt = 0; kt < KT; ++kt) {
-        const int slot = kt % S;
-        if (kt >= S) mbar_wait(&empty[slot], uint32_t((kt / S) + 1) & 1u);
+      for (int i = 0; i < NK; ++i) {
+        const int slot = i % S, kt = kt0 + i;
+        if (i >= S) mbar_wait(&empty[slot], uint32_t((i / S) + 1) & 1u);
         mbar_expect_tx(&full[slot], bytes);
         tma_load_2d(xs_s + slot * XS, &p.xmap, kt * 64, n0, &full[slot]);
         tma_load_2d(wq_s + slot * WS, &p.wmap[seg], kt * 128, row0, &full[slot]);
@@ -131,46 +137,50 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const uint32_t my_abs = uint32_t(SWIGLU ? (cw >> 2) * AH + (cw & 3) * ABS : cw * ABS);
   const Q4gNested<DQ> nested(W, my_rt, g);
   float nab0 = 0.f, nab1 = 0.f;
-  nested.load(0, nab0, nab1);
+  nested.load(kt0, nab0, nab1);
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   const uint32_t lane8 = 8u * lane;
 
-  // Software-pipelined: issue tile kt's wgmmas (A decoded one step earlier), then decode tile
-  // kt + 1 while they (and kt - 1's) run, then wait for kt - 1's group and release its slot. Three
-  // A register sets: kt - 1's and kt's stay untouched while their groups are in flight.
-  auto decode = [&](int kt, uint32_t (&A)[16]) {
-    const int slot = kt % S;
-    mbar_wait(&full[slot], uint32_t(kt / S) & 1u);
+  // Software-pipelined over this block's column tiles i = 0 .. NK - 1 (tile kt0 + i): issue tile
+  // i's wgmmas (A decoded one step earlier), then decode tile i + 1 while they (and i - 1's) run,
+  // then wait for i - 1's group and release its slot. Three A register sets: i - 1's and i's stay
+  // untouched while their groups are in flight.
+  auto decode = [&](int i, uint32_t (&A)[16]) {
+    const int slot = i % S;
+    mbar_wait(&full[slot], uint32_t(i / S) & 1u);
     q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SST + my_abs, lut_s, lane8, g,
                          t, s_nested, nab0, nab1, w_offset, A);
-    if (DQ && kt + 1 < KT) nested.load(kt + 1, nab0, nab1);
+    if (DQ && i + 1 < NK) nested.load(kt0 + i + 1, nab0, nab1);
   };
-  auto step = [&](int kt, const uint32_t (&Ai)[16], uint32_t (&An)[16]) {
-    q4g_mma_tile<TA, BN>(acc, Ai, xs_s + (kt % S) * XS);
-    if (kt + 1 < KT) decode(kt + 1, An);
-    wgmma_wait<1>();  // tile kt - 1's group is done: its slot may be refilled
-    if (kt > 0) {
+  auto step = [&](int i, const uint32_t (&Ai)[16], uint32_t (&An)[16]) {
+    q4g_mma_tile<TA, BN>(acc, Ai, xs_s + (i % S) * XS);
+    if (i + 1 < NK) decode(i + 1, An);
+    wgmma_wait<1>();  // tile i - 1's group is done: its slot may be refilled
+    if (i > 0) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[(kt - 1) % S]);
+      if (lane == 0) mbar_arrive(&empty[(i - 1) % S]);
     }
   };
 
   uint32_t A0[16], A1[16], A2[16];
   decode(0, A0);
-  int kt = 0;
-  for (; kt + 2 < KT; kt += 3) {
-    step(kt, A0, A1);
-    step(kt + 1, A1, A2);
-    step(kt + 2, A2, A0);
+  int i = 0;
+  for (; i + 2 < NK; i += 3) {
+    step(i, A0, A1);
+    step(i + 1, A1, A2);
+    step(i + 2, A2, A0);
   }
-  if (kt < KT) step(kt, A0, A1);
-  if (kt + 1 < KT) step(kt + 1, A1, A2);
+  if (i < NK) step(i, A0, A1);
+  if (i + 1 < NK) step(i + 1, A1, A2);
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   if constexpr (!SWIGLU) {
-    q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), W.rows, p.bias[seg], p.T, acc, my_rt * 16 + g, n0, t);
+    if (p.ksplit > 1)
+      q4g_store<float, BN>(p.partial + int64_t(kz) * p.T * W.rows, W.rows, nullptr, p.T, acc, my_rt * 16 + g, n0, t);
+    else
+      q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), W.rows, p.bias[seg], p.T, acc, my_rt * 16 + g, n0, t);
   } else {
     static_assert(std::is_same_v<TO, TA>, "gemm_q4_ws: SwiGLU writes the compute dtype");
     // Both warpgroups' wgmmas are done reading the ring before warpgroup 0 overwrites it.

@@ -2,6 +2,7 @@
 // sm_90a (wgmma is an arch-specific feature; CMakeLists.txt) when the build targets 90; built
 // without it, gemm_q4_wgmma_built() is false and the backend keeps dequantize + cuBLAS.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <type_traits>
 #include <cstring>
@@ -83,6 +84,59 @@ const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
   return *best;
 }
 
+// Split-K for one weight whose blocks leave SMs idle (few row blocks at few tokens: o and down
+// projections at T <= 512): s splits multiply the blocks by s and divide each block's K by s, at
+// the cost of writing s f32 partial tiles and one reduce pass (modelled at 3 TB/s). Taken only
+// when the model predicts a 15% gain and the workspace holds s x T x rows floats;
+// NF4FLASH_Q4GEMM_SPLITK=N forces N (1 = never).
+struct Pick {
+  const Cfg* cfg;
+  int split;
+};
+Pick pick_split(int64_t T, DType out_dtype, int64_t rb, int64_t K, int64_t rows, int64_t ws_floats, DType act) {
+  const Cfg& base = pick(T, out_dtype, rb);
+  Pick best{&base, 1};
+  const bool can = base.ws && out_dtype == act && ws_floats > 0;
+  if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SPLITK"); v && *v) {
+    const int s = std::max(1, std::atoi(v));
+    if (s > 1) {
+      NF4FLASH_CHECK(can && int64_t(s) * T * rows <= ws_floats, "NF4FLASH_Q4GEMM_SPLITK=", s,
+                     ": split-K needs a ws-* configuration, 16-bit output and a workspace of ", int64_t(s) * T * rows,
+                     " floats (have ", ws_floats, ")");
+      best.split = s;
+    }
+    return best;
+  }
+  if (!can || std::getenv("NF4FLASH_Q4GEMM_CFG")) return best;
+  const double sms = std::max(1, device_sms());
+  auto cost = [&](const Cfg& c, int s, double us) {
+    const double blocks = double(rb) * double((T + c.bn - 1) / c.bn) * s;
+    const double reduce = s > 1 ? (double(s) * T * rows * 4 + double(T) * rows * 2) / 3.0e6 : 0.0;
+    return std::ceil(blocks / sms) * us * double(K) / 4096.0 / s + reduce;
+  };
+  const double us_of[3] = {30, 36, 55};
+  const double c1 = cost(base, 1, us_of[&base - kCfgs]);
+  double best_cost = 0.85 * c1;
+  for (int s : {2, 4})
+    for (int idx = 0; idx < 3; ++idx) {
+      if (int64_t(s) * T * rows > ws_floats || (K / 64) < 2 * s) continue;
+      const double c = cost(kCfgs[idx], s, us_of[idx]);
+      if (c < best_cost) best = {&kCfgs[idx], s}, best_cost = c;
+    }
+  return best;
+}
+
+template <typename TO>
+__global__ void splitk_reduce_kernel(const float* __restrict__ part, int ksplit, int64_t n, int64_t rows,
+                                     const float* __restrict__ bias, TO* __restrict__ out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = 0.f;
+    for (int z = 0; z < ksplit; ++z) s += part[z * n + i];  // fixed order: deterministic
+    if (bias) s += bias[i % rows];
+    out[i] = from_f32<TO>(s);
+  }
+}
+
 // Both kernels: blocks of 8 row tiles x BN tokens; the shared-memory opt-in, once per kernel.
 template <auto Kernel>
 dim3 prepare(int smem, int64_t RT, int64_t T, int bn) {
@@ -109,7 +163,7 @@ void launch_sync(const Q4GemmKArgs& k, cudaStream_t st) {
 // (boxes of one 512-byte column tile x 8 row tiles, 4 for SWIGLU) and absmax as [RT, KT * 16] f32
 // or u8 (boxes of 16 x 8 or 4).
 template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
-void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st) {
+void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, int ksplit = 1, float* partial = nullptr) {
   constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S, SWIGLU>;
   constexpr int smem = q4g_ws_smem_bytes(BN, S);
   constexpr uint32_t rtw = SWIGLU ? 4 : 8;
@@ -137,6 +191,11 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st) {
   }
   p.nseg = m.nseg;
   p.T = int(m.T);
+  const int KT = int(w0.KT);
+  p.kps = (KT + ksplit - 1) / ksplit;
+  p.ksplit = (KT + p.kps - 1) / p.kps;  // every split gets >= 1 column tile
+  p.partial = partial;
+  NF4FLASH_CHECK(p.ksplit == 1 || (partial && m.nseg == 1 && !SWIGLU), "gemm_q4_wgmma: split-K takes one weight and a workspace");
   static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -145,31 +204,38 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st) {
   const int64_t gy = (m.T + BN - 1) / BN;
   p.raster_rows = raster_rows() && blocks <= 65535;
   NF4FLASH_CHECK(gy <= (p.raster_rows ? 0x7fffffff : 65535), "gemm_q4_wgmma: grid ", blocks, " x ", gy, " too large");
-  const dim3 grid = p.raster_rows ? dim3(unsigned(gy), unsigned(blocks)) : dim3(unsigned(blocks), unsigned(gy));
+  const dim3 grid = p.raster_rows ? dim3(unsigned(gy), unsigned(blocks), unsigned(p.ksplit))
+                                  : dim3(unsigned(blocks), unsigned(gy), unsigned(p.ksplit));
   kernel<<<grid, dim3(kQ4gWsThreads), smem, st>>>(p);
   CUDA_CHECK_LAUNCH();
+  if (p.ksplit > 1) {
+    const int64_t n = m.T * w0.rows;
+    const int rblocks = int(std::min<int64_t>((n + 255) / 256, int64_t(device_sms()) * 8));
+    splitk_reduce_kernel<TO><<<rblocks, 256, 0, st>>>(partial, p.ksplit, n, w0.rows, m.bias[0], static_cast<TO*>(m.out[0]));
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <typename TA, typename TO, bool DQ, int BN, int S>
-void launch_ws(const Q4GemmKArgs& k, cudaStream_t st) {
+void launch_ws(const Q4GemmKArgs& k, cudaStream_t st, int ksplit = 1, float* partial = nullptr) {
   GemmQ4MultiArgs m;
   m.w[0] = &k.w;
   m.bias[0] = k.bias;
   m.out[0] = k.out;
   m.x = k.x;
   m.T = k.T;
-  launch_ws<TA, TO, DQ, BN, S, false>(m, st);
+  launch_ws<TA, TO, DQ, BN, S, false>(m, st, ksplit, partial);
 }
 
 template <typename TA, typename TO, bool DQ>
-void launch_cfg(const Cfg& c, const Q4GemmKArgs& k, cudaStream_t st) {
+void launch_cfg(const Cfg& c, const Q4GemmKArgs& k, cudaStream_t st, int ksplit, float* partial) {
   if constexpr (std::is_same_v<TO, float>) {  // the n128 configurations only
     if (c.ws) launch_ws<TA, TO, DQ, 128, 6>(k, st);
     else launch_sync<TA, TO, DQ, 128, 4>(k, st);
   } else if (c.ws) {
-    if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8>(k, st);
-    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6>(k, st);
-    else launch_ws<TA, TO, DQ, 256, 4>(k, st);
+    if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8>(k, st, ksplit, partial);
+    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6>(k, st, ksplit, partial);
+    else launch_ws<TA, TO, DQ, 256, 4>(k, st, ksplit, partial);
   } else {
     if (c.bn == 64) launch_sync<TA, TO, DQ, 64, 4>(k, st);
     else if (c.bn == 128) launch_sync<TA, TO, DQ, 128, 4>(k, st);
@@ -214,15 +280,16 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
   const Q4Device& w = *g.w;
   NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
   const Q4GemmKArgs k{w, g.x, int(g.T), g.bias, g.out};
-  const Cfg& c = pick(g.T, g.out_dtype, (w.RT + 7) / 8);
+  const Pick pk = pick_split(g.T, g.out_dtype, (w.RT + 7) / 8, w.cols, w.rows, g.splitk_ws ? g.splitk_ws_floats : 0, g.act);
+  const Cfg& c = *pk.cfg;
   auto go = [&](auto ta) {
     using TA = decltype(ta);
     if (g.out_dtype == DType::F32) {
-      if (w.double_quant) launch_cfg<TA, float, true>(c, k, st);
-      else launch_cfg<TA, float, false>(c, k, st);
+      if (w.double_quant) launch_cfg<TA, float, true>(c, k, st, 1, nullptr);
+      else launch_cfg<TA, float, false>(c, k, st, 1, nullptr);
     } else {
-      if (w.double_quant) launch_cfg<TA, TA, true>(c, k, st);
-      else launch_cfg<TA, TA, false>(c, k, st);
+      if (w.double_quant) launch_cfg<TA, TA, true>(c, k, st, pk.split, g.splitk_ws);
+      else launch_cfg<TA, TA, false>(c, k, st, pk.split, g.splitk_ws);
     }
   };
   if (g.act == DType::BF16) go(__nv_bfloat16{});
