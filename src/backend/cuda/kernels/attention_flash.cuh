@@ -77,6 +77,45 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
   return uint32_t(r * HD * 2 + ((c ^ (r & 7)) << 4));
 }
 
+// One tile's online-softmax step for a lane's two rows (g and g + 8 of its warp's 16): at(n, e) =
+// score e of n-tile n in the mma/wgmma accumulator layout (e 0, 1: row g; 2, 3: row g + 8). Scores
+// become base-2 exponentials in place; m_* (row max, unscaled) and l_* (per-lane partial row sums)
+// advance; corr_* = the factor the row's output accumulator must be scaled by. A row with nothing
+// visible yet keeps 0 as its base (no inf - inf).
+template <int NT, typename At>
+__device__ __forceinline__ void flash_softmax_tile(At&& at, float sl2, float& m_lo, float& m_hi, float& l_lo,
+                                                   float& l_hi, float& corr_lo, float& corr_hi) {
+  float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    mx_lo = fmaxf(mx_lo, fmaxf(at(n, 0), at(n, 1)));
+    mx_hi = fmaxf(mx_hi, fmaxf(at(n, 2), at(n, 3)));
+  }
+#pragma unroll
+  for (int o2 = 1; o2 < 4; o2 <<= 1) {
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
+  }
+  const float ms_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2;
+  const float ms_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
+  corr_lo = fast_exp2(m_lo == -INFINITY ? -INFINITY : m_lo * sl2 - ms_lo);
+  corr_hi = fast_exp2(m_hi == -INFINITY ? -INFINITY : m_hi * sl2 - ms_hi);
+  m_lo = mx_lo;
+  m_hi = mx_hi;
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    at(n, 0) = fast_exp2(fmaf(at(n, 0), sl2, -ms_lo));
+    at(n, 1) = fast_exp2(fmaf(at(n, 1), sl2, -ms_lo));
+    at(n, 2) = fast_exp2(fmaf(at(n, 2), sl2, -ms_hi));
+    at(n, 3) = fast_exp2(fmaf(at(n, 3), sl2, -ms_hi));
+    sum_lo += at(n, 0) + at(n, 1);
+    sum_hi += at(n, 2) + at(n, 3);
+  }
+  l_lo = l_lo * corr_lo + sum_lo;
+  l_hi = l_hi * corr_hi + sum_hi;
+}
+
 // Copy `rows` rows of HD elements (global row stride `stride` elements) into a swizzled tile;
 // rows >= valid are zero-filled.
 template <typename T, int HD, int ROWS>
@@ -180,36 +219,9 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
         }
       }
       // ---- online softmax (rows g and g+8 of the warp's tile)
-      float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-      for (int n = 0; n < NT_S; ++n) {
-        mx_lo = fmaxf(mx_lo, fmaxf(s[n][0], s[n][1]));
-        mx_hi = fmaxf(mx_hi, fmaxf(s[n][2], s[n][3]));
-      }
-#pragma unroll
-      for (int o2 = 1; o2 < 4; o2 <<= 1) {
-        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-      }
-      // scaled maxima; a row with nothing visible yet keeps 0 as its base (no inf - inf)
-      const float ms_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2;
-      const float ms_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
-      const float corr_lo = fast_exp2(m_lo == -INFINITY ? -INFINITY : m_lo * sl2 - ms_lo);
-      const float corr_hi = fast_exp2(m_hi == -INFINITY ? -INFINITY : m_hi * sl2 - ms_hi);
-      m_lo = mx_lo;
-      m_hi = mx_hi;
-      float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-      for (int n = 0; n < NT_S; ++n) {
-        s[n][0] = fast_exp2(fmaf(s[n][0], sl2, -ms_lo));
-        s[n][1] = fast_exp2(fmaf(s[n][1], sl2, -ms_lo));
-        s[n][2] = fast_exp2(fmaf(s[n][2], sl2, -ms_hi));
-        s[n][3] = fast_exp2(fmaf(s[n][3], sl2, -ms_hi));
-        sum_lo += s[n][0] + s[n][1];
-        sum_hi += s[n][2] + s[n][3];
-      }
-      l_lo = l_lo * corr_lo + sum_lo;
-      l_hi = l_hi * corr_hi + sum_hi;
+      float corr_lo, corr_hi;
+      flash_softmax_tile<NT_S>([&](int n, int e) -> float& { return s[n][e]; }, sl2, m_lo, m_hi, l_lo, l_hi, corr_lo,
+                               corr_hi);
 #pragma unroll
       for (int n = 0; n < NT_O; ++n) {
         o[n][0] *= corr_lo;

@@ -63,13 +63,7 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
   const int kv_end = pos0 + t0 + rows;  // exclusive
   const int n_tiles = (kv_end + BK - 1) / BK;
 
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (tid == 0) mbar_init_ring(full, empty, S, 8);
   __syncthreads();
 
   if (warp < 4) {  // ---- producer
@@ -146,35 +140,9 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
       }
     }
     // ---- online softmax (attn_flash_kernel's arithmetic)
-    float mx_lo = m_lo, mx_hi = m_hi;
-#pragma unroll
-    for (int n = 0; n < BK / 8; ++n) {
-      mx_lo = fmaxf(mx_lo, fmaxf(s[4 * n], s[4 * n + 1]));
-      mx_hi = fmaxf(mx_hi, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-    }
-#pragma unroll
-    for (int o2 = 1; o2 < 4; o2 <<= 1) {
-      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, o2));
-      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, o2));
-    }
-    const float ms_lo = mx_lo == -INFINITY ? 0.f : mx_lo * sl2;
-    const float ms_hi = mx_hi == -INFINITY ? 0.f : mx_hi * sl2;
-    const float corr_lo = fast_exp2(m_lo == -INFINITY ? -INFINITY : m_lo * sl2 - ms_lo);
-    const float corr_hi = fast_exp2(m_hi == -INFINITY ? -INFINITY : m_hi * sl2 - ms_hi);
-    m_lo = mx_lo;
-    m_hi = mx_hi;
-    float sum_lo = 0.f, sum_hi = 0.f;
-#pragma unroll
-    for (int n = 0; n < BK / 8; ++n) {
-      s[4 * n] = fast_exp2(fmaf(s[4 * n], sl2, -ms_lo));
-      s[4 * n + 1] = fast_exp2(fmaf(s[4 * n + 1], sl2, -ms_lo));
-      s[4 * n + 2] = fast_exp2(fmaf(s[4 * n + 2], sl2, -ms_hi));
-      s[4 * n + 3] = fast_exp2(fmaf(s[4 * n + 3], sl2, -ms_hi));
-      sum_lo += s[4 * n] + s[4 * n + 1];
-      sum_hi += s[4 * n + 2] + s[4 * n + 3];
-    }
-    l_lo = l_lo * corr_lo + sum_lo;
-    l_hi = l_hi * corr_hi + sum_hi;
+    float corr_lo, corr_hi;
+    flash_softmax_tile<BK / 8>([&](int n, int e) -> float& { return s[4 * n + e]; }, sl2, m_lo, m_hi, l_lo, l_hi,
+                               corr_lo, corr_hi);
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       o[4 * n] *= corr_lo;

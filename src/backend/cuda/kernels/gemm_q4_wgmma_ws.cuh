@@ -95,13 +95,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   if constexpr (DQ) {
     for (int i = tid; i < 256; i += kQ4gWsThreads) s_nested[i] = p.w[0].nested_code[i];
   }
-  if (tid == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (tid == 0) mbar_init_ring(full, empty, S, 8);
   __syncthreads();
   q4g_fill_lut(lut_s, s_code);
   __syncthreads();

@@ -28,6 +28,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
       "r"(parity)
       : "memory");
 }
+// A producer/consumer ring of n stages: full[s] completes on the producer's one arrival plus the
+// copies' bytes, empty[s] on `consumers` arrivals; fenced for the async proxy. One thread calls it,
+// a block barrier follows.
+__device__ __forceinline__ void mbar_init_ring(uint64_t* full, uint64_t* empty, int n, unsigned consumers) {
+  for (int s = 0; s < n; ++s) {
+    mbar_init(&full[s], 1);
+    mbar_init(&empty[s], consumers);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 __device__ __forceinline__ void bulk_g2s(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
