@@ -224,8 +224,13 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     if (fused_q4_rows(rows))
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q->dev.RT + 7) / 8), ", codes decoded to ",
                  dtype_name(act_), " in registers, f32 accum; q/k/v and gate+up+silu one launch each)");
+    // above the fused GEMM's row limit (auto): say that shorter prompts take the fused GEMM
+    const std::string below = q4_fused_max_rows_ > gemv_max_rows_
+                                  ? cat("; ", gemv_max_rows_ + 1, "-", q4_fused_max_rows_, " rows: gemm_q4 fused wgmma")
+                                  : std::string();
     return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",
-               dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"));
+               dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"),
+               below);
   }
   if (rows <= kGemvMaxRows) return cat("gemv_dense ", dtype_name(w.dtype()), " x ", dtype_name(act_));
   return cat("cublasGemmEx ", dtype_name(act_), w.dtype() != act_ ? " (weight converted per call)" : "");
