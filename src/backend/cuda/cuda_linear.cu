@@ -223,7 +223,8 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
     if (fused_q4_rows(rows))
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q->dev.RT + 7) / 8), ", codes decoded to ",
-                 dtype_name(act_), " in registers, f32 accum; q/k/v and gate+up+silu one launch each)");
+                 dtype_name(act_), " in registers, f32 accum; q/k/v one launch",
+                 q4_fused_swiglu_ ? ", gate+up+silu one launch" : "", ")");
     // above the fused GEMM's row limit (auto): say that shorter prompts take the fused GEMM
     const std::string below = q4_fused_max_rows_ > gemv_max_rows_
                                   ? cat("; ", gemv_max_rows_ + 1, "-", q4_fused_max_rows_, " rows: gemm_q4 fused wgmma")

@@ -367,7 +367,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
 
     // One layer's linears as the decoder issues them (q/k/v via linear_multi, o, gate+up+SiLU via
     // linear_swiglu, down), Llama-3-8B shapes, each backend: bf16 cuBLAS, nf4-dq dequantize +
-    // cuBLAS ("whole"), nf4-dq fused GEMM (default configs: q/k/v one launch, SwiGLU epilogue).
+    // cuBLAS ("whole"), nf4-dq fused GEMM (default configs: q/k/v one launch; variants below).
     // Two copies of the layer alternate (220 MB of 4-bit weights, past the 60 MB L2).
     {
       const int64_t H = 4096, I = 14336, KV = 1024;
@@ -382,15 +382,15 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       std::vector<LB> lbs;
       lbs.push_back({"bf16", be.get(), {}});
       lbs.push_back({"nf4-dq whole", bes[0].get(), {}});
-      std::unique_ptr<Backend> be_noswiglu;
+      std::unique_ptr<Backend> be_swiglu;
       if (cuda::gemm_q4_wgmma_supported()) {
         lbs.push_back({"nf4-dq fused", bes[1].get(), {}});
         setenv("NF4FLASH_Q4_GEMM", "fused", 1);
         setenv("NF4FLASH_Q4GEMM_SWIGLU", "1", 1);
-        be_noswiglu = make_cuda_backend(bo);
+        be_swiglu = make_cuda_backend(bo);
         unsetenv("NF4FLASH_Q4GEMM_SWIGLU");
         unsetenv("NF4FLASH_Q4_GEMM");
-        lbs.push_back({"nf4-dq fused swiglu-epilogue", be_noswiglu.get(), {}});
+        lbs.push_back({"nf4-dq fused swiglu-epilogue", be_swiglu.get(), {}});
       }
       // fused variants timed on the fused backend's weights: block order, forced configurations
       struct Var {

@@ -46,9 +46,10 @@ struct Q4GemmKArgs {
 // Shared memory of one block: per stage the x tile, codes and absmax; the code-pair table
 // ([256][32][2] f32, lane L's copy of entry b at byte 256b + 8L: code[b >> 4], code[b & 15]); the
 // 16 codes (f32) and the 256-entry nested code table; 1024 bytes of alignment slack.
+constexpr int kQ4gLutBytes = 256 * 32 * 8;  // the f32 code-pair table: 256 entries x 32 lanes x 2 f32
 __host__ __device__ constexpr int q4g_stage_bytes(int nwg, int bn) { return bn * 128 + nwg * 4 * (512 + 64); }
 __host__ __device__ constexpr int q4g_smem_bytes(int nwg, int bn, int s) {
-  return 1024 + s * q4g_stage_bytes(nwg, bn) + q4_lut_bytes(2) + (16 + 256) * 4;
+  return 1024 + s * q4g_stage_bytes(nwg, bn) + kQ4gLutBytes + (16 + 256) * 4;
 }
 
 // {lo, hi} rounded to a 16-bit pair (lo in the low half)
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4Gem
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
   const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SS;
   uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
-  float* const s_code = reinterpret_cast<float*>(lut + q4_lut_bytes(2) / 4);
+  float* const s_code = reinterpret_cast<float*>(lut + kQ4gLutBytes / 4);
   float* const s_nested = s_code + 16;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;

@@ -55,7 +55,7 @@ struct Q4gWsParams {
   float* partial = nullptr;
 };
 __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
-  return 1024 + s * (bn * 128 + 8 * (512 + 64)) + q4_lut_bytes(2) + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
+  return 1024 + s * (bn * 128 + 8 * (512 + 64)) + kQ4gLutBytes + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
 }
 
 template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
   const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SST;
   uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
-  float* const s_code = reinterpret_cast<float*>(lut + q4_lut_bytes(2) / 4);
+  float* const s_code = reinterpret_cast<float*>(lut + kQ4gLutBytes / 4);
   float* const s_nested = s_code + 16;
   uint64_t* const full = reinterpret_cast<uint64_t*>(s_nested + 256);
   uint64_t* const empty = full + S;

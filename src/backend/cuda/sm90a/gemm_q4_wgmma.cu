@@ -2,11 +2,12 @@
 // sm_90a (wgmma is an arch-specific feature; CMakeLists.txt) when the build targets 90; built
 // without it, gemm_q4_wgmma_built() is false and the backend keeps dequantize + cuBLAS.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
-#include <type_traits>
-#include <cstring>
+#include <string>
 #include <string_view>
+#include <type_traits>
 
 
 #include "backend/cuda/kernels/gemm_q4_wgmma.cuh"
@@ -28,7 +29,7 @@ constexpr Cfg kCfgs[] = {
     {"ws-n64s8", true, 64, 8, false},  {"ws-n128s6", true, 128, 6, true}, {"ws-n256s4", true, 256, 4, false},
     {"w2n64s4", false, 64, 4, false},  {"w2n128s4", false, 128, 4, true}, {"w2n256s4", false, 256, 4, false},
 };
-const char* const kCfgNames[] = {"ws-n64s8", "ws-n128s6", "ws-n256s4", "w2n64s4", "w2n128s4", "w2n256s4", nullptr};
+constexpr int kNumCfgs = int(sizeof(kCfgs) / sizeof(kCfgs[0]));
 
 int device_sms() {
   static int n = [] {
@@ -54,7 +55,9 @@ bool raster_rows() {
 const Cfg& find_cfg(std::string_view name) {
   for (const Cfg& c : kCfgs)
     if (name == c.name) return c;
-  fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (ws-n64s8, ws-n128s6, ws-n256s4, w2n64s4, w2n128s4, w2n256s4)");
+  std::string known;
+  for (const Cfg& c : kCfgs) known += cat(known.empty() ? "" : ", ", c.name);
+  fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (", known, ")");
 }
 
 // Configuration for rb row blocks (of 8 row tiles; all weights of the launch) x T tokens. A
@@ -137,14 +140,20 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ part, int ksplit,
   }
 }
 
-// Both kernels: blocks of 8 row tiles x BN tokens; the shared-memory opt-in, once per kernel.
+// The dynamic shared-memory opt-in, once per kernel (the template argument is the kernel itself).
 template <auto Kernel>
-dim3 prepare(int smem, int64_t RT, int64_t T, int bn) {
-  static bool attr_set = false;  // one per kernel (the template argument is the kernel itself)
+void smem_opt_in(int smem) {
+  static bool attr_set = false;
   if (!attr_set) {
     CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     attr_set = true;
   }
+}
+
+// The cp.async kernel: blocks of 8 row tiles x BN tokens.
+template <auto Kernel>
+dim3 prepare(int smem, int64_t RT, int64_t T, int bn) {
+  smem_opt_in<Kernel>(smem);
   const int64_t gx = (RT + 7) / 8, gy = (T + bn - 1) / bn;
   NF4FLASH_CHECK(gx <= 0x7fffffff && gy <= 65535, "gemm_q4_wgmma: grid ", gx, " x ", gy, " too large");
   return dim3(unsigned(gx), unsigned(gy));
@@ -196,11 +205,7 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, int ksplit = 1, float*
   p.ksplit = (KT + p.kps - 1) / p.kps;  // every split gets >= 1 column tile
   p.partial = partial;
   NF4FLASH_CHECK(p.ksplit == 1 || (partial && m.nseg == 1 && !SWIGLU), "gemm_q4_wgmma: split-K takes one weight and a workspace");
-  static bool attr_set = false;
-  if (!attr_set) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    attr_set = true;
-  }
+  smem_opt_in<kernel>(smem);
   const int64_t gy = (m.T + BN - 1) / BN;
   p.raster_rows = raster_rows() && blocks <= 65535;
   NF4FLASH_CHECK(gy <= (p.raster_rows ? 0x7fffffff : 65535), "gemm_q4_wgmma: grid ", blocks, " x ", gy, " too large");
@@ -266,19 +271,33 @@ bool gemm_q4_wgmma_built() {
 
 bool gemm_q4_wgmma_supported() { return gemm_q4_wgmma_built() && device_cc() == 90; }
 
+namespace {
+// What both entry points require of the device, T and (the first) weight.
+void check_launch(int64_t T, const Q4Device& w) {
+  NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
+  NF4FLASH_CHECK(T >= 1 && T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", T, " out of range");
+  NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
+}
+}  // namespace
+
 std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks) {
   return pick(T, out_dtype, row_blocks).name;
 }
 bool gemm_q4_wgmma_multi_ok(int64_t T, int64_t row_blocks) { return pick(T, DType::BF16, row_blocks).ws; }
-const char* const* gemm_q4_wgmma_cfgs() { return kCfgNames; }
+const char* const* gemm_q4_wgmma_cfgs() {
+  static const auto names = [] {
+    std::array<const char*, kNumCfgs + 1> n{};
+    for (int i = 0; i < kNumCfgs; ++i) n[size_t(i)] = kCfgs[i].name;
+    return n;  // null-terminated
+  }();
+  return names.data();
+}
 
 void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
-  NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
-  NF4FLASH_CHECK(g.T >= 1 && g.T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", g.T, " out of range");
+  const Q4Device& w = *g.w;
+  check_launch(g.T, w);
   NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_wgmma: output dtype ",
                  dtype_name(g.out_dtype));
-  const Q4Device& w = *g.w;
-  NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
   const Q4GemmKArgs k{w, g.x, int(g.T), g.bias, g.out};
   const Pick pk = pick_split(g.T, g.out_dtype, (w.RT + 7) / 8, w.cols, w.rows, g.splitk_ws ? g.splitk_ws_floats : 0, g.act);
   const Cfg& c = *pk.cfg;
@@ -297,17 +316,11 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
   else fail("gemm_q4_wgmma: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
 }
 
-}  // namespace nf4flash::cuda
-
-namespace nf4flash::cuda {
-
 void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
-  NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(m.nseg >= 1 && m.nseg <= kQ4gMaxSegs && (!m.swiglu || m.nseg == 2), "gemm_q4_wgmma_multi: ",
                  m.nseg, " weights", m.swiglu ? " (SwiGLU takes gate and up)" : "");
-  NF4FLASH_CHECK(m.T >= 1 && m.T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", m.T, " out of range");
   const Q4Device& w0 = *m.w[0];
-  NF4FLASH_CHECK(w0.cols % 64 == 0 && w0.KT == w0.cols / 64, "gemm_q4_wgmma: cols ", w0.cols, " not a multiple of 64");
+  check_launch(m.T, w0);
   int64_t rb = 0;
   for (int i = 0; i < m.nseg; ++i) {
     const Q4Device& w = *m.w[i];
