@@ -192,6 +192,8 @@ class Backend {
 
   // Which attention implementations can serve this request; empty string = yes, else why not.
   virtual std::string attn_unsupported_reason(AttnImpl impl, int head_dim) const = 0;
+  // Human-readable name of the attention path `impl` (resolved, not Auto) takes for prompts.
+  virtual std::string attn_path(AttnImpl impl) const { return std::string(attn_impl_name(impl)); }
   // Human-readable name of the kernel path a linear on `w` with `rows` rows takes.
   virtual std::string linear_path(const Weight& w, int64_t rows) const = 0;
 

@@ -51,7 +51,7 @@ class EngineAdapter final : public BenchEngine {
       AttnImpl ran = impl;
       for (AttnImpl a : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager})
         if (ran == AttnImpl::Auto && im.be->attn_unsupported_reason(a, im.cfg.head_dim).empty()) ran = a;
-      im.report.attn = im.be->device() == Device::CPU ? "cpu-eager" : std::string(attn_impl_name(ran));
+      im.report.attn = im.be->device() == Device::CPU ? "cpu-eager" : im.be->attn_path(ran);
     }
     im.opts.graphs = graphs != 0;
     im.report.graphs = im.opts.graphs && im.be->graphs_supported();

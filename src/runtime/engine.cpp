@@ -153,7 +153,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.quant = std::string(quant_type_name(plan.quant));
   r.double_quant = plan.double_quant;
   r.prequantized = plan.prequantized;
-  r.attn = plan.device == Device::CPU ? std::string("cpu-eager") : std::string(attn_impl_name(attn));
+  r.attn = plan.device == Device::CPU ? std::string("cpu-eager") : im->be->attn_path(attn);
   r.linear_decode = im->dec->linear_path(1);
   r.linear_prefill = im->dec->linear_path(max_rows);
   r.use_cache = opts.use_cache;

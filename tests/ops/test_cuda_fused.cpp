@@ -197,6 +197,43 @@ TEST(CudaFused, GemmQ4MultiAndSwiGLU) {
   unsetenv("NF4FLASH_Q4_GEMM");
 }
 
+// The fused GEMM's split tail in multi-weight launches (kernels/gemm_q4_wgmma_ws.cuh): forced on
+// launches with more than a wave of blocks (q/k/v-like and gate+up through linear_swiglu, which
+// takes one launch for gate and up + silu_mul), each run twice bit for bit (the counters reset
+// themselves); the automatic schedule on the Llama-3-8B shapes at 512 tokens; and gate+up in one
+// launch bit-identical to two linears + silu_mul.
+TEST(CudaFused, GemmQ4SplitTail) {
+  NF4FLASH_REQUIRE_CUDA();
+  if (!cuda::gemm_q4_wgmma_supported())
+    GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
+  setenv("NF4FLASH_Q4_GEMM", "fused", 1);
+  setenv("NF4FLASH_Q4GEMM_CFG", "ws-n64s8", 1);  // 17 + 17 row blocks x 5 token tiles = 170 blocks
+  for (const char* s : {"2", "3"}) {
+    setenv("NF4FLASH_Q4GEMM_SPLITK", s, 1);
+    SCOPED_TRACE(cat("split ", s));
+    run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 300});
+    run_multi(DType::F16, MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290});
+    run_swiglu(DType::BF16, QuantType::NF4, true, 2100, 512, 300, true);
+  }
+  unsetenv("NF4FLASH_Q4GEMM_SPLITK");
+  setenv("NF4FLASH_Q4GEMM_CFG", "ws-n128s6", 1);  // no automatic split under a forced configuration
+  for (DType dt : {DType::BF16, DType::F16}) {
+    Backends b(dt);
+    QW g = make_q4(b, dt, QuantType::NF4, true, 1000, 512, true), u = make_q4(b, dt, QuantType::NF4, true, 1000, 512, true);
+    DevAct xg(*b.gpu, 65, 512), tg(*b.gpu, 65, 1000), of(*b.gpu, 65, 1000), ou(*b.gpu, 65, 1000);
+    xg.set(rounded(randn(size_t(65 * 512)), dt));
+    of.poison();
+    b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, of.act);
+    b.gpu->Backend::linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, ou.act);
+    EXPECT_EQ(of.get(), ou.get()) << "gate+up in one launch + silu_mul vs two linears + silu_mul";
+  }
+  unsetenv("NF4FLASH_Q4GEMM_CFG");
+  // the automatic schedule where the decoder uses it: q/k/v and gate+up of Llama-3-8B at 512 rows
+  run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 512});
+  run_swiglu(DType::BF16, QuantType::NF4, true, 14336, 4096, 512, false);
+  unsetenv("NF4FLASH_Q4_GEMM");
+}
+
 // rope_kv_write, then attention over what it wrote (and the rotated q/k buffers) vs the CPU.
 TEST(CudaFused, RopeKvWrite) {
   NF4FLASH_REQUIRE_CUDA();

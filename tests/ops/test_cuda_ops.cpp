@@ -162,18 +162,29 @@ TEST(CudaOps, LinearQuant4FusedGemm) {
       }
   }
   unsetenv("NF4FLASH_Q4GEMM_CFG");
-  // split-K: forced 2, 3 and 4 ways (16-bit output; the workspace holds 2 x 512 x rows floats), then
-  // the automatic pick on a down-projection shape at 256 tokens (32 row blocks: splits 2 ways)
+  // split tail: forced 2, 3 and 4 ways (16-bit output; these launches have less than a wave of
+  // blocks, so every block splits), then the automatic pick on a down-projection shape at 256
+  // tokens (32 row blocks: splits)
   for (const char* s : {"2", "3", "4"}) {
     setenv("NF4FLASH_Q4GEMM_SPLITK", s, 1);
     SCOPED_TRACE(cat("split-K ", s));
     for (const Q4Case& c : {Q4Case{QuantType::NF4, true, 300, 512, 64, 40, false},
                             Q4Case{QuantType::FP4, false, 129, 1024, 128, 100, false},
                             Q4Case{QuantType::NF4, true, 1000, 4096, 64, 130, false},
-                            Q4Case{QuantType::NF4, true, 200, 128, 256, 200, false}})
+                            Q4Case{QuantType::NF4, true, 200, 768, 256, 200, false}})
       run_q4_linear(DType::BF16, c);
   }
-  setenv("NF4FLASH_Q4GEMM_SPLITK", "4", 1);  // past the workspace: refused by name
+  // more than a wave of blocks (32 row blocks x 5 token tiles of 64 = 160 on 132 SMs): whole waves
+  // unsplit, the partial one split (on GPUs with fewer than 160 SMs)
+  setenv("NF4FLASH_Q4GEMM_CFG", "ws-n64s8", 1);
+  for (const char* s : {"2", "3"}) {
+    setenv("NF4FLASH_Q4GEMM_SPLITK", s, 1);
+    SCOPED_TRACE(cat("split tail ", s, " after whole waves"));
+    run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 4096, 1024, 64, 300, false});
+    run_q4_linear(DType::F16, Q4Case{QuantType::FP4, false, 4000, 1024, 128, 290, false});
+  }
+  unsetenv("NF4FLASH_Q4GEMM_CFG");
+  setenv("NF4FLASH_Q4GEMM_SPLITK", "4", 1);  // 2 column tiles cannot make 4 splits: refused by name
   EXPECT_THROW(run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 64, 128, 64, 600, false}), Error);
   unsetenv("NF4FLASH_Q4GEMM_SPLITK");
   run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 4096, 14336, 64, 256, false});

@@ -342,14 +342,11 @@ class CudaBackend : public Backend {
     }
     // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS
     if (q4_fused_max_rows_ != INT64_MAX) reserve_scratch(dequant_chunk_rows(d) * d.cols);
-    // split-K partials for the fused GEMM on weights with few row blocks (<= kSplitKMaxWeightRows),
-    // 2 splits x up to kSplitKMaxTokens rows (Llama-3-8B: 2 x 512 x 4096 floats = 16 MiB)
-    if (q4_gemm_fused_ && d.rows <= kSplitKMaxWeightRows) {
-      const size_t need = size_t(2 * std::min<int64_t>(q4_fused_max_rows_, kSplitKMaxTokens) * d.rows) * 4;
-      if (!splitk_ws_ || splitk_ws_->bytes() < need) {
-        splitk_ws_.reset();
-        splitk_ws_ = std::make_unique<CudaBuffer>(need);
-      }
+    // the fused GEMM's split-tail workspace (once): kSplitWsFloats f32 slices, kSplitTickets counters
+    if (q4_gemm_fused_ && !split_ws_) {
+      split_ws_ = std::make_unique<CudaBuffer>(size_t(kSplitWsFloats) * 4);
+      split_tickets_ = std::make_unique<CudaBuffer>(size_t(kSplitTickets) * 4);
+      CUDA_CHECK(cudaMemsetAsync(split_tickets_->data(), 0, split_tickets_->bytes(), stream_));
     }
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
                   (w->nested_code ? w->nested_code->bytes() : 0));
@@ -486,6 +483,10 @@ class CudaBackend : public Backend {
   AttnImpl resolve_attn(AttnImpl impl) const {
     if (impl != AttnImpl::Auto) return impl;
     return attention_flash_unsupported(act_, act_, 128).empty() ? AttnImpl::Flash : AttnImpl::Sdpa;
+  }
+  std::string attn_path(AttnImpl impl) const override {
+    if (impl != AttnImpl::Flash) return std::string(attn_impl_name(impl));
+    return attention_flash_uses_wgmma() ? "flash (wgmma)" : "flash (mma.sync)";
   }
   std::string linear_path(const Weight& w, int64_t rows) const override;
 
@@ -649,8 +650,15 @@ class CudaBackend : public Backend {
   // the H200 it measured slower than two launches + silu_mul at every T (kernel-bench "prefill
   // layer", T=512: 269 vs 229 us; T=4096: 2040 vs 1739)
   bool q4_fused_swiglu_ = false;
-  static constexpr int64_t kSplitKMaxWeightRows = 8192, kSplitKMaxTokens = 512;
-  std::unique_ptr<CudaBuffer> splitk_ws_;
+  // Split tail of the fused GEMM (kernels/gemm_q4_wgmma_ws.cuh): 16 MiB of f32 slices holds the
+  // largest tail the Llama-3-8B shapes take at 512 rows (64 units x 2 splits x 256 x 128: o, down)
+  static constexpr int64_t kSplitWsFloats = int64_t(4) << 20, kSplitTickets = 1024;
+  std::unique_ptr<CudaBuffer> split_ws_, split_tickets_;
+  cuda::Q4SplitWs split_ws() const {
+    if (!split_ws_) return {};
+    return {static_cast<float*>(split_ws_->data()), kSplitWsFloats, static_cast<int*>(split_tickets_->data()),
+            kSplitTickets};
+  }
   bool fused_q4_rows(int64_t rows) const { return q4_gemm_fused_ && rows > gemv_max_rows_ && rows <= q4_fused_max_rows_; }
   int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
     if (dequant_chunk_bytes_ <= 0) return d.rows;

@@ -70,10 +70,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
       a.bias = b;
       a.out = out.data;
       a.out_dtype = out.dtype;
-      if (splitk_ws_) {
-        a.splitk_ws = static_cast<float*>(splitk_ws_->data());
-        a.splitk_ws_floats = int64_t(splitk_ws_->bytes() / 4);
-      }
+      a.split = split_ws();
       gemm_q4_wgmma(a, stream_);
       return;
     } else {
@@ -125,6 +122,7 @@ bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, Gemm
   a.x = x.data;
   a.act = act_;
   a.T = x.rows;
+  a.split = split_ws();
   return true;
 }
 
@@ -192,6 +190,19 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
       gemm_q4_wgmma_multi(a, stream_);
       return;
     }
+    // gate and up as one fused-GEMM launch (their blocks share the waves and the split tail), then
+    // silu_mul: what linear + linear + silu_mul give, bit for bit
+    if (out.dtype == act_ && g_tmp.dtype == act_ && gemm_q4_multi_args(x, ws, 2, a)) {
+      check_linear(x, gate, g_tmp);
+      check_linear(x, up, out);
+      a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+      a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+      a.out[0] = g_tmp.data;
+      a.out[1] = out.data;
+      gemm_q4_wgmma_multi(a, stream_);
+      silu_mul(g_tmp, out, out);
+      return;
+    }
   }
   const CudaQ4* qg = stream_q4(gate, x.rows);
   const CudaQ4* qu = stream_q4(up, x.rows);
@@ -223,8 +234,8 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 fused ", qn, rows > kGemvMaxRows ? cat(" x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows") : std::string(), " (tile16x64, ", dtype_name(act_), " mma, f32 accum)");
     if (fused_q4_rows(rows))
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q->dev.RT + 7) / 8), ", codes decoded to ",
-                 dtype_name(act_), " in registers, f32 accum; q/k/v one launch",
-                 q4_fused_swiglu_ ? ", gate+up+silu one launch" : "", ")");
+                 dtype_name(act_), " in registers, f32 accum; last partial wave split along K; q/k/v one launch, gate+up ",
+                 q4_fused_swiglu_ ? "+silu one launch" : "one launch + silu_mul", ")");
     // above the fused GEMM's row limit (auto): say that shorter prompts take the fused GEMM
     const std::string below = q4_fused_max_rows_ > gemv_max_rows_
                                   ? cat("; ", gemv_max_rows_ + 1, "-", q4_fused_max_rows_, " rows: gemm_q4 fused wgmma")

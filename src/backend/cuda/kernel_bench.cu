@@ -135,15 +135,16 @@ nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g)
     Act q = qb->as_act(DType::BF16, seq, nh * hd), o = ob->as_act(DType::BF16, seq, nh * hd);
     const StepState st{static_cast<int32_t*>(pb->data()), 0};
     const double flops = 4.0 * double(seq) * seq / 2 * hd * nh;
-    // flash twice on Hopper builds: the mma.sync kernel and the wgmma one (NF4FLASH_FLASH_KERNEL)
+    // flash twice on Hopper builds: the mma.sync kernel and the wgmma one (the default there;
+    // NF4FLASH_FLASH_KERNEL picks), named flash-mma / flash-wgmma
     std::vector<std::pair<AttnImpl, const char*>> runs = {{AttnImpl::Flash, "mma"}};
     if (cuda::attention_flash_wgmma_supported()) runs.push_back({AttnImpl::Flash, "wgmma"});
     runs.push_back({AttnImpl::Sdpa, ""});
     runs.push_back({AttnImpl::Eager, ""});
     for (auto [impl, kern] : runs) {
-      const bool wg = std::string_view(kern) == "wgmma";
-      if (wg) setenv("NF4FLASH_FLASH_KERNEL", "wgmma", 1);
-      const std::string name = cat("attn prefill ", attn_impl_name(impl), wg ? "-wgmma" : "", " seq=", seq);
+      const bool fl = *kern != 0;
+      if (fl) setenv("NF4FLASH_FLASH_KERNEL", kern, 1);
+      const std::string name = cat("attn prefill ", attn_impl_name(impl), fl ? "-" : "", kern, " seq=", seq);
       const AttnParams ap{nh, nkv, hd, 1.f / std::sqrt(float(hd)), impl};
       std::vector<double> t;
       for (int k = 0; k <= trials; ++k) {
@@ -158,7 +159,7 @@ nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g)
       rows.push_back({{"name", name}, {"impl", std::string(attn_impl_name(impl))}, {"seq", seq}, {"n_heads", nh},
                       {"n_kv_heads", nkv}, {"head_dim", hd}, {"dtype", "bf16"}, {"causal", true}, {"ms", sec * 1e3},
                       {"flops", flops}, {"tflops", flops / sec / 1e12}, {"trials", trials}, {"kernel", kern}});
-      if (wg) unsetenv("NF4FLASH_FLASH_KERNEL");
+      if (fl) unsetenv("NF4FLASH_FLASH_KERNEL");
     }
   }
   return rows;

@@ -88,6 +88,16 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 // Fused 4-bit GEMM on Hopper tensor cores (kernels/gemm_q4_wgmma.cuh): out[T, rows] = x * W^T
 // (+ bias), weights decoded into the tensor-core operands, no dense copy. Needs a build for sm_90a
 // (CMAKE_CUDA_ARCHITECTURES containing 90) and a compute capability 9.0 device.
+// Workspace of the fused GEMM's split tail (kernels/gemm_q4_wgmma_ws.cuh): f32 slices of the split
+// units' accumulators and one counter per split unit (zeroed at allocation; every launch leaves
+// them zero). Without it (or too small for a schedule) the launcher does not split.
+struct Q4SplitWs {
+  float* partial = nullptr;
+  int64_t floats = 0;
+  int* tickets = nullptr;
+  int64_t n_tickets = 0;
+};
+
 struct GemmQ4Args {
   const Q4Device* w = nullptr;
   const void* x = nullptr;          // [T, cols], act dtype (BF16 or F16)
@@ -96,10 +106,9 @@ struct GemmQ4Args {
   const float* bias = nullptr;      // [rows] or null
   void* out = nullptr;              // [T, rows]
   DType out_dtype = DType::BF16;    // act or F32
-  // split-K workspace (f32); with room for s x T x rows floats the launcher may split K s ways
-  // when few blocks would leave SMs idle (kernels/gemm_q4_wgmma_ws.cuh), or as NF4FLASH_Q4GEMM_SPLITK says
-  float* splitk_ws = nullptr;
-  int64_t splitk_ws_floats = 0;
+  // split tail: the units of the last, partial wave of blocks split K s ways when the wave model
+  // predicts a gain (kernels/gemm_q4_wgmma_ws.cuh), or as NF4FLASH_Q4GEMM_SPLITK=s says (1: never)
+  Q4SplitWs split;
 };
 bool gemm_q4_wgmma_built();        // this build has the sm_90a kernel
 bool gemm_q4_wgmma_supported();    // built, and the current device is compute capability 9.0
@@ -117,6 +126,7 @@ struct GemmQ4MultiArgs {
   const void* x = nullptr;
   DType act = DType::BF16;
   int64_t T = 0;
+  Q4SplitWs split;  // as GemmQ4Args (not with swiglu)
 };
 void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& a, cudaStream_t st);
 // The block configuration for T rows over row_blocks blocks of 128 weight rows ("ws-n128s6":
@@ -210,8 +220,9 @@ void attention_prefill(const AttnArgs& a, cudaStream_t st);
 std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim);
 void attention_flash(const AttnArgs& a, cudaStream_t st);
 // The Hopper form of the flash kernel (wgmma + TMA, kernels/attention_flash_wgmma.cuh): same
-// contract as attention_flash (checked by it); built for sm_90a only. attention_flash takes it when
-// NF4FLASH_FLASH_KERNEL=wgmma (an error where it cannot run).
+// contract as attention_flash (checked by it); built for sm_90a only. attention_flash takes it on a
+// CC 9.0 GPU unless NF4FLASH_FLASH_KERNEL=mma (=wgmma where it cannot run is an error).
+bool attention_flash_uses_wgmma();
 bool attention_flash_wgmma_built();
 bool attention_flash_wgmma_supported();
 void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st);

@@ -82,6 +82,20 @@ std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim)
   return "";
 }
 
+// Which flash kernel runs: the Hopper one (wgmma + TMA) wherever it is built and the GPU is CC 9.0,
+// else the portable mma.sync one. NF4FLASH_FLASH_KERNEL=mma|wgmma|auto forces a choice (read per
+// call: kernel-bench switches it); wgmma where it cannot run is an error, never a fallback.
+bool attention_flash_uses_wgmma() {
+  const char* k = std::getenv("NF4FLASH_FLASH_KERNEL");
+  const std::string_view m = k ? k : "";
+  if (m.empty() || m == "auto") return attention_flash_wgmma_supported();
+  NF4FLASH_CHECK(m == "wgmma" || m == "mma", "NF4FLASH_FLASH_KERNEL=", m, ": expected auto, mma or wgmma");
+  if (m == "mma") return false;
+  NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=wgmma: needs a compute capability 9.0 GPU "
+                 "and a build for sm_90a");
+  return true;
+}
+
 void attention_flash(const AttnArgs& a, cudaStream_t st) {
   const std::string why = attention_flash_unsupported(a.act, a.kv_dtype, a.head_dim);
   NF4FLASH_CHECK(why.empty(), why);
@@ -89,13 +103,7 @@ void attention_flash(const AttnArgs& a, cudaStream_t st) {
                  " not a multiple of n_kv_heads ", a.n_kv);
   NF4FLASH_CHECK(a.q_stride % 8 == 0 && a.out_stride % 2 == 0, "attention_flash: q/out row strides must be multiples of 8/2 elements");
   if (a.T == 0) return;
-  // NF4FLASH_FLASH_KERNEL=wgmma: the Hopper kernel (read per call: kernel-bench switches it)
-  if (const char* k = std::getenv("NF4FLASH_FLASH_KERNEL"); k && *k && std::string_view(k) != "mma") {
-    NF4FLASH_CHECK(std::string_view(k) == "wgmma", "NF4FLASH_FLASH_KERNEL=", k, ": expected mma or wgmma");
-    NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=wgmma: needs a compute capability 9.0 GPU "
-                   "and a build for sm_90a");
-    return attention_flash_wgmma(a, st);
-  }
+  if (attention_flash_uses_wgmma()) return attention_flash_wgmma(a, st);
   // K/V ring depth; NF4FLASH_FLASH_STAGES=2|3 selects it for measurements (kernel-bench).
   static const int stages = [] {
     const char* e = std::getenv("NF4FLASH_FLASH_STAGES");

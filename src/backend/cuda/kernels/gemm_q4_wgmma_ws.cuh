@@ -22,7 +22,15 @@
 // accumulators (rounded to the compute dtype with bias, as linear() would store them) in the
 // drained ring, and warpgroup 1 stores out = silu(gate) * up (SiluMulOp, rounded): the result of
 // two GEMMs and silu_mul, bit for bit, without the [T, rows] gate buffer.
-// Grid: (sum of row blocks, ceil(T / BN), K splits), or x/y transposed (raster_rows); 384 threads.
+// Work units and split-K (DP + split tail): a unit is one (row block, token tile) pair, numbered
+// token tile by token tile (raster_rows: row block by row block). Units [0, dp_units) run one
+// block each over the whole K; the rest (the last, partial wave) run ksplit blocks each, block z
+// over column tiles [z * kps, (z + 1) * kps), so the tail fills the SMs a partial wave would leave
+// idle. A split block stores its f32 accumulators (register order, coalesced) to its slice of
+// `partial`, then takes a ticket on its unit's counter; the last of the ksplit blocks adds the
+// slices in z order, all read back from L2 (the same sum whichever block comes last: results are
+// deterministic), stores the unit like an unsplit block and resets the counter to zero.
+// Grid: dp_units + (units - dp_units) x ksplit blocks (1D); 384 threads.
 // Shared memory: [S][BN*128] x tiles (1024-aligned), [S][8][512] codes, [S][8][64 or 16] absmax,
 // the code-pair table (64 KiB of f32 pairs), 16 codes, 256 nested codes, 2S mbarriers.
 #pragma once
@@ -48,11 +56,14 @@ struct Q4gWsParams {
   int blk_end[kQ4gMaxSegs];            // row blocks of weights 0..i
   int nseg;
   int T;
-  bool raster_rows;  // grid is (token tiles, row blocks) rather than (row blocks, token tiles)
-  // split-K (one weight, no SwiGLU): blockIdx.z takes column tiles [z * kps, (z + 1) * kps) and
-  // stores its f32 partial sums (no bias) to partial + z * T * rows; a reduce kernel adds them
-  int ksplit = 1, kps = 0;
+  int n_rb, n_tt;    // row blocks (all weights), token tiles
+  bool raster_rows;  // units numbered row block by row block rather than token tile by token tile
+  // split tail (not with SWIGLU): units [dp_units, n_rb * n_tt) split ksplit ways, kps column
+  // tiles per split (kps = KT when ksplit = 1); partial: ksplit x BN x 128 floats per split unit;
+  // tickets: one zeroed counter per split unit
+  int dp_units = 0, ksplit = 1, kps = 0;
   float* partial = nullptr;
+  int* tickets = nullptr;
 };
 __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
   return 1024 + s * (bn * 128 + 8 * (512 + 64)) + kQ4gLutBytes + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
@@ -81,10 +92,16 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int KT = int(p.w[0].KT);
-  const int kz = int(blockIdx.z), kt0 = kz * p.kps;
-  const int NK = min(KT, kt0 + p.kps) - kt0;  // column tiles of this block (>= 1: the host sizes kps)
-  const unsigned bx = p.raster_rows ? blockIdx.y : blockIdx.x, by = p.raster_rows ? blockIdx.x : blockIdx.y;
-  int seg = 0, blk = int(bx);
+  // this block's unit, split index and column tiles (>= 1: the host sizes kps)
+  const int b = int(blockIdx.x);
+  const bool split = b >= p.dp_units;
+  const int sq = split ? (b - p.dp_units) / p.ksplit : 0;  // index among the split units
+  const int kz = split ? b - p.dp_units - sq * p.ksplit : 0;
+  const int unit = split ? p.dp_units + sq : b;
+  const int kt0 = kz * p.kps;
+  const int NK = split ? min(KT, kt0 + p.kps) - kt0 : KT;
+  const int bx = p.raster_rows ? unit / p.n_tt : unit % p.n_rb, by = p.raster_rows ? unit % p.n_tt : unit / p.n_rb;
+  int seg = 0, blk = bx;
   if constexpr (!SWIGLU) {
     while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
     if (seg > 0) blk -= p.blk_end[seg - 1];
@@ -171,10 +188,27 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   if constexpr (!SWIGLU) {
-    if (p.ksplit > 1)
-      q4g_store<float, BN>(p.partial + int64_t(kz) * p.T * W.rows, W.rows, nullptr, p.T, acc, my_rt * 16 + g, n0, t);
-    else
-      q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), W.rows, p.bias[seg], p.T, acc, my_rt * 16 + g, n0, t);
+    if (split) {  // store this split's slice; the last of the unit's splits sums all of them in z order
+      __shared__ int s_last;
+      const int ct = tid - 128;
+      float* const slices = p.partial + int64_t(sq) * p.ksplit * (BN / 2) * 256 + ct;
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) __stcg(slices + (int64_t(kz) * (BN / 2) + i) * 256, acc[i]);
+      __threadfence();
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (ct == 0) s_last = atomicAdd(&p.tickets[sq], 1) == p.ksplit - 1;
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (!s_last) return;
+      __threadfence();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) {
+        float v = __ldcg(slices + i * 256);
+        for (int z = 1; z < p.ksplit; ++z) v += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
+        acc[i] = v;
+      }
+      if (ct == 0) p.tickets[sq] = 0;  // every split has taken its ticket: ready for the next launch
+    }
+    q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), W.rows, p.bias[seg], p.T, acc, my_rt * 16 + g, n0, t);
   } else {
     static_assert(std::is_same_v<TO, TA>, "gemm_q4_ws: SwiGLU writes the compute dtype");
     // Both warpgroups' wgmmas are done reading the ring before warpgroup 0 overwrites it.

@@ -87,57 +87,74 @@ const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
   return *best;
 }
 
-// Split-K for one weight whose blocks leave SMs idle (few row blocks at few tokens: o and down
-// projections at T <= 512): s splits multiply the blocks by s and divide each block's K by s, at
-// the cost of writing s f32 partial tiles and one reduce pass (modelled at 3 TB/s). Taken only
-// when the model predicts a 15% gain and the workspace holds s x T x rows floats;
-// NF4FLASH_Q4GEMM_SPLITK=N forces N (1 = never).
-struct Pick {
+// Measured time of one block (unit) per 4096 columns on the H200, by token tile (see pick()).
+double unit_us(const Cfg& c) { return c.bn == 64 ? 30.0 : c.bn == 128 ? 36.0 : 55.0; }
+
+// A launch's schedule: configuration, and the split tail (kernels/gemm_q4_wgmma_ws.cuh): units
+// [dp_units, units) split `split` ways (split 1: none).
+struct Sched {
   const Cfg* cfg;
-  int split;
+  int split = 1;
+  int64_t units = 0, dp_units = 0;
 };
-Pick pick_split(int64_t T, DType out_dtype, int64_t rb, int64_t K, int64_t rows, int64_t ws_floats, DType act) {
-  const Cfg& base = pick(T, out_dtype, rb);
-  Pick best{&base, 1};
-  const bool can = base.ws && out_dtype == act && ws_floats > 0;
-  if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SPLITK"); v && *v) {
-    const int s = std::max(1, std::atoi(v));
-    if (s > 1) {
-      NF4FLASH_CHECK(can && int64_t(s) * T * rows <= ws_floats, "NF4FLASH_Q4GEMM_SPLITK=", s,
-                     ": split-K needs a ws-* configuration, 16-bit output and a workspace of ", int64_t(s) * T * rows,
-                     " floats (have ", ws_floats, ")");
-      best.split = s;
-    }
-    return best;
-  }
-  if (!can || std::getenv("NF4FLASH_Q4GEMM_CFG")) return best;
-  const double sms = std::max(1, device_sms());
-  auto cost = [&](const Cfg& c, int s, double us) {
-    const double blocks = double(rb) * double((T + c.bn - 1) / c.bn) * s;
-    const double reduce = s > 1 ? (double(s) * T * rows * 4 + double(T) * rows * 2) / 3.0e6 : 0.0;
-    return std::ceil(blocks / sms) * us * double(K) / 4096.0 / s + reduce;
-  };
-  const double us_of[3] = {30, 36, 55};
-  const double c1 = cost(base, 1, us_of[&base - kCfgs]);
-  double best_cost = 0.85 * c1;
-  for (int s : {2, 4})
-    for (int idx = 0; idx < 3; ++idx) {
-      if (int64_t(s) * T * rows > ws_floats || (K / 64) < 2 * s) continue;
-      const double c = cost(kCfgs[idx], s, us_of[idx]);
-      if (c < best_cost) best = {&kCfgs[idx], s}, best_cost = c;
-    }
-  return best;
+
+// The DP + split-tail schedule of c with s splits: whole waves of units run unsplit, the units of
+// the last, partial wave (all of them when there is less than a wave) split s ways. Not splittable
+// (returns split 1) when there is no partial wave, K's column tiles do not make s non-empty
+// splits, or the workspace is too small.
+Sched tail_sched(const Cfg& c, int64_t T, int64_t rb, int64_t K, int s, const Q4SplitWs& ws) {
+  const int64_t sms = std::max(1, device_sms());
+  const int64_t units = rb * ((T + c.bn - 1) / c.bn);
+  Sched r{&c, 1, units, units};
+  const int64_t tail = units % sms;
+  const int64_t KT = K / 64, kps = (KT + s - 1) / s;
+  if (s <= 1 || !c.ws || tail == 0 || (KT + kps - 1) / kps != s) return r;
+  if (tail > ws.n_tickets || tail * s * c.bn * 128 > ws.floats || !ws.partial || !ws.tickets) return r;
+  r.split = s;
+  r.dp_units = units - tail;
+  return r;
 }
 
-template <typename TO>
-__global__ void splitk_reduce_kernel(const float* __restrict__ part, int ksplit, int64_t n, int64_t rows,
-                                     const float* __restrict__ bias, TO* __restrict__ out) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float s = 0.f;
-    for (int z = 0; z < ksplit; ++z) s += part[z * n + i];  // fixed order: deterministic
-    if (bias) s += bias[i % rows];
-    out[i] = from_f32<TO>(s);
+// Modelled time: waves x unit time; split units take 1/s of it plus the slice traffic (each split
+// writes BN x 128 floats, the last one reads them back; ~45 GB/s per SM from L2).
+double sched_us(const Sched& sc, int64_t K) {
+  const double sms = std::max(1, device_sms()), t = unit_us(*sc.cfg) * double(K) / 4096.0;
+  const double whole = std::ceil(double(sc.dp_units) / sms) * t;
+  if (sc.split == 1) return whole;
+  const double tail_blocks = double(sc.units - sc.dp_units) * sc.split;
+  const double slices = double(sc.cfg->bn) * 128 * 4 * 2 / 45e3;
+  return std::floor(double(sc.dp_units) / sms) * t + std::ceil(tail_blocks / sms) * (t / sc.split + slices);
+}
+
+// The schedule of a launch: pick()'s configuration unsplit, unless a split tail (2-4 ways, any ws-*
+// configuration) is predicted 5% faster; 16-bit output only. NF4FLASH_Q4GEMM_SPLITK=s forces s
+// splits on the configuration pick() (or NF4FLASH_Q4GEMM_CFG) gives (1: never; an error where the
+// schedule cannot split); NF4FLASH_Q4GEMM_CFG alone turns the automatic split off.
+Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, const Q4SplitWs& ws) {
+  const Cfg& base = pick(T, out_dtype, rb);
+  const Q4SplitWs none{};
+  const Q4SplitWs& w = out_dtype == act ? ws : none;
+  Sched best = tail_sched(base, T, rb, K, 1, w);
+  if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SPLITK"); v && *v) {
+    const int s = std::atoi(v);
+    NF4FLASH_CHECK(s >= 1 && s <= 16, "NF4FLASH_Q4GEMM_SPLITK=", v, ": expected 1-16");
+    if (s == 1) return best;
+    const Sched f = tail_sched(base, T, rb, K, s, w);
+    NF4FLASH_CHECK(f.split == s, "NF4FLASH_Q4GEMM_SPLITK=", s, ": ", base.name, " at T=", T,
+                   " cannot split (needs a ws-* configuration, 16-bit output, a partial wave of blocks, ",
+                   "column tiles for ", s, " non-empty splits and a workspace of ", (f.units % std::max(1, device_sms())) * s * base.bn * 128,
+                   " floats; have ", w.floats, ")");
+    return f;
   }
+  if (std::getenv("NF4FLASH_Q4GEMM_CFG") || out_dtype != act) return best;
+  const double unsplit = sched_us(best, K);
+  double best_us = 0.95 * unsplit;
+  for (int s : {2, 3, 4})
+    for (int idx = 0; idx < 3; ++idx) {
+      const Sched c = tail_sched(kCfgs[idx], T, rb, K, s, w);
+      if (c.split == s && sched_us(c, K) < best_us) best = c, best_us = sched_us(c, K);
+    }
+  return best;
 }
 
 // The dynamic shared-memory opt-in, once per kernel (the template argument is the kernel itself).
@@ -172,7 +189,7 @@ void launch_sync(const Q4GemmKArgs& k, cudaStream_t st) {
 // (boxes of one 512-byte column tile x 8 row tiles, 4 for SWIGLU) and absmax as [RT, KT * 16] f32
 // or u8 (boxes of 16 x 8 or 4).
 template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
-void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, int ksplit = 1, float* partial = nullptr) {
+void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
   constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S, SWIGLU>;
   constexpr int smem = q4g_ws_smem_bytes(BN, S);
   constexpr uint32_t rtw = SWIGLU ? 4 : 8;
@@ -201,46 +218,48 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, int ksplit = 1, float*
   p.nseg = m.nseg;
   p.T = int(m.T);
   const int KT = int(w0.KT);
-  p.kps = (KT + ksplit - 1) / ksplit;
-  p.ksplit = (KT + p.kps - 1) / p.kps;  // every split gets >= 1 column tile
-  p.partial = partial;
-  NF4FLASH_CHECK(p.ksplit == 1 || (partial && m.nseg == 1 && !SWIGLU), "gemm_q4_wgmma: split-K takes one weight and a workspace");
-  smem_opt_in<kernel>(smem);
+  p.n_rb = int(blocks);
   const int64_t gy = (m.T + BN - 1) / BN;
-  p.raster_rows = raster_rows() && blocks <= 65535;
-  NF4FLASH_CHECK(gy <= (p.raster_rows ? 0x7fffffff : 65535), "gemm_q4_wgmma: grid ", blocks, " x ", gy, " too large");
-  const dim3 grid = p.raster_rows ? dim3(unsigned(gy), unsigned(blocks), unsigned(p.ksplit))
-                                  : dim3(unsigned(blocks), unsigned(gy), unsigned(p.ksplit));
-  kernel<<<grid, dim3(kQ4gWsThreads), smem, st>>>(p);
+  p.n_tt = int(gy);
+  p.raster_rows = raster_rows();
+  const int64_t units = blocks * gy, grid = units + (sc.split == 1 ? 0 : (units - sc.dp_units) * (sc.split - 1));
+  NF4FLASH_CHECK(grid <= 0x7fffffff, "gemm_q4_wgmma: grid of ", grid, " blocks too large");
+  NF4FLASH_CHECK(sc.cfg->bn == BN && (sc.split == 1 || sc.units == units), "gemm_q4_wgmma: schedule of another configuration");
+  p.dp_units = int(sc.split == 1 ? units : sc.dp_units);
+  p.ksplit = sc.split;
+  p.kps = (KT + sc.split - 1) / sc.split;
+  NF4FLASH_CHECK(sc.split == 1 || (!SWIGLU && (KT + p.kps - 1) / p.kps == sc.split && m.split.partial &&
+                                   m.split.tickets),
+                 "gemm_q4_wgmma: split tail without a workspace, with SwiGLU or with an empty split");
+  p.partial = m.split.partial;
+  p.tickets = m.split.tickets;
+  smem_opt_in<kernel>(smem);
+  kernel<<<dim3(unsigned(grid)), dim3(kQ4gWsThreads), smem, st>>>(p);
   CUDA_CHECK_LAUNCH();
-  if (p.ksplit > 1) {
-    const int64_t n = m.T * w0.rows;
-    const int rblocks = int(std::min<int64_t>((n + 255) / 256, int64_t(device_sms()) * 8));
-    splitk_reduce_kernel<TO><<<rblocks, 256, 0, st>>>(partial, p.ksplit, n, w0.rows, m.bias[0], static_cast<TO*>(m.out[0]));
-    CUDA_CHECK_LAUNCH();
-  }
 }
 
 template <typename TA, typename TO, bool DQ, int BN, int S>
-void launch_ws(const Q4GemmKArgs& k, cudaStream_t st, int ksplit = 1, float* partial = nullptr) {
+void launch_ws(const Q4GemmKArgs& k, cudaStream_t st, const Sched& sc, const Q4SplitWs& ws) {
   GemmQ4MultiArgs m;
   m.w[0] = &k.w;
   m.bias[0] = k.bias;
   m.out[0] = k.out;
   m.x = k.x;
   m.T = k.T;
-  launch_ws<TA, TO, DQ, BN, S, false>(m, st, ksplit, partial);
+  m.split = ws;
+  launch_ws<TA, TO, DQ, BN, S, false>(m, st, sc);
 }
 
 template <typename TA, typename TO, bool DQ>
-void launch_cfg(const Cfg& c, const Q4GemmKArgs& k, cudaStream_t st, int ksplit, float* partial) {
+void launch_cfg(const Sched& sc, const Q4GemmKArgs& k, cudaStream_t st, const Q4SplitWs& ws) {
+  const Cfg& c = *sc.cfg;
   if constexpr (std::is_same_v<TO, float>) {  // the n128 configurations only
-    if (c.ws) launch_ws<TA, TO, DQ, 128, 6>(k, st);
+    if (c.ws) launch_ws<TA, TO, DQ, 128, 6>(k, st, sc, ws);
     else launch_sync<TA, TO, DQ, 128, 4>(k, st);
   } else if (c.ws) {
-    if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8>(k, st, ksplit, partial);
-    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6>(k, st, ksplit, partial);
-    else launch_ws<TA, TO, DQ, 256, 4>(k, st, ksplit, partial);
+    if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8>(k, st, sc, ws);
+    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6>(k, st, sc, ws);
+    else launch_ws<TA, TO, DQ, 256, 4>(k, st, sc, ws);
   } else {
     if (c.bn == 64) launch_sync<TA, TO, DQ, 64, 4>(k, st);
     else if (c.bn == 128) launch_sync<TA, TO, DQ, 128, 4>(k, st);
@@ -299,16 +318,15 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
   NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_wgmma: output dtype ",
                  dtype_name(g.out_dtype));
   const Q4GemmKArgs k{w, g.x, int(g.T), g.bias, g.out};
-  const Pick pk = pick_split(g.T, g.out_dtype, (w.RT + 7) / 8, w.cols, w.rows, g.splitk_ws ? g.splitk_ws_floats : 0, g.act);
-  const Cfg& c = *pk.cfg;
+  const Sched sc = pick_sched(g.T, g.out_dtype, (w.RT + 7) / 8, w.cols, g.act, g.split);
   auto go = [&](auto ta) {
     using TA = decltype(ta);
     if (g.out_dtype == DType::F32) {
-      if (w.double_quant) launch_cfg<TA, float, true>(c, k, st, 1, nullptr);
-      else launch_cfg<TA, float, false>(c, k, st, 1, nullptr);
+      if (w.double_quant) launch_cfg<TA, float, true>(sc, k, st, g.split);
+      else launch_cfg<TA, float, false>(sc, k, st, g.split);
     } else {
-      if (w.double_quant) launch_cfg<TA, TA, true>(c, k, st, pk.split, g.splitk_ws);
-      else launch_cfg<TA, TA, false>(c, k, st, pk.split, g.splitk_ws);
+      if (w.double_quant) launch_cfg<TA, TA, true>(sc, k, st, g.split);
+      else launch_cfg<TA, TA, false>(sc, k, st, g.split);
     }
   };
   if (g.act == DType::BF16) go(__nv_bfloat16{});
@@ -330,7 +348,9 @@ void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
     NF4FLASH_CHECK(!m.swiglu || w.rows == w0.rows, "gemm_q4_wgmma_multi: gate and up rows differ");
     rb += (w.RT + 7) / 8;
   }
-  const Cfg& c = pick(m.T, m.act, rb);
+  // (SwiGLU launches do not split: pick()'s configuration as it is)
+  const Sched sc = m.swiglu ? Sched{&pick(m.T, m.act, rb)} : pick_sched(m.T, m.act, rb, w0.cols, m.act, m.split);
+  const Cfg& c = *sc.cfg;
   NF4FLASH_CHECK(c.ws, "gemm_q4_wgmma_multi: configuration ", c.name, " is not warp-specialized (ws-*)");
   auto go = [&](auto ta) {
     using TA = decltype(ta);
@@ -338,9 +358,9 @@ void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
       constexpr bool DQ = decltype(dq)::value;
       auto bn = [&](auto sw) {
         constexpr bool SW = decltype(sw)::value;
-        if (c.bn == 64) launch_ws<TA, TA, DQ, 64, 8, SW>(m, st);
-        else if (c.bn == 128) launch_ws<TA, TA, DQ, 128, 6, SW>(m, st);
-        else launch_ws<TA, TA, DQ, 256, 4, SW>(m, st);
+        if (c.bn == 64) launch_ws<TA, TA, DQ, 64, 8, SW>(m, st, sc);
+        else if (c.bn == 128) launch_ws<TA, TA, DQ, 128, 6, SW>(m, st, sc);
+        else launch_ws<TA, TA, DQ, 256, 4, SW>(m, st, sc);
       };
       if (m.swiglu) bn(std::true_type{});
       else bn(std::false_type{});
