@@ -61,7 +61,10 @@ void run_case(const Case& c) {
       pi.impl = impl;
       // flash: the mma.sync kernel and, on Hopper builds, the wgmma one (NF4FLASH_FLASH_KERNEL)
       std::vector<const char*> kernels = {"mma"};
-      if (impl == AttnImpl::Flash && cuda::attention_flash_wgmma_supported()) kernels.push_back("wgmma");
+      if (impl == AttnImpl::Flash && cuda::attention_flash_wgmma_supported()) {
+        kernels.push_back("wgmma");
+        kernels.push_back("wgmma-serial");
+      }
       for (const char* kern : kernels) {
         setenv("NF4FLASH_FLASH_KERNEL", kern, 1);
         // eager: with the host-known length, and (short cases) over the whole capacity as in a graph

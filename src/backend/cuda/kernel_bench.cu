@@ -138,7 +138,10 @@ nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g)
     // flash twice on Hopper builds: the mma.sync kernel and the wgmma one (the default there;
     // NF4FLASH_FLASH_KERNEL picks), named flash-mma / flash-wgmma
     std::vector<std::pair<AttnImpl, const char*>> runs = {{AttnImpl::Flash, "mma"}};
-    if (cuda::attention_flash_wgmma_supported()) runs.push_back({AttnImpl::Flash, "wgmma"});
+    if (cuda::attention_flash_wgmma_supported()) {
+      runs.push_back({AttnImpl::Flash, "wgmma"});
+      runs.push_back({AttnImpl::Flash, "wgmma-serial"});
+    }
     runs.push_back({AttnImpl::Sdpa, ""});
     runs.push_back({AttnImpl::Eager, ""});
     for (auto [impl, kern] : runs) {

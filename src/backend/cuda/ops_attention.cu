@@ -83,15 +83,17 @@ std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim)
 }
 
 // Which flash kernel runs: the Hopper one (wgmma + TMA) wherever it is built and the GPU is CC 9.0,
-// else the portable mma.sync one. NF4FLASH_FLASH_KERNEL=mma|wgmma|auto forces a choice (read per
-// call: kernel-bench switches it); wgmma where it cannot run is an error, never a fallback.
+// else the portable mma.sync one. NF4FLASH_FLASH_KERNEL=auto|mma|wgmma|wgmma-serial forces a
+// choice (wgmma-serial: the Hopper kernel without the FA3 overlap schedules; read per call:
+// kernel-bench switches it); wgmma where it cannot run is an error, never a fallback.
 bool attention_flash_uses_wgmma() {
   const char* k = std::getenv("NF4FLASH_FLASH_KERNEL");
   const std::string_view m = k ? k : "";
   if (m.empty() || m == "auto") return attention_flash_wgmma_supported();
-  NF4FLASH_CHECK(m == "wgmma" || m == "mma", "NF4FLASH_FLASH_KERNEL=", m, ": expected auto, mma or wgmma");
+  NF4FLASH_CHECK(m == "wgmma" || m == "wgmma-serial" || m == "mma", "NF4FLASH_FLASH_KERNEL=", m,
+                 ": expected auto, mma, wgmma or wgmma-serial");
   if (m == "mma") return false;
-  NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=wgmma: needs a compute capability 9.0 GPU "
+  NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=", m, ": needs a compute capability 9.0 GPU "
                  "and a build for sm_90a");
   return true;
 }

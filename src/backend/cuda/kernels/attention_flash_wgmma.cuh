@@ -25,6 +25,15 @@
 // Accumulator layout (kernels/wgmma.cuh): warp w of a consumer warpgroup, lane 4g + t, register
 // 4j + e = row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1) -- the same per-warp layout as the
 // mma.sync kernel's s[n][e] / o[n][e], so its softmax and store code carry over.
+//
+// PP (the default; kernel-bench measures both): FA3's two schedules on top --
+//   intra-warpgroup overlap: tile j's S = Q K_j^T is issued together with tile j-1's O += P V_{j-1}
+//              (P kept from the previous iteration), so the tensor cores work on both while the
+//              warpgroup waits for S_j and runs its softmax; O is rescaled once P V_{j-1} is done;
+//   ping-pong: named barriers 2 and 3 order the two consumer warpgroups' GEMM issues (warpgroup 0,
+//              then 1, then 0 ...), so one warpgroup's softmax runs while the other's GEMMs do.
+//   K/V stay one stage per tile, released after P V_j; 3 stages for HD = 128 (192 KiB), 4 for 64,
+//   producer 24 / consumers 240 registers.
 #pragma once
 #include <cuda.h>
 
@@ -35,17 +44,24 @@
 namespace nf4flash::cuda {
 
 constexpr int kFlashWgBQ = 128, kFlashWgBK = 128, kFlashWgThreads = 384;
-__host__ __device__ constexpr int flash_wg_stages(int hd) { return hd == 128 ? 2 : 3; }
-__host__ __device__ constexpr int flash_wg_smem_bytes(int hd) {
-  return 1024 + flash_wg_stages(hd) * 2 * kFlashWgBK * hd * 2 + 2 * flash_wg_stages(hd) * 8;
+__host__ __device__ constexpr int flash_wg_stages(int hd, bool pp) { return (hd == 128 ? 2 : 3) + (pp ? 1 : 0); }
+__host__ __device__ constexpr int flash_wg_smem_bytes(int hd, bool pp) {
+  return 1024 + flash_wg_stages(hd, pp) * 2 * kFlashWgBK * hd * 2 + 2 * flash_wg_stages(hd, pp) * 8;
 }
 
-template <typename T, int HD>
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+template <typename T, int HD, bool PP>
 __global__ void __launch_bounds__(kFlashWgThreads, 1)
     attn_flash_wgmma_kernel(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap,
                             const AttnArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BQ = kFlashWgBQ, BK = kFlashWgBK, S = flash_wg_stages(HD), KS = HD / 16, NB = HD / 64;
+  constexpr int BQ = kFlashWgBQ, BK = kFlashWgBK, S = flash_wg_stages(HD, PP), KS = HD / 16, NB = HD / 64;
   constexpr int TILE = BK * HD * 2;  // bytes of one K (or V) tile; box r (64 columns) at r * BK * 128
   constexpr bool BF = std::is_same_v<T, __nv_bfloat16>;
   extern __shared__ uint8_t smem_raw[];
@@ -67,7 +83,8 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
   __syncthreads();
 
   if (warp < 4) {  // ---- producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if constexpr (PP) asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (warp == 0 && lane == 0) {
       const int row0 = int(int64_t(kvh) * a.capacity);
       for (int j = 0; j < n_tiles; ++j) {
@@ -85,7 +102,8 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
   }
 
   // ---- consumers
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  if constexpr (PP) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int cw = warp - 4, wg = cw >> 2, wq = cw & 3;  // warpgroup, warp within it
   const int g = lane >> 2, c = lane & 3;
   const int r_lo = t0 + 64 * wg + 16 * wq + g, r_hi = r_lo + 8;  // query rows of this lane
@@ -113,22 +131,33 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
 #pragma unroll
   for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  float s[BK / 2];
+  uint32_t pa[BK / 16][4];
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int slot = j % S;
-    const uint32_t sk = k_s + slot * TILE, sv = v_s + slot * TILE;
-    mbar_wait(&full[slot], uint32_t(j / S) & 1u);
-    // ---- S = Q K^T
-    float s[BK / 2];
+  // S = Q K_j^T issued (waits for tile j's copies first); completes with the next commit group
+  auto issue_s = [&](int j) {
+    const uint32_t sk = k_s + (j % S) * TILE;
+    mbar_wait(&full[j % S], uint32_t(j / S) & 1u);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks)
       wgmma_rs<BK, BF>(s, qf[ks], wgmma_desc_sw128(sk + (ks >> 2) * BK * 128 + (ks & 3) * 32), ks > 0 ? 1 : 0);
     wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_regs(s);
+  };
+  // O += P V_j issued (P as A fragments: K step kp = columns 16kp .. 16kp + 15 of S; V read
+  // MN-major, 16 cache rows per step = 2048 bytes into each box)
+  auto issue_pv = [&](int j) {
+    const uint32_t sv = v_s + (j % S) * TILE;
+    wgmma_fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kp = 0; kp < BK / 16; ++kp)
+      wgmma_rs<HD, BF, true>(o, pa[kp], wgmma_desc_sw128_mn(sv + kp * 2048, BK * 128, 1024), 1);
+    wgmma_commit();
+  };
+  // causal mask (tiles crossing the diagonal), online softmax; returns the O correction
+  auto softmax = [&](int j, float& corr_lo, float& corr_hi) {
     const int kb = j * BK;
-    // ---- causal mask on tiles crossing the diagonal
     if (kb + BK - 1 > block_qmin) {
 #pragma unroll
       for (int n = 0; n < BK / 8; ++n) {
@@ -139,10 +168,10 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
         if (p + 1 > q_hi) s[4 * n + 3] = -INFINITY;
       }
     }
-    // ---- online softmax (attn_flash_kernel's arithmetic)
-    float corr_lo, corr_hi;
     flash_softmax_tile<BK / 8>([&](int n, int e) -> float& { return s[4 * n + e]; }, sl2, m_lo, m_hi, l_lo, l_hi,
                                corr_lo, corr_hi);
+  };
+  auto rescale = [&](float corr_lo, float corr_hi) {
 #pragma unroll
     for (int n = 0; n < HD / 8; ++n) {
       o[4 * n] *= corr_lo;
@@ -150,8 +179,8 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
       o[4 * n + 2] *= corr_hi;
       o[4 * n + 3] *= corr_hi;
     }
-    // ---- O += P V (P as A fragments: K step kp = columns 16kp .. 16kp + 15 of S)
-    uint32_t pa[BK / 16][4];
+  };
+  auto pack_p = [&] {
 #pragma unroll
     for (int kp = 0; kp < BK / 16; ++kp) {
       pa[kp][0] = pack2<T>(s[8 * kp], s[8 * kp + 1]);
@@ -159,16 +188,57 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
       pa[kp][2] = pack2<T>(s[8 * kp + 4], s[8 * kp + 5]);
       pa[kp][3] = pack2<T>(s[8 * kp + 6], s[8 * kp + 7]);
     }
-    wgmma_fence_regs(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kp = 0; kp < BK / 16; ++kp)  // 16 cache rows per step: 2048 bytes into each box
-      wgmma_rs<HD, BF, true>(o, pa[kp], wgmma_desc_sw128_mn(sv + kp * 2048, BK * 128, 1024), 1);
-    wgmma_commit();
+  };
+  auto release = [&](int j) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[j % S]);
+  };
+
+  float corr_lo, corr_hi;
+  if constexpr (!PP) {
+    for (int j = 0; j < n_tiles; ++j) {
+      issue_s(j);
+      wgmma_wait<0>();
+      wgmma_fence_regs(s);
+      softmax(j, corr_lo, corr_hi);
+      rescale(corr_lo, corr_hi);
+      pack_p();
+      issue_pv(j);
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      release(j);
+    }
+  } else {
+    // ping-pong: warpgroup w issues its GEMMs after bar.sync (2 + w) and lets the other one go
+    // with bar.arrive on its barrier; warpgroup 1 opens warpgroup 0's first turn and skips the
+    // arrive after its last issue (every sync meets exactly one arrive)
+    const int my_bar = 2 + wg, other_bar = 3 - wg;
+    if (wg == 1) named_bar_arrive(2, 256);
+    named_bar_sync(my_bar, 256);
+    issue_s(0);
+    if (wg == 0 || n_tiles > 1) named_bar_arrive(other_bar, 256);
+    wgmma_wait<0>();
+    wgmma_fence_regs(s);
+    softmax(0, corr_lo, corr_hi);  // (O is zero: no rescale)
+    pack_p();
+    for (int j = 1; j < n_tiles; ++j) {
+      named_bar_sync(my_bar, 256);
+      issue_s(j);
+      issue_pv(j - 1);
+      if (wg == 0 || j + 1 < n_tiles) named_bar_arrive(other_bar, 256);
+      wgmma_wait<1>();  // S_j done (P V_{j-1} may still run: it reads pa, writes o)
+      wgmma_fence_regs(s);
+      softmax(j, corr_lo, corr_hi);
+      wgmma_wait<0>();
+      wgmma_fence_regs(o);
+      release(j - 1);
+      rescale(corr_lo, corr_hi);
+      pack_p();
+    }
+    issue_pv(n_tiles - 1);
     wgmma_wait<0>();
     wgmma_fence_regs(o);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[slot]);
+    release(n_tiles - 1);
   }
 
   // ---- normalize and store

@@ -1,5 +1,9 @@
 // Launcher of the Hopper FlashAttention kernel (kernels/attention_flash_wgmma.cuh). Compiled for
 // sm_90a with the fused GEMM (CMakeLists.txt); elsewhere attention_flash_wgmma_built() is false.
+#include <cstdlib>
+#include <string_view>
+#include <type_traits>
+
 #include "backend/cuda/kernels/attention_flash_wgmma.cuh"
 #include "backend/cuda/sm90a/tensor_map.h"
 
@@ -40,21 +44,29 @@ void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st) {
                                          CU_TENSOR_MAP_SWIZZLE_128B, "K cache");
   const CUtensorMap vmap = tensor_map_2d(dt, a.v_cache, a.head_dim, rows, a.head_dim * 2, 64, kFlashWgBK,
                                          CU_TENSOR_MAP_SWIZZLE_128B, "V cache");
+  // the FA3 schedules (intra-warpgroup overlap + ping-pong) unless NF4FLASH_FLASH_KERNEL=wgmma-serial
+  const char* kenv = std::getenv("NF4FLASH_FLASH_KERNEL");
+  const bool pp = !(kenv && std::string_view(kenv) == "wgmma-serial");
   auto launch = [&](auto kernel, int hd) {
-    const int smem = flash_wg_smem_bytes(hd);
+    const int smem = flash_wg_smem_bytes(hd, pp);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 grid(unsigned(a.n_heads), unsigned((a.T + kFlashWgBQ - 1) / kFlashWgBQ));
     kernel<<<grid, kFlashWgThreads, smem, st>>>(kmap, vmap, a);
     CUDA_CHECK_LAUNCH();
   };
-  if (a.head_dim == 64) {
-    if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 64>, 64);
-    else launch(attn_flash_wgmma_kernel<__half, 64>, 64);
-  } else {
-    NF4FLASH_CHECK(a.head_dim == 128, "attention_flash_wgmma: head_dim ", a.head_dim, " (64 or 128)");
-    if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 128>, 128);
-    else launch(attn_flash_wgmma_kernel<__half, 128>, 128);
-  }
+  auto go = [&](auto pp_c) {
+    constexpr bool PP = decltype(pp_c)::value;
+    if (a.head_dim == 64) {
+      if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 64, PP>, 64);
+      else launch(attn_flash_wgmma_kernel<__half, 64, PP>, 64);
+    } else {
+      NF4FLASH_CHECK(a.head_dim == 128, "attention_flash_wgmma: head_dim ", a.head_dim, " (64 or 128)");
+      if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 128, PP>, 128);
+      else launch(attn_flash_wgmma_kernel<__half, 128, PP>, 128);
+    }
+  };
+  if (pp) go(std::true_type{});
+  else go(std::false_type{});
 }
 
 }  // namespace nf4flash::cuda
