@@ -115,14 +115,15 @@ Sched tail_sched(const Cfg& c, int64_t T, int64_t rb, int64_t K, int s, const Q4
   return r;
 }
 
-// Modelled time: waves x unit time; split units take 1/s of it plus the slice traffic (each split
-// writes BN x 128 floats, the last one reads them back; ~45 GB/s per SM from L2).
+// Modelled time: waves x unit time; split units take 1/s of it plus a block's fixed cost (~2 us:
+// table fill, pipeline fill) and the slice traffic (each split writes BN x 128 floats, the last
+// one reads them back; ~45 GB/s per SM from L2).
 double sched_us(const Sched& sc, int64_t K) {
   const double sms = std::max(1, device_sms()), t = unit_us(*sc.cfg) * double(K) / 4096.0;
   const double whole = std::ceil(double(sc.dp_units) / sms) * t;
   if (sc.split == 1) return whole;
   const double tail_blocks = double(sc.units - sc.dp_units) * sc.split;
-  const double slices = double(sc.cfg->bn) * 128 * 4 * 2 / 45e3;
+  const double slices = 2.0 + double(sc.cfg->bn) * 128 * 4 * 2 / 45e3;
   return std::floor(double(sc.dp_units) / sms) * t + std::ceil(tail_blocks / sms) * (t / sc.split + slices);
 }
 
