@@ -200,11 +200,13 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (!s_last) return;
       __threadfence();
+      // slice by slice, all BN / 2 loads of a slice independent (a loop over z per value would
+      // serialize BN / 2 L2 round trips)
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) {
-        float v = __ldcg(slices + i * 256);
-        for (int z = 1; z < p.ksplit; ++z) v += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
-        acc[i] = v;
+      for (int i = 0; i < BN / 2; ++i) acc[i] = __ldcg(slices + i * 256);
+      for (int z = 1; z < p.ksplit; ++z) {
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
       }
       if (ct == 0) p.tickets[sq] = 0;  // every split has taken its ticket: ready for the next launch
     }
