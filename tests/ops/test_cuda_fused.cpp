@@ -208,13 +208,16 @@ TEST(CudaFused, GemmQ4SplitTail) {
     GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
   setenv("NF4FLASH_Q4_GEMM", "fused", 1);
   setenv("NF4FLASH_Q4GEMM_CFG", "ws-n64s8", 1);  // 17 + 17 row blocks x 5 token tiles = 170 blocks
-  for (const char* s : {"2", "3"}) {
-    setenv("NF4FLASH_Q4GEMM_SPLITK", s, 1);
-    SCOPED_TRACE(cat("split ", s));
-    run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 300});
-    run_multi(DType::F16, MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290});
-    run_swiglu(DType::BF16, QuantType::NF4, true, 2100, 512, 300, true);
-  }
+  for (const char* fix : {"last", "kernel"})  // who sums the slices: the last split block, or a second launch
+    for (const char* s : {"2", "3"}) {
+      setenv("NF4FLASH_Q4GEMM_SPLIT_FIXUP", fix, 1);
+      setenv("NF4FLASH_Q4GEMM_SPLITK", s, 1);
+      SCOPED_TRACE(cat("split ", s, ", fixup ", fix));
+      run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 300});
+      run_multi(DType::F16, MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290});
+      run_swiglu(DType::BF16, QuantType::NF4, true, 2100, 512, 300, true);
+    }
+  unsetenv("NF4FLASH_Q4GEMM_SPLIT_FIXUP");
   unsetenv("NF4FLASH_Q4GEMM_SPLITK");
   setenv("NF4FLASH_Q4GEMM_CFG", "ws-n128s6", 1);  // no automatic split under a forced configuration
   for (DType dt : {DType::BF16, DType::F16}) {

@@ -400,7 +400,9 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       struct Var {
         std::string name, env, val;
       };
-      const std::vector<Var> vars = {{"raster-row", "NF4FLASH_Q4GEMM_RASTER", "row"},
+      const std::vector<Var> vars = {{"nosplit", "NF4FLASH_Q4GEMM_SPLITK", "1"},
+                                     {"split-fixup-kernel", "NF4FLASH_Q4GEMM_SPLIT_FIXUP", "kernel"},
+                                     {"raster-row", "NF4FLASH_Q4GEMM_RASTER", "row"},
                                      {"ws-n128s6", "NF4FLASH_Q4GEMM_CFG", "ws-n128s6"},
                                      {"ws-n256s4", "NF4FLASH_Q4GEMM_CFG", "ws-n256s4"}};
       for (int c = 0; c < 2; ++c) {

@@ -64,6 +64,7 @@ struct Q4gWsParams {
   int dp_units = 0, ksplit = 1, kps = 0;
   float* partial = nullptr;
   int* tickets = nullptr;
+  bool fixup_kernel = false;  // split blocks only store their slices; gemm_q4_split_reduce_kernel sums
 };
 __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
   return 1024 + s * (bn * 128 + 8 * (512 + 64)) + kQ4gLutBytes + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
@@ -194,6 +195,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
       float* const slices = p.partial + int64_t(sq) * p.ksplit * (BN / 2) * 256 + ct;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) __stcg(slices + (int64_t(kz) * (BN / 2) + i) * 256, acc[i]);
+      if (p.fixup_kernel) return;
       __threadfence();
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (ct == 0) s_last = atomicAdd(&p.tickets[sq], 1) == p.ksplit - 1;
@@ -243,6 +245,30 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
 #else
   __trap();  // built only for sm_90a (gemm_q4_wgmma_supported() says so before any launch)
 #endif
+}
+
+// The split tail's sums as a second launch (NF4FLASH_Q4GEMM_SPLIT_FIXUP=kernel, for comparison with
+// the in-kernel fixup): grid = split units, 256 threads; thread ct holds what consumer thread ct of
+// the unit's blocks held (row tile ct / 32 of the row block, lane ct % 32), sums the ksplit slices
+// in z order and stores like gemm_q4_ws_kernel.
+template <typename TO, int BN>
+__global__ void __launch_bounds__(256) gemm_q4_split_reduce_kernel(const __grid_constant__ Q4gWsParams p) {
+  const int sq = int(blockIdx.x), ct = int(threadIdx.x), unit = p.dp_units + sq;
+  const int bx = p.raster_rows ? unit / p.n_tt : unit % p.n_rb, by = p.raster_rows ? unit % p.n_tt : unit / p.n_rb;
+  int seg = 0, blk = bx;
+  while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
+  if (seg > 0) blk -= p.blk_end[seg - 1];
+  const int lane = ct & 31, g = lane >> 2, t = lane & 3;
+  const int64_t my_rt = int64_t(blk) * 8 + (ct >> 5);
+  const float* const slices = p.partial + int64_t(sq) * p.ksplit * (BN / 2) * 256 + ct;
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = __ldcg(slices + i * 256);
+  for (int z = 1; z < p.ksplit; ++z) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
+  }
+  q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), p.w[seg].rows, p.bias[seg], p.T, acc, my_rt * 16 + g, by * BN, t);
 }
 
 }  // namespace nf4flash::cuda

@@ -158,6 +158,16 @@ Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, c
   return best;
 }
 
+// Who sums a split unit's slices (NF4FLASH_Q4GEMM_SPLIT_FIXUP, read per launch: kernel-bench
+// switches it): "last" (default) the last of its split blocks, "kernel" a second launch.
+bool split_fixup_kernel() {
+  const char* v = std::getenv("NF4FLASH_Q4GEMM_SPLIT_FIXUP");
+  if (!v || !*v) return false;
+  const std::string_view m(v);
+  NF4FLASH_CHECK(m == "last" || m == "kernel", "NF4FLASH_Q4GEMM_SPLIT_FIXUP=", m, ": expected last or kernel");
+  return m == "kernel";
+}
+
 // The dynamic shared-memory opt-in, once per kernel (the template argument is the kernel itself).
 template <auto Kernel>
 void smem_opt_in(int smem) {
@@ -234,9 +244,16 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
                  "gemm_q4_wgmma: split tail without a workspace, with SwiGLU or with an empty split");
   p.partial = m.split.partial;
   p.tickets = m.split.tickets;
+  p.fixup_kernel = sc.split > 1 && split_fixup_kernel();
   smem_opt_in<kernel>(smem);
   kernel<<<dim3(unsigned(grid)), dim3(kQ4gWsThreads), smem, st>>>(p);
   CUDA_CHECK_LAUNCH();
+  if constexpr (!SWIGLU) {
+    if (p.fixup_kernel) {
+      gemm_q4_split_reduce_kernel<TO, BN><<<unsigned(units - p.dp_units), 256, 0, st>>>(p);
+      CUDA_CHECK_LAUNCH();
+    }
+  }
 }
 
 template <typename TA, typename TO, bool DQ, int BN, int S>
