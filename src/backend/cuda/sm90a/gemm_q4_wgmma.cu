@@ -60,13 +60,17 @@ const Cfg& find_cfg(std::string_view name) {
   fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (", known, ")");
 }
 
+// Measured time of one block (unit) per 4096 columns on the H200, by token tile: n64 35 us, n128
+// 44, n256 60 (kernel-bench "prefill" rows at 37306e0, nf4-dq, T=512: one-wave launches 1024x4096
+// n64 35.9, 4096x4096 n128 44.8 / n256 59.6; 14336x4096 n128 4 waves 172.4, n256 2 waves 121.5;
+// the c0fa985 calibration, 30 / 36 / 55, had n128 20% low).
+double unit_us(const Cfg& c) { return c.bn == 64 ? 35.0 : c.bn == 128 ? 44.0 : 60.0; }
+
 // Configuration for rb row blocks (of 8 row tiles; all weights of the launch) x T tokens. A
 // block's time hardly shrinks with its token tile (prologue, pipeline fill, decode latency), so
-// the pick is by waves: minimize ceil(blocks / SMs) x the time of one block of that tile, per
-// 4096 columns on the H200: n64 30 us, n128 36, n256 55 (kernel-bench "prefill" rows, c0fa985,
-// nf4-dq, one-wave launches: 1024x4096 n64 31.6, 4096x4096 n128 38.4 / n256 51.8 at T=512). The
-// model reproduces every measured pick: T=512 14336x4096 n256 (105.9 us, n128 151.4),
-// 4096x14336 n128 (123.7; n256 165.7), 1024x4096 n64; T=4096 n256 on every shape.
+// the pick is by waves: minimize ceil(blocks / SMs) x unit_us of that tile. It reproduces every
+// measured pick at T=512 (14336x4096 n256, 4096x14336 and 4096x4096 n128, 1024x4096 n64) and
+// n256 on every shape at T=4096.
 const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
   if (const char* v = std::getenv("NF4FLASH_Q4GEMM_CFG"); v && *v) {
     const Cfg& c = find_cfg(v);
@@ -77,18 +81,15 @@ const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
   if (out_dtype == DType::F32) return kCfgs[1];
   const int64_t sms = std::max(1, device_sms());
   const Cfg* best = nullptr;
-  int64_t best_cost = 0;
-  for (const auto& [idx, us] : {std::pair{0, 30}, std::pair{1, 36}, std::pair{2, 55}}) {
+  double best_cost = 0;
+  for (int idx = 0; idx < 3; ++idx) {  // the ws-* configurations
     const Cfg& c = kCfgs[idx];
     const int64_t blocks = rb * ((T + c.bn - 1) / c.bn);
-    const int64_t cost = (blocks + sms - 1) / sms * us;
+    const double cost = double((blocks + sms - 1) / sms) * unit_us(c);
     if (!best || cost < best_cost || (cost == best_cost && c.bn > best->bn)) best = &c, best_cost = cost;
   }
   return *best;
 }
-
-// Measured time of one block (unit) per 4096 columns on the H200, by token tile (see pick()).
-double unit_us(const Cfg& c) { return c.bn == 64 ? 30.0 : c.bn == 128 ? 36.0 : 55.0; }
 
 // A launch's schedule: configuration, and the split tail (kernels/gemm_q4_wgmma_ws.cuh): units
 // [dp_units, units) split `split` ways (split 1: none).
