@@ -6,7 +6,8 @@
 //   4-bit, T <= 32, bf16/f16  : register-prefetch GEMV on the repacked tile16x64 layout (8 rows a launch);
 //                               q/k/v together and gate+up+SiLU: the stream-K GEMV (T <= 8)
 //   4-bit, 32 < T <= 512      : on Hopper (sm_90a build, bf16/f16) the fused wgmma GEMM, q/k/v as one
-//                               launch (NF4FLASH_Q4_GEMM / NF4FLASH_Q4GEMM_FUSED_MAX_ROWS); elsewhere and
+//                               launch, gate+up as one + silu_mul, the last partial wave split along K
+//                               (NF4FLASH_Q4_GEMM / NF4FLASH_Q4GEMM_FUSED_MAX_ROWS); elsewhere and
 //   4-bit, T > 512            : dequantize the layer into a scratch buffer, cublasGemmEx
 //   4-bit, shape the layout cannot hold (cols % 64, blocksize < 64): dequantized at load, dense
 //   dense, T <= 8             : warp-per-row GEMV (16-byte streaming loads)

@@ -14,7 +14,7 @@
 // tile's slot: one arrival per warp on empty[slot] (8 per phase). No block-wide barrier in the K
 // loop: the warpgroups drift freely.
 // Several weights in one launch (Q4gWsParams, up to 3 with the same in_features and quant
-// parameters: q, k and v): blockIdx.x walks the row blocks of weight 0, then of 1, then of 2
+// parameters: q, k and v, or gate and up): row blocks of weight 0, then of 1, then of 2
 // (blk_end = running sums of ceil(RT_i / 8)); each block works on one weight as above.
 // SWIGLU (2 weights, gate and up, same rows): a block covers 4 row tiles (64 rows) of each; the
 // producer brings 4 row tiles of gate codes into slots 0-3 and 4 of up into 4-7, so warpgroup 0
