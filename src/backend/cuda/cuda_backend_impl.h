@@ -487,7 +487,7 @@ class CudaBackend : public Backend {
   }
   std::string attn_path(AttnImpl impl) const override {
     if (impl != AttnImpl::Flash) return std::string(attn_impl_name(impl));
-    return attention_flash_uses_wgmma() ? "flash (wgmma)" : "flash (mma.sync)";
+    return attention_flash_kernel() == FlashKernel::Mma ? "flash (mma.sync)" : "flash (wgmma)";
   }
   std::string linear_path(const Weight& w, int64_t rows) const override;
 

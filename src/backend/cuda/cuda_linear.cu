@@ -178,29 +178,21 @@ void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Ac
 void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
                                 Act g_tmp, Act out) {
   {
+    // the fused GEMM over gate and up in one launch: with the SwiGLU epilogue (opt-in), or into
+    // g_tmp and out + silu_mul (what linear + linear + silu_mul give, bit for bit)
     const Weight* ws[2] = {&gate, &up};
+    const bool epilogue = q4_fused_swiglu_ && gate.rows() == up.rows();
     GemmQ4MultiArgs a;
-    if (q4_fused_swiglu_ && out.dtype == act_ && gate.rows() == up.rows() && gemm_q4_multi_args(x, ws, 2, a)) {
-      check_linear(x, gate, out);
+    if (out.dtype == act_ && (epilogue || g_tmp.dtype == act_) && gemm_q4_multi_args(x, ws, 2, a)) {
+      check_linear(x, gate, epilogue ? out : g_tmp);
       check_linear(x, up, out);
-      a.swiglu = true;
+      a.swiglu = epilogue;
       a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
       a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
-      a.out[0] = out.data;
+      a.out[0] = epilogue ? out.data : g_tmp.data;
+      a.out[1] = epilogue ? nullptr : out.data;
       gemm_q4_wgmma_multi(a, stream_);
-      return;
-    }
-    // gate and up as one fused-GEMM launch (their blocks share the waves and the split tail), then
-    // silu_mul: what linear + linear + silu_mul give, bit for bit
-    if (out.dtype == act_ && g_tmp.dtype == act_ && gemm_q4_multi_args(x, ws, 2, a)) {
-      check_linear(x, gate, g_tmp);
-      check_linear(x, up, out);
-      a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
-      a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
-      a.out[0] = g_tmp.data;
-      a.out[1] = out.data;
-      gemm_q4_wgmma_multi(a, stream_);
-      silu_mul(g_tmp, out, out);
+      if (!epilogue) silu_mul(g_tmp, out, out);
       return;
     }
   }

@@ -396,7 +396,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         unsetenv("NF4FLASH_Q4_GEMM");
         lbs.push_back({"nf4-dq fused swiglu-epilogue", be_swiglu.get(), {}});
       }
-      // fused variants timed on the fused backend's weights: block order, forced configurations
+      // fused variants timed on the fused backend's weights: split tail off or summed by a second
+      // launch, block order, forced configurations
       struct Var {
         std::string name, env, val;
       };

@@ -221,11 +221,13 @@ std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim)
 void attention_flash(const AttnArgs& a, cudaStream_t st);
 // The Hopper form of the flash kernel (wgmma + TMA, kernels/attention_flash_wgmma.cuh): same
 // contract as attention_flash (checked by it); built for sm_90a only. attention_flash takes it on a
-// CC 9.0 GPU unless NF4FLASH_FLASH_KERNEL=mma (=wgmma where it cannot run is an error).
-bool attention_flash_uses_wgmma();
+// CC 9.0 GPU unless NF4FLASH_FLASH_KERNEL=mma (=wgmma where it cannot run is an error);
+// `overlap`: FA3's intra-warpgroup overlap and ping-pong (false: NF4FLASH_FLASH_KERNEL=wgmma-serial).
+enum class FlashKernel { Mma, Wgmma, WgmmaSerial };
+FlashKernel attention_flash_kernel();
 bool attention_flash_wgmma_built();
 bool attention_flash_wgmma_supported();
-void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st);
+void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st, bool overlap);
 
 // Eager (materialized scores, as transformers' eager): S = Q K^T and O = P V by cuBLAS per kv-head
 // group (strided batches over the group's q heads, K/V never repeated), softmax kernel between.

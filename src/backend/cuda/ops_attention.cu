@@ -86,16 +86,16 @@ std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim)
 // else the portable mma.sync one. NF4FLASH_FLASH_KERNEL=auto|mma|wgmma|wgmma-serial forces a
 // choice (wgmma-serial: the Hopper kernel without the FA3 overlap schedules; read per call:
 // kernel-bench switches it); wgmma where it cannot run is an error, never a fallback.
-bool attention_flash_uses_wgmma() {
+FlashKernel attention_flash_kernel() {
   const char* k = std::getenv("NF4FLASH_FLASH_KERNEL");
   const std::string_view m = k ? k : "";
-  if (m.empty() || m == "auto") return attention_flash_wgmma_supported();
+  if (m.empty() || m == "auto") return attention_flash_wgmma_supported() ? FlashKernel::Wgmma : FlashKernel::Mma;
   NF4FLASH_CHECK(m == "wgmma" || m == "wgmma-serial" || m == "mma", "NF4FLASH_FLASH_KERNEL=", m,
                  ": expected auto, mma, wgmma or wgmma-serial");
-  if (m == "mma") return false;
+  if (m == "mma") return FlashKernel::Mma;
   NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=", m, ": needs a compute capability 9.0 GPU "
                  "and a build for sm_90a");
-  return true;
+  return m == "wgmma" ? FlashKernel::Wgmma : FlashKernel::WgmmaSerial;
 }
 
 void attention_flash(const AttnArgs& a, cudaStream_t st) {
@@ -105,7 +105,8 @@ void attention_flash(const AttnArgs& a, cudaStream_t st) {
                  " not a multiple of n_kv_heads ", a.n_kv);
   NF4FLASH_CHECK(a.q_stride % 8 == 0 && a.out_stride % 2 == 0, "attention_flash: q/out row strides must be multiples of 8/2 elements");
   if (a.T == 0) return;
-  if (attention_flash_uses_wgmma()) return attention_flash_wgmma(a, st);
+  if (const FlashKernel k = attention_flash_kernel(); k != FlashKernel::Mma)
+    return attention_flash_wgmma(a, st, k == FlashKernel::Wgmma);
   // K/V ring depth; NF4FLASH_FLASH_STAGES=2|3 selects it for measurements (kernel-bench).
   static const int stages = [] {
     const char* e = std::getenv("NF4FLASH_FLASH_STAGES");

@@ -70,6 +70,33 @@ __host__ __device__ constexpr int q4g_ws_smem_bytes(int bn, int s) {
   return 1024 + s * (bn * 128 + 8 * (512 + 64)) + kQ4gLutBytes + (16 + 256) * 4 + 2 * s * 8;  // absmax: 64 (f32) max
 }
 
+// A unit's row block and token tile: weight seg (SEGS: found from blk_end; else 0), its row block
+// blk within that weight, token tile by.
+template <bool SEGS>
+__device__ __forceinline__ void q4g_unit_coords(const Q4gWsParams& p, int unit, int& seg, int& blk, int& by) {
+  const int bx = p.raster_rows ? unit / p.n_tt : unit % p.n_rb;
+  by = p.raster_rows ? unit % p.n_tt : unit / p.n_rb;
+  seg = 0;
+  blk = bx;
+  if constexpr (SEGS) {
+    while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
+    if (seg > 0) blk -= p.blk_end[seg - 1];
+  }
+}
+
+// Sum of a split unit's ksplit slices in z order (thread ct's values at slices + (z * BN/2 + i) * 256),
+// slice by slice so that all BN/2 loads of a slice are independent (a loop over z per value would
+// serialize BN/2 L2 round trips).
+template <int BN>
+__device__ __forceinline__ void q4g_sum_slices(float (&acc)[BN / 2], const float* slices, int ksplit) {
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = __ldcg(slices + i * 256);
+  for (int z = 1; z < ksplit; ++z) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
+  }
+}
+
 template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
 __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __grid_constant__ Q4gWsParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -101,14 +128,10 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const int unit = split ? p.dp_units + sq : b;
   const int kt0 = kz * p.kps;
   const int NK = split ? min(KT, kt0 + p.kps) - kt0 : KT;
-  const int bx = p.raster_rows ? unit / p.n_tt : unit % p.n_rb, by = p.raster_rows ? unit % p.n_tt : unit / p.n_rb;
-  int seg = 0, blk = bx;
-  if constexpr (!SWIGLU) {
-    while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
-    if (seg > 0) blk -= p.blk_end[seg - 1];
-  }
+  int seg, blk, by;
+  q4g_unit_coords<!SWIGLU>(p, unit, seg, blk, by);
   const int64_t rt0 = int64_t(blk) * RTW;
-  const int n0 = int(by) * BN;
+  const int n0 = by * BN;
   if (tid < 16) s_code[tid] = p.w[0].code[tid];  // same code table for every weight
   if constexpr (DQ) {
     for (int i = tid; i < 256; i += kQ4gWsThreads) s_nested[i] = p.w[0].nested_code[i];
@@ -202,14 +225,7 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (!s_last) return;
       __threadfence();
-      // slice by slice, all BN / 2 loads of a slice independent (a loop over z per value would
-      // serialize BN / 2 L2 round trips)
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = __ldcg(slices + i * 256);
-      for (int z = 1; z < p.ksplit; ++z) {
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
-      }
+      q4g_sum_slices<BN>(acc, slices, p.ksplit);
       if (ct == 0) p.tickets[sq] = 0;  // every split has taken its ticket: ready for the next launch
     }
     q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), W.rows, p.bias[seg], p.T, acc, my_rt * 16 + g, n0, t);
@@ -253,21 +269,13 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
 // in z order and stores like gemm_q4_ws_kernel.
 template <typename TO, int BN>
 __global__ void __launch_bounds__(256) gemm_q4_split_reduce_kernel(const __grid_constant__ Q4gWsParams p) {
-  const int sq = int(blockIdx.x), ct = int(threadIdx.x), unit = p.dp_units + sq;
-  const int bx = p.raster_rows ? unit / p.n_tt : unit % p.n_rb, by = p.raster_rows ? unit % p.n_tt : unit / p.n_rb;
-  int seg = 0, blk = bx;
-  while (seg + 1 < p.nseg && blk >= p.blk_end[seg]) ++seg;
-  if (seg > 0) blk -= p.blk_end[seg - 1];
+  const int sq = int(blockIdx.x), ct = int(threadIdx.x);
+  int seg, blk, by;
+  q4g_unit_coords<true>(p, p.dp_units + sq, seg, blk, by);
   const int lane = ct & 31, g = lane >> 2, t = lane & 3;
   const int64_t my_rt = int64_t(blk) * 8 + (ct >> 5);
-  const float* const slices = p.partial + int64_t(sq) * p.ksplit * (BN / 2) * 256 + ct;
   float acc[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = __ldcg(slices + i * 256);
-  for (int z = 1; z < p.ksplit; ++z) {
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] += __ldcg(slices + (int64_t(z) * (BN / 2) + i) * 256);
-  }
+  q4g_sum_slices<BN>(acc, p.partial + int64_t(sq) * p.ksplit * (BN / 2) * 256 + ct, p.ksplit);
   q4g_store<TO, BN>(static_cast<TO*>(p.out[seg]), p.w[seg].rows, p.bias[seg], p.T, acc, my_rt * 16 + g, by * BN, t);
 }
 

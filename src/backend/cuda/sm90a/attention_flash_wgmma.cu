@@ -1,7 +1,5 @@
 // Launcher of the Hopper FlashAttention kernel (kernels/attention_flash_wgmma.cuh). Compiled for
 // sm_90a with the fused GEMM (CMakeLists.txt); elsewhere attention_flash_wgmma_built() is false.
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "backend/cuda/kernels/attention_flash_wgmma.cuh"
@@ -30,7 +28,7 @@ bool attention_flash_wgmma_supported() {
 
 // K and V of the layer as [n_kv * capacity, HD] 2D tensor maps, boxes of 64 columns x 128 rows with
 // the 128-byte swizzle the kernel's descriptors expect.
-void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st) {
+void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st, bool overlap) {
   NF4FLASH_CHECK(attention_flash_wgmma_supported(),
                  "attention_flash_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0,
@@ -44,9 +42,7 @@ void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st) {
                                          CU_TENSOR_MAP_SWIZZLE_128B, "K cache");
   const CUtensorMap vmap = tensor_map_2d(dt, a.v_cache, a.head_dim, rows, a.head_dim * 2, 64, kFlashWgBK,
                                          CU_TENSOR_MAP_SWIZZLE_128B, "V cache");
-  // the FA3 schedules (intra-warpgroup overlap + ping-pong) unless NF4FLASH_FLASH_KERNEL=wgmma-serial
-  const char* kenv = std::getenv("NF4FLASH_FLASH_KERNEL");
-  const bool pp = !(kenv && std::string_view(kenv) == "wgmma-serial");
+  const bool pp = overlap;  // the FA3 schedules (intra-warpgroup overlap + ping-pong)
   auto launch = [&](auto kernel, int hd) {
     const int smem = flash_wg_smem_bytes(hd, pp);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));

@@ -154,7 +154,8 @@ Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, c
   for (int s : {2, 3, 4})
     for (int idx = 0; idx < 3; ++idx) {
       const Sched c = tail_sched(kCfgs[idx], T, rb, K, s, w);
-      if (c.split == s && sched_us(c, K) < best_us) best = c, best_us = sched_us(c, K);
+      if (c.split != s) continue;
+      if (const double us = sched_us(c, K); us < best_us) best = c, best_us = us;
     }
   return best;
 }
