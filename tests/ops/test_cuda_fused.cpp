@@ -1,5 +1,5 @@
 // The fused decode ops of the CUDA backend against the CPU backend's unfused composition, on fresh
-// random inputs: q/k/v in one stream-K GEMV launch (linear_multi), the GEMV with the residual add
+// random inputs: q/k/v in one GEMV launch (linear_multi; in-order and stream-K kernels), the GEMV with the residual add
 // (linear_residual), gate+up+SiLU (linear_swiglu), rope + KV write (rope_kv_write). Shapes cover
 // units cut between blocks (large K), launches with fewer tiles than blocks, odd row counts,
 // 1..8 tokens, NF4/FP4, plain and double-quant absmax, bias, bf16 and f16; every launch is run
@@ -74,14 +74,23 @@ void run_multi(DType dt, const MultiCase& c) {
   for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(yg[i]->get(), first[i]) << "second launch differs, seg " << i;
 }
 
+// NF4FLASH_GEMV_Q4 modes whose decode paths the fused tests cover: the in-order kernel (default)
+// and the stream-K kernel (the stream-K mode runs only on sm_90+; elsewhere it is the unfused path).
+const char* const kGemvModes[] = {"auto", "streamk"};
+
 TEST(CudaFused, LinearMulti) {
   NF4FLASH_REQUIRE_CUDA();
-  for (DType dt : {DType::BF16, DType::F16})
+  for (const char* mode : kGemvModes)
+  for (DType dt : {DType::BF16, DType::F16}) {
+    setenv("NF4FLASH_GEMV_Q4", mode, 1);
+    SCOPED_TRACE(cat("NF4FLASH_GEMV_Q4=", mode));
     for (const MultiCase& c :
          {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 1}, MultiCase{QuantType::NF4, false, 512, {100, 37, 37}, 3},
           MultiCase{QuantType::FP4, true, 64, {16}, 1}, MultiCase{QuantType::NF4, true, 1536, {333, 70}, 8},
           MultiCase{QuantType::NF4, true, 14336, {4096}, 2}, MultiCase{QuantType::FP4, false, 3072, {2050, 512, 512}, 5}})
       run_multi(dt, c);
+    unsetenv("NF4FLASH_GEMV_Q4");
+  }
 }
 
 void run_residual(DType dt, QuantType type, bool dq, int64_t N, int64_t K, int64_t T, bool bias) {
@@ -102,8 +111,9 @@ void run_residual(DType dt, QuantType type, bool dq, int64_t N, int64_t K, int64
 
 TEST(CudaFused, LinearResidual) {
   NF4FLASH_REQUIRE_CUDA();
-  // default: register GEMV + add; NF4FLASH_GEMV_Q4=stream: the stream-K kernel's residual epilogue
-  for (const char* mode : {"auto", "stream"})
+  // default: the in-order kernel's residual epilogue; streamk: register GEMV + add; stream: the
+  // stream-K kernel's residual epilogue
+  for (const char* mode : {"auto", "streamk", "stream"})
   for (DType dt : {DType::BF16, DType::F16}) {
     setenv("NF4FLASH_GEMV_Q4", mode, 1);
     run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, false);
@@ -131,11 +141,64 @@ void run_swiglu(DType dt, QuantType type, bool dq, int64_t I, int64_t H, int64_t
 
 TEST(CudaFused, LinearSwiGLU) {
   NF4FLASH_REQUIRE_CUDA();
+  for (const char* mode : kGemvModes)
   for (DType dt : {DType::BF16, DType::F16}) {
+    setenv("NF4FLASH_GEMV_Q4", mode, 1);
+    SCOPED_TRACE(cat("NF4FLASH_GEMV_Q4=", mode));
     run_swiglu(dt, QuantType::NF4, true, 14336, 4096, 1, false);
     run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);
     run_swiglu(dt, QuantType::FP4, false, 40, 128, 8, false);
+    unsetenv("NF4FLASH_GEMV_Q4");
   }
+}
+
+// A captured chain of in-order GEMVs (q/k/v, residual, SwiGLU, lone) replayed with the L2
+// prefetch plan at several distances (reaching across one, several or all later launches, and
+// past the end of the table) gives the results of the same launches run uncaptured, bit for bit.
+TEST(CudaFused, SeqGemvPrefetchReplay) {
+  NF4FLASH_REQUIRE_CUDA();
+  const DType dt = DType::BF16;
+  Backends b(dt);
+  const int64_t H = 512, I = 1344, KV = 128, T = 2;
+  QW q = make_q4(b, dt, QuantType::NF4, true, H, H, true), k = make_q4(b, dt, QuantType::NF4, true, KV, H, false),
+     v = make_q4(b, dt, QuantType::NF4, true, KV, H, false), o = make_q4(b, dt, QuantType::NF4, true, H, H, false),
+     gt = make_q4(b, dt, QuantType::NF4, true, I, H, false), up = make_q4(b, dt, QuantType::NF4, true, I, H, false),
+     dn = make_q4(b, dt, QuantType::NF4, true, H, I, true), hd = make_q4(b, dt, QuantType::NF4, true, 777, H, false);
+  DevAct x(*b.gpu, T, H), qa(*b.gpu, T, H), ka(*b.gpu, T, KV), va(*b.gpu, T, KV), r(*b.gpu, T, H), tmp(*b.gpu, T, H),
+      gtmp(*b.gpu, T, I), ua(*b.gpu, T, I), lg(*b.gpu, T, 777, DType::F32);
+  const auto X = rounded(randn(size_t(T * H)), dt), R = rounded(randn(size_t(T * H)), dt);
+  auto step = [&] {
+    const Backend::LinearOut outs[3] = {{q.gpu.get(), q.bgpu.get(), qa.act}, {k.gpu.get(), nullptr, ka.act},
+                                        {v.gpu.get(), nullptr, va.act}};
+    b.gpu->linear_multi(x.act, outs, 3);
+    b.gpu->linear_residual(qa.act, *o.gpu, nullptr, tmp.act, r.act);
+    b.gpu->linear_swiglu(r.act, *gt.gpu, nullptr, *up.gpu, nullptr, gtmp.act, ua.act);
+    b.gpu->linear_residual(ua.act, *dn.gpu, dn.bgpu.get(), tmp.act, r.act);
+    b.gpu->linear(r.act, *hd.gpu, nullptr, lg.act);
+  };
+  auto outputs = [&] { return std::vector<std::vector<float>>{qa.get(), ka.get(), va.get(), r.get(), ua.get(), lg.get()}; };
+  x.set(X);
+  r.set(R);
+  step();
+  const auto eager = outputs();
+  for (const char* mb : {"0", "1", "4", "32"}) {
+    setenv("NF4FLASH_L2_PREFETCH_MB", mb, 1);
+    SCOPED_TRACE(cat("NF4FLASH_L2_PREFETCH_MB=", mb));
+    x.set(X);
+    r.set(R);
+    b.gpu->capture_begin();
+    step();
+    const int id = b.gpu->capture_end();
+    for (int rep = 0; rep < 2; ++rep) {
+      r.set(R);
+      qa.poison();
+      ua.poison();
+      b.gpu->replay(id);
+      b.gpu->sync();
+      EXPECT_EQ(outputs(), eager) << "replay " << rep;
+    }
+  }
+  unsetenv("NF4FLASH_L2_PREFETCH_MB");
 }
 
 // The fused tensor-core GEMM's multi-weight launches (prefill rows, NF4FLASH_Q4_GEMM=fused): q/k/v

@@ -39,6 +39,14 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     if (q->fallback) {
       wp = q->fallback.get();
+    } else if (seq_q4(w, x.rows)) {
+      GemvQ4MultiArgs a = multi_args(x);
+      a.w[0] = &q->dev;
+      a.bias[0] = b;
+      a.out[0] = out.data;
+      a.out_dtype = out.dtype;
+      seq_gemv(a);
+      return;
     } else if (stream_q4(w, x.rows, true)) {
       GemvQ4MultiArgs a = multi_args(x);
       a.w[0] = &q->dev;
@@ -146,9 +154,10 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
     }
   }
   const CudaQ4* q[kQsMaxSegs] = {};
+  const bool seq = n >= 1 && seq_q4(*outs[0].w, x.rows);
   bool fuse = n >= 1 && n <= kQsMaxSegs;
   for (int i = 0; fuse && i < n; ++i) {
-    q[i] = stream_q4(*outs[i].w, x.rows);
+    q[i] = seq ? seq_q4(*outs[i].w, x.rows) : stream_q4(*outs[i].w, x.rows);
     fuse = q[i] && outs[i].out.dtype == act_ && same_q4_params(*q[0], *q[i]);
   }
   if (!fuse) return Backend::linear_multi(x, outs, n);
@@ -160,11 +169,13 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
     a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
     a.out[i] = outs[i].out.data;
   }
-  gemv_q4_multi(a, stream_);
+  if (seq) seq_gemv(a);
+  else gemv_q4_multi(a, stream_);
 }
 
 void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
-  const CudaQ4* q = stream_q4(w, x.rows, true);
+  const CudaQ4* qs = seq_q4(w, x.rows);
+  const CudaQ4* q = qs ? qs : stream_q4(w, x.rows, true);
   if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
   check_linear(x, w, resid);
   GemvQ4MultiArgs a = multi_args(x);
@@ -172,7 +183,8 @@ void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Ac
   a.w[0] = &q->dev;
   a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
   a.out[0] = resid.data;
-  gemv_q4_multi(a, stream_);
+  if (qs) seq_gemv(a);
+  else gemv_q4_multi(a, stream_);
 }
 
 void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
@@ -196,8 +208,9 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
       return;
     }
   }
-  const CudaQ4* qg = stream_q4(gate, x.rows);
-  const CudaQ4* qu = stream_q4(up, x.rows);
+  const bool seq = seq_q4(gate, x.rows) && seq_q4(up, x.rows);
+  const CudaQ4* qg = seq ? seq_q4(gate, x.rows) : stream_q4(gate, x.rows);
+  const CudaQ4* qu = seq ? seq_q4(up, x.rows) : stream_q4(up, x.rows);
   if (!qg || !qu || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu))
     return Backend::linear_swiglu(x, gate, bg, up, bu, g_tmp, out);
   check_linear(x, gate, out);
@@ -210,13 +223,17 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
   a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
   a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
   a.out[0] = out.data;
-  gemv_q4_multi(a, stream_);
+  if (seq) seq_gemv(a);
+  else gemv_q4_multi(a, stream_);
 }
 
 std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
     if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
+    if (seq_q4(w, rows))
+      return cat("gemv_q4 in-order fused ", qn, " (tile16x64, ", dtype_name(act_),
+                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused; captured steps prefetch the weights ahead into L2)");
     if (stream_q4(w, rows, true))
       return cat("gemv_q4 stream-K fused ", qn, " (tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused)");

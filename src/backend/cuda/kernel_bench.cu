@@ -499,8 +499,12 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
         // (2026-12-02 runs 6-8 measured "stream-bulk16" and the old cp.async kernel too: both slower)
-        for (const char* variant : {"stream", "stream-bulk", "regs"}) {
+        for (const char* variant : {"seq", "seq-nopf", "stream", "stream-bulk", "regs"}) {
           with_variant(variant);
+          if (std::string(variant) == "seq-nopf") {
+            setenv("NF4FLASH_GEMV_Q4", "seq", 1);
+            setenv("NF4FLASH_L2_PREFETCH_MB", "0", 1);
+          }
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                         o.reps, o.trials);
           const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
@@ -509,6 +513,17 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
                   {"variant", variant}, {"path", be->linear_path(*ws[0], T)}});
         }
         reset_variant();
+        unsetenv("NF4FLASH_L2_PREFETCH_MB");
+        if (T == 1 && dq) {
+          // the in-order kernel on one copy (weights L2-resident after the first call): the
+          // kernel's own ceiling when its bytes come from L2
+          setenv("NF4FLASH_L2_PREFETCH_MB", "0", 1);
+          const double sec = time_graph(*be, [&](int) { be->linear(x, *ws[0], nullptr, y); }, o.reps, o.trials);
+          const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
+          report(cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 seq L2-resident"), sec, bytes,
+                 {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"copies", 1}});
+          unsetenv("NF4FLASH_L2_PREFETCH_MB");
+        }
         // register-kernel configurations (NF4FLASH_GEMV_CFG: warps, tiles per batch, blocks/SM,
         // table addressing; see ops_gemv.cu), T = 1, double quant
         if (T == 1 && dq) {
@@ -557,14 +572,15 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   //   two GEMVs + silu_mul;  down + residual: 4096x14336 with the add vs GEMV + add
   {
     const int64_t H = 4096, I = 14336, KV = 1024;
-    struct Set { std::unique_ptr<Weight> q, k, v, gate, up, down; };
-    const int64_t set_bytes = (H * H + 2 * KV * H + 3 * I * H) / 2;
+    struct Set { std::unique_ptr<Weight> q, k, v, o, gate, up, down; };
+    const int64_t set_bytes = (2 * H * H + 2 * KV * H + 3 * I * H) / 2;
     const int copies = copies_for(set_bytes / 3);
     std::vector<Set> sets(static_cast<size_t>(copies));
     for (auto& st : sets) {
       st.q = be->upload_quant4(random_q4(H, H, true, g));
       st.k = be->upload_quant4(random_q4(KV, H, true, g));
       st.v = be->upload_quant4(random_q4(KV, H, true, g));
+      st.o = be->upload_quant4(random_q4(H, H, true, g));
       st.gate = be->upload_quant4(random_q4(I, H, true, g));
       st.up = be->upload_quant4(random_q4(I, H, true, g));
       st.down = be->upload_quant4(random_q4(H, I, true, g));
@@ -578,9 +594,11 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     const double qkv_bytes = wb(*sets[0].q) + wb(*sets[0].k) + wb(*sets[0].v) + 2.0 * (H + H + 2 * KV);
     const double gu_bytes = wb(*sets[0].gate) + wb(*sets[0].up) + 2.0 * (H + I);
     const double dn_bytes = wb(*sets[0].down) + 2.0 * (I + 2 * H);
-    setenv("NF4FLASH_GEMV_Q4", "stream", 1);  // the stream-K kernel alone, fused or not
+    // in-order kernel (default) and stream-K, fused or not
+    for (const char* mode : {"seq", "stream"})
     for (bool fused : {true, false}) {
-      const char* tag = fused ? "fused" : "unfused";
+      setenv("NF4FLASH_GEMV_Q4", mode, 1);
+      const std::string tag = cat(mode, fused ? " fused" : " unfused");
       double sec = time_graph(*be, [&](int i) {
         Set& st = sets[size_t(i % copies)];
         if (fused) {
@@ -613,6 +631,29 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       }, o.reps, o.trials);
       report(cat("down+residual nf4-dq 4096x14336 T=1 ", tag), sec, dn_bytes, {{"fused", fused}, {"copies", copies}});
     }
+    // One decode layer's GEMVs back to back (q/k/v, o + residual, gate+up+SiLU, down + residual:
+    // 109 MB of nf4-dq weights), layers rotated over the copies, with the L2 prefetch distance of
+    // captured steps (NF4FLASH_L2_PREFETCH_MB) varied: what the weight stream alone reaches.
+    const double layer_bytes = qkv_bytes + wb(*sets[0].o) + gu_bytes + dn_bytes;
+    auto layer = [&](int i) {
+      Set& st = sets[size_t(i % copies)];
+      const Backend::LinearOut outs[3] = {{st.q.get(), nullptr, qa}, {st.k.get(), nullptr, ka}, {st.v.get(), nullptr, va}};
+      be->linear_multi(x, outs, 3);
+      be->linear_residual(qa, *st.o, nullptr, oa, ra);
+      be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
+      be->linear_residual(ua, *st.down, nullptr, oa, ra);
+    };
+    for (const char* mode : {"seq", "streamk"}) {
+      setenv("NF4FLASH_GEMV_Q4", mode, 1);
+      for (int mb : {0, 8, 16, 24, 32, 40}) {
+        if (std::string(mode) != "seq" && mb != 0) continue;  // only the in-order kernel prefetches
+        setenv("NF4FLASH_L2_PREFETCH_MB", std::to_string(mb).c_str(), 1);
+        const double sec = time_graph(*be, layer, o.reps, o.trials);
+        report(cat("decode layer GEMVs nf4-dq T=1 ", mode, " prefetch ", mb, " MiB"), sec, layer_bytes,
+               {{"mode", mode}, {"prefetch_mib", mb}, {"copies", copies}});
+      }
+    }
+    unsetenv("NF4FLASH_L2_PREFETCH_MB");
     unsetenv("NF4FLASH_GEMV_Q4");
   }
 

@@ -46,6 +46,24 @@ constexpr int kGemvMaxRows = 8;
 // so the GEMV wins up to 32 rows and loses from 64. NF4FLASH_GEMV_MAX_ROWS overrides.
 constexpr int kGemvRowsDefault = 32;
 
+// ---- L2 prefetch plan of a captured decode step (kernels/l2_prefetch.cuh) --------------------
+constexpr int kPfMaxGroups = 3, kPfMaxRanges = 4;
+constexpr int kPfLookHost = 4;  // descriptors a kernel reads: its own and the next three (table ends zeroed)
+struct L2PfRange {
+  const uint8_t* ptr = nullptr;
+  int64_t len = 0;  // multiple of 16
+};
+struct L2PfGroup {
+  int64_t vlen = 0;  // sum of the ranges' lengths
+  int32_t nr = 0, pad_ = 0;
+  L2PfRange r[kPfMaxRanges];
+};
+struct L2PfLaunch {
+  int64_t vstart = 0, vlen = 0, dist = 0;
+  int32_t ng = 0, pad_ = 0;
+  L2PfGroup g[kPfMaxGroups];
+};
+
 // Stream-K GEMV over up to kQsMaxSegs 4-bit weights sharing cols, code, quantization params
 // and (double quant) nested code, with a fused epilogue (kernels/gemv_q4_stream.cuh). sm_90+.
 constexpr int kQsMaxSegs = 3;
@@ -72,12 +90,21 @@ struct GemvQ4MultiArgs {
   float* partials = nullptr;      // >= gemv_q4_stream_partials_floats()
   int* counters = nullptr;        // zeroed, >= units (sum of row tiles; SwiGLU: gate row tiles)
   int64_t counters_len = 0;
+  const L2PfLaunch* l2pf = nullptr;  // gemv_q4_seq: this launch's prefetch descriptor or null
 };
 void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
+// The in-order GEMV over the same segments and epilogues (kernels/gemv_q4_seq.cuh): blocks take
+// whole units (row tiles; SwiGLU: gate then up row tile) in order, two batches of tiles per warp
+// in flight, and prefetch the weights `dist` bytes ahead into L2 (a.l2pf). Any sm_80+ GPU; the
+// prefetch needs sm_90.
+void gemv_q4_seq(const GemvQ4MultiArgs& a, cudaStream_t st);
+
 int64_t gemv_q4_stream_partials_floats();
 // Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected
-// (NF4FLASH_GEMV_Q4 unset or "stream"); callers use gemv_q4 + elementwise ops otherwise.
+// (NF4FLASH_GEMV_Q4 "stream" or "streamk"); gemv_q4_seq_enabled: the in-order kernel is
+// (NF4FLASH_GEMV_Q4 unset, "auto" or "seq"); callers use gemv_q4 + elementwise ops otherwise.
 bool gemv_q4_stream_enabled();
+bool gemv_q4_seq_enabled();
 bool gemv_q4_stream_supported();  // sm_90+, whatever NF4FLASH_GEMV_Q4 says
 bool gemv_q4_stream_all();        // NF4FLASH_GEMV_Q4=stream: lone GEMVs take the stream kernel too
 

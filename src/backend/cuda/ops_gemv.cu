@@ -7,6 +7,7 @@
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
 #include "backend/cuda/kernels/gemv_q4_ring.cuh"
+#include "backend/cuda/kernels/gemv_q4_seq.cuh"
 #include "backend/cuda/kernels/gemv_q4_stream.cuh"
 
 namespace nf4flash::cuda {
@@ -189,19 +190,28 @@ void gemv_q4(const GemvQ4Args& g, cudaStream_t st) {
 
 bool gemv_q4_stream_supported() { return device_cc_major() >= 9; }
 
-// NF4FLASH_GEMV_Q4: unset/"auto" = stream-K kernel for the fused launches, register kernel for
-// lone GEMVs; "stream" = stream-K everywhere; "regs" / "regs3" = the GEMV of NF4FLASH_GEMV_CFG (or
-// w8u4m3a0) for everything, nothing fused.
-bool gemv_q4_stream_enabled() {
+// NF4FLASH_GEMV_Q4: unset/"auto"/"seq" = the in-order kernel (gemv_q4_seq) for every decode GEMV,
+// lone or fused; "streamk" = the stream-K kernel for the fused launches and the register kernel
+// for lone GEMVs (the default before the in-order kernel); "stream" = stream-K everywhere;
+// "regs" / "regs3" = the register GEMV of NF4FLASH_GEMV_CFG (or w8u4m3a0), nothing fused.
+namespace {
+std::string_view gemv_q4_mode() {
   const char* v = std::getenv("NF4FLASH_GEMV_Q4");
-  if (v && *v && std::string_view(v) != "stream" && std::string_view(v) != "auto") return false;
-  return gemv_q4_stream_supported();
+  return v && *v ? std::string_view(v) : std::string_view("auto");
+}
+}  // namespace
+
+bool gemv_q4_seq_enabled() {
+  const std::string_view m = gemv_q4_mode();
+  return m == "auto" || m == "seq";
 }
 
-bool gemv_q4_stream_all() {
-  const char* v = std::getenv("NF4FLASH_GEMV_Q4");
-  return v && std::string_view(v) == "stream" && gemv_q4_stream_supported();
+bool gemv_q4_stream_enabled() {
+  const std::string_view m = gemv_q4_mode();
+  return (m == "stream" || m == "streamk") && gemv_q4_stream_supported();
 }
+
+bool gemv_q4_stream_all() { return gemv_q4_mode() == "stream" && gemv_q4_stream_supported(); }
 
 int64_t gemv_q4_stream_partials_floats() { return int64_t(std::max(stream_grid(true), stream_grid(false))) * 2 * 256; }
 
@@ -270,6 +280,80 @@ void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
   if (g.act == DType::BF16) go(__nv_bfloat16{});
   else if (g.act == DType::F16) go(__half{});
   else fail("gemv_q4_multi: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+}
+
+namespace {
+template <typename TA, bool DQ>
+void launch_seq(const Q4SeqArgs& k, cudaStream_t st) {
+  auto kernel = gemv_q4_seq_kernel<TA, DQ>;
+  constexpr int smem = q4_lut_bytes(2);
+  static int per_sm = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int v = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kSeqWarps * 32, smem));
+    return std::max(v, 1);
+  }();
+  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * num_sms()));
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSeqWarps * 32), size_t(smem), st, k);
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
+  NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, "gemv_q4_seq: T=", g.T, " outside 1..", kGemvMaxRows);
+  NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kQsMaxSegs, "gemv_q4_seq: ", g.nseg, " segments");
+  const Q4Device& w0 = *g.w[0];
+  Q4SeqArgs k{};
+  for (int i = 0; i < 16; ++i) k.code[i] = w0.code[i];
+  k.nested_code = w0.nested_code;
+  k.cols = w0.cols;
+  k.KT = w0.KT;
+  k.log2_blocksize = w0.log2_blocksize;
+  k.log2_nested = w0.log2_nested;
+  k.nseg = g.nseg;
+  k.T = g.T;
+  k.ep = int(g.ep);
+  k.x = g.x;
+  k.pf = g.l2pf;
+  k.out_f32 = g.out_dtype == DType::F32;
+  NF4FLASH_CHECK(!k.out_f32 || g.ep == GemvEpilogue::Store, "gemv_q4_seq: f32 output only with a plain store");
+  NF4FLASH_CHECK(g.ep != GemvEpilogue::SwiGLU || g.nseg == 2, "gemv_q4_seq: SwiGLU takes gate and up");
+  NF4FLASH_CHECK(g.ep != GemvEpilogue::Residual || g.nseg == 1, "gemv_q4_seq: residual takes one weight");
+  int64_t units = 0;
+  for (int s = 0; s < g.nseg; ++s) {
+    const Q4Device& w = *g.w[s];
+    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
+                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
+                   "gemv_q4_seq: segment ", s, " differs in shape or quantization from segment 0");
+    Q4StreamSeg& q = k.seg[s];
+    q.tiles = w.tiles;
+    q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
+    q.nested_absmax = w.nested_absmax;
+    q.offset = w.offset;
+    q.bias = g.bias[s];
+    q.out = g.out[s];
+    q.rows = w.rows;
+    q.RT = w.RT;
+    units += w.RT;
+    k.unit_end[s] = units;
+  }
+  if (g.ep == GemvEpilogue::SwiGLU) {
+    NF4FLASH_CHECK(g.w[1]->rows == w0.rows, "gemv_q4_seq: gate and up differ in rows");
+    k.nsub = 2;
+    units = w0.RT;
+  } else {
+    k.nsub = 1;
+  }
+  k.units = units;
+  if (g.act == DType::BF16) {
+    if (w0.double_quant) launch_seq<__nv_bfloat16, true>(k, st);
+    else launch_seq<__nv_bfloat16, false>(k, st);
+  } else if (g.act == DType::F16) {
+    if (w0.double_quant) launch_seq<__half, true>(k, st);
+    else launch_seq<__half, false>(k, st);
+  } else {
+    fail("gemv_q4_seq: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+  }
 }
 
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0, int64_t nrows) {
