@@ -152,7 +152,7 @@ TEST(CudaFused, LinearSwiGLU) {
   }
 }
 
-// A captured chain of in-order GEMVs (q/k/v, residual, SwiGLU, lone) replayed with the L2
+// A captured chain of in-order GEMVs (q/k/v, residual, SwiGLU, lone) and a dense GEMV replayed with the L2
 // prefetch plan at several distances (reaching across one, several or all later launches, and
 // past the end of the table) gives the results of the same launches run uncaptured, bit for bit.
 TEST(CudaFused, SeqGemvPrefetchReplay) {
@@ -165,7 +165,9 @@ TEST(CudaFused, SeqGemvPrefetchReplay) {
      gt = make_q4(b, dt, QuantType::NF4, true, I, H, false), up = make_q4(b, dt, QuantType::NF4, true, I, H, false),
      dn = make_q4(b, dt, QuantType::NF4, true, H, I, true), hd = make_q4(b, dt, QuantType::NF4, true, 777, H, false);
   DevAct x(*b.gpu, T, H), qa(*b.gpu, T, H), ka(*b.gpu, T, KV), va(*b.gpu, T, KV), r(*b.gpu, T, H), tmp(*b.gpu, T, H),
-      gtmp(*b.gpu, T, I), ua(*b.gpu, T, I), lg(*b.gpu, T, 777, DType::F32);
+      gtmp(*b.gpu, T, I), ua(*b.gpu, T, I), lg(*b.gpu, T, 777, DType::F32), lg2(*b.gpu, T, 1000, DType::F32);
+  const auto Wd = randn(size_t(1000 * H), 0.05f);
+  auto dense = b.gpu->upload_dense(f32_tensor(Wd, {1000, H}), dt);  // the dense GEMV prefetches too
   const auto X = rounded(randn(size_t(T * H)), dt), R = rounded(randn(size_t(T * H)), dt);
   auto step = [&] {
     const Backend::LinearOut outs[3] = {{q.gpu.get(), q.bgpu.get(), qa.act}, {k.gpu.get(), nullptr, ka.act},
@@ -175,8 +177,11 @@ TEST(CudaFused, SeqGemvPrefetchReplay) {
     b.gpu->linear_swiglu(r.act, *gt.gpu, nullptr, *up.gpu, nullptr, gtmp.act, ua.act);
     b.gpu->linear_residual(ua.act, *dn.gpu, dn.bgpu.get(), tmp.act, r.act);
     b.gpu->linear(r.act, *hd.gpu, nullptr, lg.act);
+    b.gpu->linear(r.act, *dense, nullptr, lg2.act);
   };
-  auto outputs = [&] { return std::vector<std::vector<float>>{qa.get(), ka.get(), va.get(), r.get(), ua.get(), lg.get()}; };
+  auto outputs = [&] {
+    return std::vector<std::vector<float>>{qa.get(), ka.get(), va.get(), r.get(), ua.get(), lg.get(), lg2.get()};
+  };
   x.set(X);
   r.set(R);
   step();

@@ -100,6 +100,12 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
     a.bias = b;
     a.out = out.data;
     a.out_dtype = out.dtype;
+    cuda::L2PfLaunch d;
+    d.ng = 1;
+    d.g[0].nr = 1;
+    d.g[0].r[0] = {static_cast<const uint8_t*>(a.w), (a.N * a.K * int64_t(dtype_size(a.w_dtype))) & ~int64_t(15)};
+    d.vlen = d.g[0].vlen = d.g[0].r[0].len;
+    a.l2pf = pf_register(d);
     gemv_dense(a, stream_);
     return;
   }

@@ -174,6 +174,7 @@ struct GemvDenseArgs {
   const float* bias = nullptr;
   void* out = nullptr;       // [T, N]
   DType out_dtype = DType::BF16;
+  const L2PfLaunch* l2pf = nullptr;  // this launch's prefetch descriptor (captured decode) or null
 };
 void gemv_dense(const GemvDenseArgs& a, cudaStream_t st);
 

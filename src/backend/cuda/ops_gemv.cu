@@ -382,13 +382,14 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 namespace {
 template <typename TW, typename TA>
 void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
-  DenseKernelArgs a{g.w, g.N, g.K, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32};
+  DenseKernelArgs a{g.w, g.N, g.K, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32, nullptr};
   const int64_t want = (g.N + 7) / 8;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(want, int64_t(num_sms()) * 64));
   constexpr bool vec16 = sizeof(TW) == 2 && sizeof(TA) == 2;
   const bool aligned = (g.K % 8 == 0) && (reinterpret_cast<uintptr_t>(g.w) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(g.x) % 16 == 0);
   if (vec16 && aligned) {
+    a.pf = g.l2pf;
     if (g.T == 1) launch_k(gemv_dense_vec_kernel<TW, TA, 1>, dim3(grid), dim3(256), 0, st, a);
     else launch_k(gemv_dense_vec_kernel<TW, TA, kGemvMaxRows>, dim3(grid), dim3(256), 0, st, a);
   } else {

@@ -3,8 +3,11 @@
 // One warp per output row (8 rows per 256-thread block, grid-stride); f32 accumulation.
 // Vector path (16-bit W and x, K % 8 == 0): 16-byte streaming loads of W (L1 no-allocate; read
 // once per step) and 16-byte cached loads of x (reused by every row); four loads in flight per lane.
+// In a captured decode step the vector kernel prefetches the weights ahead into L2 (a.pf; a unit =
+// one block's 8 rows; kernels/l2_prefetch.cuh).
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/l2_prefetch.cuh"
 
 namespace nf4flash::cuda {
 
@@ -16,6 +19,7 @@ struct DenseKernelArgs {
   const float* bias;
   void* out;
   int out_f32;
+  const L2PfLaunch* pf;  // null: no prefetch
 };
 
 template <typename TA>
@@ -27,11 +31,17 @@ __device__ __forceinline__ void gemv_store(const DenseKernelArgs& a, int n, int6
 
 template <typename TW, typename TA, int TN>
 __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelArgs a) {
+  __shared__ __align__(16) L2PfLaunch s_pf[kPfLook];
+  if (a.pf) {
+    l2pf_load(a.pf, s_pf);
+    __syncthreads();
+  }
   pdl_trigger();
   pdl_wait();
   const int lane = threadIdx.x & 31;
-  const int64_t K8 = a.K / 8;
+  const int64_t K8 = a.K / 8, units = (a.N + 7) / 8;
   for (int64_t row = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5); row < a.N; row += int64_t(gridDim.x) * 8) {
+    if (a.pf && threadIdx.x == 0) l2pf_unit(s_pf, row >> 3, units);
     const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const TW*>(a.w) + row * a.K);
     float acc[TN];
 #pragma unroll
