@@ -742,7 +742,10 @@ class CudaBackend : public Backend {
     pf_plan_.push_back(d);
     return static_cast<const cuda::L2PfLaunch*>(pf_buf_->data()) + (pf_plan_.size() - 1);
   }
-  static int64_t default_l2_prefetch_bytes() { return int64_t(24) << 20; }
+  // Off by default: measured on the H200 (2026-12-03, docs/performance.md "Seventh session"), the
+  // prefetch slowed decode @512 from 313 to 252-264 tok/s at 12-40 MiB (the GEMVs are not bound by
+  // HBM: from L2 they run within 1-11% of their HBM time).
+  static int64_t default_l2_prefetch_bytes() { return 0; }
   // The descriptor of an in-order GEMV launch: one group per segment (its tiles and absmax), or
   // for SwiGLU one group of gate and up consumed together.
   static cuda::L2PfLaunch pf_desc(const GemvQ4MultiArgs& a) {

@@ -1,5 +1,6 @@
 // Launchers of the GEMV kernels (4-bit fused and dense) and of the 4-bit repack/dequantize kernels.
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -284,17 +285,26 @@ void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
 
 namespace {
 template <typename TA, bool DQ>
-void launch_seq(const Q4SeqArgs& k, cudaStream_t st) {
-  auto kernel = gemv_q4_seq_kernel<TA, DQ>;
-  constexpr int smem = q4_lut_bytes(2);
-  static int per_sm = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int v = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kSeqWarps * 32, smem));
-    return std::max(v, 1);
+void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
+  // the table, plus x when it fits beside it at two blocks per SM (decode: T = 1 up to 19K columns)
+  constexpr int lut = q4_lut_bytes(2), x_max = 38 * 1024;
+  static const std::array<int, 2> per_sm = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_seq_kernel<TA, DQ, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    lut + x_max));
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_seq_kernel<TA, DQ, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, lut));
+    int v0 = 0, v1 = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v0, gemv_q4_seq_kernel<TA, DQ, false>, kSeqWarps * 32, lut));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v1, gemv_q4_seq_kernel<TA, DQ, true>, kSeqWarps * 32,
+                                                             lut + x_max));
+    return std::array<int, 2>{std::max(v0, 1), std::max(v1, 1)};
   }();
-  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * num_sms()));
-  launch_k(kernel, dim3(unsigned(grid)), dim3(kSeqWarps * 32), size_t(smem), st, k);
+  const int64_t xb = int64_t(k.T) * seq_x_stride(k.cols);
+  const char* env = std::getenv("NF4FLASH_GEMV_X_SMEM");  // "0": x from global (comparison)
+  k.x_stride = xb <= x_max && !(env && std::atoi(env) == 0) ? seq_x_stride(k.cols) : 0;
+  const int smem = lut + (k.x_stride ? int(xb) : 0);
+  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm[k.x_stride ? 1 : 0]) * num_sms()));
+  if (k.x_stride) launch_k(gemv_q4_seq_kernel<TA, DQ, true>, dim3(unsigned(grid)), dim3(kSeqWarps * 32), size_t(smem), st, k);
+  else launch_k(gemv_q4_seq_kernel<TA, DQ, false>, dim3(unsigned(grid)), dim3(kSeqWarps * 32), size_t(smem), st, k);
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace

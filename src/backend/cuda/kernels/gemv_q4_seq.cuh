@@ -5,8 +5,8 @@
 //
 // Weights: the tile16x64 layout of gemv_q4.cuh (512 bytes of codes per 16 rows x 64 columns, row
 // tile rt's KT tiles contiguous), absmax [RT][KT][16] (f32, or u8 codes for double quant decoded
-// in the kernel through the nested code table). x: [T, cols] bf16/f16, read from global (L1);
-// f32 accumulation. Epilogues as the stream-K kernel (gemv_q4_stream.cuh):
+// in the kernel through the nested code table). x: [T, cols] bf16/f16, staged in shared memory when
+// it fits (decode: always), else read from global (L1); f32 accumulation. Epilogues as the stream-K kernel (gemv_q4_stream.cuh):
 //   Store    : out_s [T, rows_s] = x W_s^T + b_s      (q, k and v in one launch)
 //   Residual : out   [T, rows]  += round(x W^T + b)   (o_proj / down_proj with the residual add)
 //   SwiGLU   : out   [T, rows]   = silu(round(x G^T + bg)) * round(x U^T + bu), rounded
@@ -38,14 +38,20 @@ struct Q4SeqArgs {
   int log2_blocksize, log2_nested;
   int nseg, nsub, T, out_f32, ep;
   const void* x;
+  int x_stride;          // > 0: x staged in shared memory after the table, rows of x_stride bytes
   const L2PfLaunch* pf;  // null: no prefetch
 };
 
+// Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
+// different banks).
+__host__ __device__ constexpr int seq_x_stride(int64_t cols) { return int(cols * 2 + 16); }
+
 constexpr int kSeqWarps = 16, kSeqUnroll = 2, kSeqMinBlocks = 2;
 
-template <typename TA, bool DQ, int W = kSeqWarps, int U = kSeqUnroll, int MINB = kSeqMinBlocks>
+// XS: x staged in shared memory (a.x_stride > 0), else read from global.
+template <typename TA, bool DQ, bool XS, int W = kSeqWarps, int U = kSeqUnroll, int MINB = kSeqMinBlocks>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_constant__ Q4SeqArgs a) {
-  extern __shared__ __align__(16) uint32_t lut[];  // [256][64]
+  extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes] if staged
   __shared__ float red[W][16][8];
   __shared__ float gate_v[128];
   __shared__ float s_nested_code[256];
@@ -53,15 +59,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
   __shared__ __align__(16) L2PfLaunch s_pf[kPfLook];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
-  if constexpr (DQ) {
-    for (int i = tid; i < 256; i += blockDim.x) s_nested_code[i] = a.nested_code[i];
-  }
-  l2pf_load(a.pf, s_pf);
-  __syncthreads();
-  q4_fill_lut<64>(lut, s_bits);
-  __syncthreads();
-
+  uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + q4_lut_bytes(2);  // staged x (x_stride > 0)
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t lane_b = 4u * lane;
   const int64_t KT = a.KT, cols = a.cols, units = a.units, G = gridDim.x;
@@ -109,9 +107,28 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
   int sub = 0;
   uint4 wc[U];
   float2 sc[U];
+  // The first batch's weights and absmax first (they may overlap the previous kernel, PDL), then
+  // the tables while they are in flight, then x (written by the previous kernel) into shared memory.
+  load(u, 0, 0, wc, sc);
+  if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
+  if constexpr (DQ) {
+    for (int i = tid; i < 256; i += blockDim.x) s_nested_code[i] = a.nested_code[i];
+  }
+  l2pf_load(a.pf, s_pf);
+  __syncthreads();
   if (tid == 0) l2pf_unit(s_pf, u, units);
-  load(u, 0, 0, wc, sc);  // weights and absmax only: may overlap the previous kernel (PDL)
+  q4_fill_lut<64>(lut, s_bits);
   pdl_wait();
+  if constexpr (XS) {
+    const int n16 = int(cols / 8);
+    for (int i = tid; i < a.T * n16; i += blockDim.x) {
+      const int n = i / n16, c = i - n * n16;
+      *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) =
+          __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + int64_t(n) * cols) + c);
+    }
+  }
+  __syncthreads();
+  const uint8_t* xs_l = xs + (XS ? min(g, a.T - 1) * a.x_stride + 32 * t : 0);
   for (;;) {
     int64_t rt;
     const int k = seg_of(u, sub, rt);
@@ -138,8 +155,16 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
       for (int uu = 0; uu < U; ++uu) {
         const int64_t kt = int64_t(b) * W * U + uu * W + warp;
         if (kt < KT) {  // warp-uniform
-          const uint4* xp = reinterpret_cast<const uint4*>(xrow + kt * 64);
-          const uint4 xa = __ldg(xp), xb = __ldg(xp + 1);
+          uint4 xa, xb;
+          if constexpr (XS) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xs_l + kt * 128);
+            xa = xp[0];
+            xb = xp[1];
+          } else {
+            const uint4* xp = reinterpret_cast<const uint4*>(xrow + kt * 64);
+            xa = __ldg(xp);
+            xb = __ldg(xp + 1);
+          }
           float sv = sc[uu].x;
           if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sc[uu].x)], sc[uu].y), offset);
           const float sg = __shfl_sync(0xffffffffu, sv, g);
