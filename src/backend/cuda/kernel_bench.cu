@@ -499,21 +499,24 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         auto xb = rand_act(T, s.cols), yb = be->alloc(size_t(T * s.rows) * 2);
         Act x = xb->as_act(DType::BF16, T, s.cols), y = yb->as_act(DType::BF16, T, s.rows);
         // (2026-12-02 runs 6-8 measured "stream-bulk16" and the old cp.async kernel too: both slower)
-        for (const char* variant : {"seq", "seq-nopf", "stream", "stream-bulk", "regs"}) {
+        // seq: the in-order kernel (x in shared memory); seq-xglobal: x read from global;
+        // seq-pf24: with the L2 prefetch at 24 MiB (the next copy's bytes)
+        for (const char* variant : {"seq", "seq-xglobal", "seq-pf24", "stream", "regs"}) {
           with_variant(variant);
-          if (std::string(variant) == "seq-nopf") {
-            setenv("NF4FLASH_GEMV_Q4", "seq", 1);
-            setenv("NF4FLASH_L2_PREFETCH_MB", "0", 1);
-          }
+          const std::string vn = variant;
+          if (vn.rfind("seq", 0) == 0) setenv("NF4FLASH_GEMV_Q4", "seq", 1);
+          if (vn == "seq-xglobal") setenv("NF4FLASH_GEMV_X_SMEM", "0", 1);
+          if (vn == "seq-pf24") setenv("NF4FLASH_L2_PREFETCH_MB", "24", 1);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                         o.reps, o.trials);
           const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
           report(cat("gemv nf4", dq ? "-dq" : "", " ", s.rows, "x", s.cols, " T=", T, " ", variant), sec, bytes,
                  {{"rows", s.rows}, {"cols", s.cols}, {"T", T}, {"double_quant", dq}, {"copies", copies},
                   {"variant", variant}, {"path", be->linear_path(*ws[0], T)}});
+          unsetenv("NF4FLASH_GEMV_X_SMEM");
+          unsetenv("NF4FLASH_L2_PREFETCH_MB");
         }
         reset_variant();
-        unsetenv("NF4FLASH_L2_PREFETCH_MB");
         if (T == 1 && dq) {
           // the in-order kernel on one copy (weights L2-resident after the first call): the
           // kernel's own ceiling when its bytes come from L2

@@ -16,7 +16,12 @@ int decode_splits(const AttnArgs& a) {
   const int G = a.n_heads / a.n_kv;
   const int hchunks = (G + kDecGT - 1) / kDecGT;
   const int per_split = a.n_kv * hchunks * a.T;
-  return std::clamp((4 * a.num_sms + per_split - 1) / per_split, 1, kDecodeMaxSplits);
+  // blocks of 4 warps: `waves` blocks per SM (NF4FLASH_DECODE_WAVES, default 4)
+  static const int waves = [] {
+    const char* v = std::getenv("NF4FLASH_DECODE_WAVES");
+    return v && *v ? std::clamp(std::atoi(v), 1, 32) : 4;
+  }();
+  return std::clamp((waves * a.num_sms + per_split - 1) / per_split, 1, kDecodeMaxSplits);
 }
 
 template <typename F>
