@@ -101,10 +101,25 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   attn_.head_dim = hd;
   attn_.scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  // workspace for up to max_rows tokens per forward
-  const DType adt = be_.act_dtype();
-  const size_t es = dtype_size(adt);
-  const size_t R = static_cast<size_t>(max_rows);
+  // workspace for the first forwards (grown on demand up to max_rows)
+  ensure_workspace(std::min<int64_t>(max_rows, 512));
+}
+
+size_t Decoder::workspace_bytes(int64_t rows) const {
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
+  const int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  return size_t(rows) * size_t(4 * H + 2 * nh * hd + 2 * nkv * hd + 2 * I) * dtype_size(be_.act_dtype());
+}
+
+void Decoder::ensure_workspace(int64_t rows) {
+  if (rows <= ws_rows_) return;
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  const int hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const int64_t R64 = std::min(max_rows_, std::max(rows, 2 * ws_rows_));
+  // the old buffers go first, so growing never holds both
+  for (auto* b : {&b_x_, &b_xn_, &b_q_, &b_k_, &b_v_, &b_attn_, &b_o_, &b_gate_, &b_up_}) b->reset();
+  const size_t es = dtype_size(be_.act_dtype());
+  const size_t R = static_cast<size_t>(R64);
   b_x_ = be_.alloc(R * H * es);
   b_xn_ = be_.alloc(R * H * es);
   b_q_ = be_.alloc(R * nh * hd * es);
@@ -114,6 +129,8 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   b_o_ = be_.alloc(R * H * es);
   b_gate_ = be_.alloc(R * I * es);
   b_up_ = be_.alloc(R * I * es);
+  ws_rows_ = R64;
+  ++ws_epoch_;
 }
 
 std::string Decoder::linear_path(int64_t rows) const {
@@ -123,6 +140,7 @@ std::string Decoder::linear_path(int64_t rows) const {
 void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits) {
   NF4FLASH_CHECK(T >= 1 && T <= max_rows_, "forward: ", T, " rows exceed the workspace of ", max_rows_);
   NF4FLASH_CHECK(n_logits >= 1 && n_logits <= T, "forward: n_logits out of range");
+  ensure_workspace(T);
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
   const DType adt = be_.act_dtype();

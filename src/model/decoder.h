@@ -57,6 +57,11 @@ class Decoder {
   const ArchFlags& arch() const { return arch_; }
   const DecoderStats& stats() const { return stats_; }
   int64_t max_rows() const { return max_rows_; }
+  // The activation workspace grows with the longest forward so far (from min(max_rows, 512) rows
+  // up to max_rows); its epoch changes when it is reallocated (captured graphs hold its addresses).
+  int64_t workspace_rows() const { return ws_rows_; }
+  int64_t workspace_epoch() const { return ws_epoch_; }
+  size_t workspace_bytes(int64_t rows) const;
   AttnImpl attn_impl() const { return attn_.impl; }
   void set_attn_impl(AttnImpl a) { attn_.impl = a; }
   // Kernel path names for reporting (rows = 1 for decode, many for prefill).
@@ -73,6 +78,8 @@ class Decoder {
   ArchFlags arch_;
   Backend& be_;
   int64_t max_rows_;
+  int64_t ws_rows_ = 0, ws_epoch_ = 0;
+  void ensure_workspace(int64_t rows);
   std::unique_ptr<Weight> embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;
   std::unique_ptr<Buffer> inv_freq_buf_;

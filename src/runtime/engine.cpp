@@ -63,7 +63,9 @@ void Engine::Impl::decode_step(int32_t token, int64_t pos) {
   be->upload(ids_buf->data(), &token, 4);
   set_pos(pos);
   if (opts.graphs && be->graphs_supported()) {
+    if (graph_id >= 0 && graph_ws_epoch != dec->workspace_epoch()) graph_id = -1;  // workspace reallocated
     if (graph_id < 0) {
+      graph_ws_epoch = dec->workspace_epoch();
       state.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
       be->capture_begin();
       dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
@@ -123,7 +125,10 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   int64_t ctx = opts.ctx_size > 0 ? opts.ctx_size : cfg.max_positions;
   if (opts.ctx_size > cfg.max_positions)
     fail("--ctx-size ", opts.ctx_size, " exceeds the model's max_position_embeddings ", cfg.max_positions);
+  // (less what the activation workspace may still grow by: it starts small, see Decoder)
   size_t free_mem = im->be->free_memory();
+  const size_t ws_growth = im->dec->workspace_bytes(max_rows) - im->dec->workspace_bytes(im->dec->workspace_rows());
+  if (free_mem > 0) free_mem = free_mem > ws_growth ? free_mem - ws_growth : 1;
   if (free_mem == 0 && plan.device == Device::CPU) {
     const long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psz > 0) free_mem = static_cast<size_t>(pages) * psz;

@@ -31,6 +31,7 @@ struct Engine::Impl {
   std::unique_ptr<Buffer> ids_buf, pos_buf, hist_buf, logits_buf;
   int64_t logits_rows = 0;
   int graph_id = -1;
+  int64_t graph_ws_epoch = -1;  // the decoder workspace the captured step uses
   StepState state;
   // Tokens whose K/V occupy cache positions [0, size): what generate() may reuse. Anything else
   // that writes the cache (score, bench) clears it.

@@ -341,8 +341,9 @@ class CudaBackend : public Backend {
       d.nested_code = static_cast<const float*>(w->nested_code->data());
       w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
     }
-    // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS
-    if (q4_fused_max_rows_ != INT64_MAX) reserve_scratch(dequant_chunk_rows(d) * d.cols);
+    // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS, whose
+    // scratch is allocated at the first such product (gemm_q4)
+    if (q4_fused_max_rows_ != INT64_MAX) q4_scratch_numel_ = std::max(q4_scratch_numel_, dequant_chunk_rows(d) * d.cols);
     // the fused GEMM's split-tail workspace (once): kSplitWsFloats f32 slices, kSplitTickets counters
     if (q4_gemm_fused_ && !split_ws_) {
       split_ws_ = std::make_unique<CudaBuffer>(size_t(kSplitWsFloats) * 4);
@@ -587,6 +588,7 @@ class CudaBackend : public Backend {
     return static_cast<char*>(b->data()) +
            size_t(layer) * kv_.n_kv_heads * kv_.capacity * kv_.head_dim * dtype_size(kv_.dtype);
   }
+  int64_t q4_scratch_numel_ = 0;  // the dequantize scratch the 4-bit weights need (reserved on first use)
   void reserve_scratch(int64_t numel) {
     const size_t need = size_t(numel) * dtype_size(act_);
     if (!scratch_ || scratch_->bytes() < need) {

@@ -19,8 +19,11 @@ void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out, int6
 // Dequantize a chunk of weight rows into the scratch, multiply it into its output columns, next.
 void CudaBackend::gemm_q4(const cuda::Q4Device& d, Act x, Act out) {
   const int64_t chunk = dequant_chunk_rows(d);
-  NF4FLASH_CHECK(scratch_ && scratch_->bytes() >= size_t(chunk * d.cols) * dtype_size(act_),
-                 "linear: dequantize scratch smaller than a chunk");
+  if (!scratch_ || scratch_->bytes() < size_t(chunk * d.cols) * dtype_size(act_)) {
+    NF4FLASH_CHECK(!capturing_, "linear: the dequantize scratch must be allocated before graph capture");
+    sync();  // products still in flight may read the old scratch
+    reserve_scratch(std::max(q4_scratch_numel_, chunk * d.cols));
+  }
   for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, d.rows - n0);
     q4_dequant(d, scratch_->data(), act_, stream_, n0, nc);
