@@ -152,6 +152,32 @@ TEST(CudaFused, LinearSwiGLU) {
   }
 }
 
+// Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG) on the fused forms: units
+// crossing items and blocks, batches that run past the last column tile, several units per block.
+TEST(CudaFused, SeqGemvConfigs) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (const char* cfg : {"w8u2d4", "w8u4d3", "w16u2d2", "w16u2d4m1", "w16u4d3m1"}) {
+    setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
+    SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
+    for (DType dt : {DType::BF16, DType::F16}) {
+      for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 1},
+                                 MultiCase{QuantType::FP4, false, 3072, {2050, 512, 512}, 5},
+                                 MultiCase{QuantType::NF4, true, 192, {40000}, 2}})
+        run_multi(dt, c);
+      run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, true);
+      run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);
+    }
+  }
+  unsetenv("NF4FLASH_GEMV_SEQ_CFG");
+  setenv("NF4FLASH_GEMV_SEQ_CFG", "w3", 1);  // unknown names are refused by name
+  Backends b(DType::BF16);
+  QW w = make_q4(b, DType::BF16, QuantType::NF4, true, 64, 128, false);
+  DevAct x(*b.gpu, 1, 128), y(*b.gpu, 1, 64);
+  x.set(rounded(randn(128), DType::BF16));
+  EXPECT_THROW(b.gpu->linear(x.act, *w.gpu, nullptr, y.act), Error);
+  unsetenv("NF4FLASH_GEMV_SEQ_CFG");
+}
+
 // A captured chain of in-order GEMVs (q/k/v, residual, SwiGLU, lone) and a dense GEMV replayed with the L2
 // prefetch plan at several distances (reaching across one, several or all later launches, and
 // past the end of the table) gives the results of the same launches run uncaptured, bit for bit.

@@ -241,7 +241,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
     if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
     if (seq_q4(w, rows))
-      return cat("gemv_q4 in-order fused ", qn, " (tile16x64, ", dtype_name(act_),
+      return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused", pf_dist_ > 0 ? cat("; captured steps prefetch ", pf_dist_ >> 20, " MiB ahead into L2") : std::string(), ")");
     if (stream_q4(w, rows, true))
       return cat("gemv_q4 stream-K fused ", qn, " (tile16x64, ", dtype_name(act_),

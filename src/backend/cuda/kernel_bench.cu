@@ -501,12 +501,16 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // (2026-12-02 runs 6-8 measured "stream-bulk16" and the old cp.async kernel too: both slower)
         // seq: the in-order kernel (x in shared memory); seq-xglobal: x read from global;
         // seq-pf24: with the L2 prefetch at 24 MiB (the next copy's bytes)
-        for (const char* variant : {"seq", "seq-xglobal", "seq-pf24", "stream", "regs"}) {
+        // seq-<cfg>: the in-order kernel's other configurations (NF4FLASH_GEMV_SEQ_CFG)
+        for (const char* variant : {"seq", "seq-xglobal", "seq-pf24", "seq-w8u4d3", "seq-w16u2d2", "seq-w16u2d4m1",
+                                    "seq-w16u4d3m1", "stream", "regs"}) {
+          if (T != 1 && std::string(variant).rfind("seq-w", 0) == 0) continue;
           with_variant(variant);
           const std::string vn = variant;
           if (vn.rfind("seq", 0) == 0) setenv("NF4FLASH_GEMV_Q4", "seq", 1);
           if (vn == "seq-xglobal") setenv("NF4FLASH_GEMV_X_SMEM", "0", 1);
           if (vn == "seq-pf24") setenv("NF4FLASH_L2_PREFETCH_MB", "24", 1);
+          if (vn.rfind("seq-w", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", vn.c_str() + 4, 1);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                         o.reps, o.trials);
           const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
@@ -515,6 +519,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
                   {"variant", variant}, {"path", be->linear_path(*ws[0], T)}});
           unsetenv("NF4FLASH_GEMV_X_SMEM");
           unsetenv("NF4FLASH_L2_PREFETCH_MB");
+          unsetenv("NF4FLASH_GEMV_SEQ_CFG");
         }
         reset_variant();
         if (T == 1 && dq) {
@@ -646,15 +651,18 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
       be->linear_residual(ua, *st.down, nullptr, oa, ra);
     };
-    for (const char* mode : {"seq", "streamk"}) {
-      setenv("NF4FLASH_GEMV_Q4", mode, 1);
-      for (int mb : {0, 8, 16, 24, 32, 40}) {
-        if (std::string(mode) != "seq" && mb != 0) continue;  // only the in-order kernel prefetches
+    for (const char* mode : {"seq", "seq-w8u4d3", "seq-w16u2d2", "seq-w16u2d4m1", "seq-w16u4d3m1", "streamk"}) {
+      const std::string m = mode;
+      setenv("NF4FLASH_GEMV_Q4", m.rfind("seq", 0) == 0 ? "seq" : mode, 1);
+      if (m.rfind("seq-w", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);
+      for (int mb : {0, 24}) {
+        if (m != "seq" && mb != 0) continue;  // the prefetch with the default configuration only
         setenv("NF4FLASH_L2_PREFETCH_MB", std::to_string(mb).c_str(), 1);
         const double sec = time_graph(*be, layer, o.reps, o.trials);
         report(cat("decode layer GEMVs nf4-dq T=1 ", mode, " prefetch ", mb, " MiB"), sec, layer_bytes,
                {{"mode", mode}, {"prefetch_mib", mb}, {"copies", copies}});
       }
+      unsetenv("NF4FLASH_GEMV_SEQ_CFG");
     }
     unsetenv("NF4FLASH_L2_PREFETCH_MB");
     unsetenv("NF4FLASH_GEMV_Q4");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/dtype.h"
 
@@ -98,6 +99,7 @@ void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
 // in flight, and prefetch the weights `dist` bytes ahead into L2 (a.l2pf). Any sm_80+ GPU; the
 // prefetch needs sm_90.
 void gemv_q4_seq(const GemvQ4MultiArgs& a, cudaStream_t st);
+std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
 
 int64_t gemv_q4_stream_partials_floats();
 // Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected

@@ -283,19 +283,26 @@ void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
   else fail("gemv_q4_multi: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
 }
 
+std::string_view gemv_q4_seq_cfg() {
+  const char* v = std::getenv("NF4FLASH_GEMV_SEQ_CFG");
+  return v && *v ? std::string_view(v) : std::string_view(kSeqDefaultCfg);
+}
+
 namespace {
-template <typename TA, bool DQ>
-void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
-  // the table, plus x when it fits beside it at two blocks per SM (decode: T = 1 up to 19K columns)
+// In-order GEMV configurations (warps, tiles per batch, batches in flight, blocks per SM);
+// NF4FLASH_GEMV_SEQ_CFG names one (kernel-bench and the gpu tests run each).
+template <typename TA, bool DQ, int W, int U, int D, int MINB>
+void launch_seq_cfg(Q4SeqArgs& k, cudaStream_t st) {
+  // the table, plus x when it fits beside it at MINB blocks per SM (decode: T = 1, all shapes here)
   constexpr int lut = q4_lut_bytes(2), x_max = 38 * 1024;
+  auto kx = gemv_q4_seq_kernel<TA, DQ, true, W, U, D, MINB>;
+  auto kg = gemv_q4_seq_kernel<TA, DQ, false, W, U, D, MINB>;
   static const std::array<int, 2> per_sm = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_seq_kernel<TA, DQ, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    lut + x_max));
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_q4_seq_kernel<TA, DQ, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, lut));
+    CUDA_CHECK(cudaFuncSetAttribute(kx, cudaFuncAttributeMaxDynamicSharedMemorySize, lut + x_max));
+    CUDA_CHECK(cudaFuncSetAttribute(kg, cudaFuncAttributeMaxDynamicSharedMemorySize, lut));
     int v0 = 0, v1 = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v0, gemv_q4_seq_kernel<TA, DQ, false>, kSeqWarps * 32, lut));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v1, gemv_q4_seq_kernel<TA, DQ, true>, kSeqWarps * 32,
-                                                             lut + x_max));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v0, kg, W * 32, lut));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v1, kx, W * 32, lut + x_max));
     return std::array<int, 2>{std::max(v0, 1), std::max(v1, 1)};
   }();
   const int64_t xb = int64_t(k.T) * seq_x_stride(k.cols);
@@ -303,9 +310,19 @@ void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
   k.x_stride = xb <= x_max && !(env && std::atoi(env) == 0) ? seq_x_stride(k.cols) : 0;
   const int smem = lut + (k.x_stride ? int(xb) : 0);
   const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm[k.x_stride ? 1 : 0]) * num_sms()));
-  if (k.x_stride) launch_k(gemv_q4_seq_kernel<TA, DQ, true>, dim3(unsigned(grid)), dim3(kSeqWarps * 32), size_t(smem), st, k);
-  else launch_k(gemv_q4_seq_kernel<TA, DQ, false>, dim3(unsigned(grid)), dim3(kSeqWarps * 32), size_t(smem), st, k);
+  launch_k(k.x_stride ? kx : kg, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, k);
   CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, bool DQ>
+void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
+  const std::string_view c = gemv_q4_seq_cfg();
+  if (c == "w8u2d4") launch_seq_cfg<TA, DQ, 8, 2, 4, 2>(k, st);
+  else if (c == "w8u4d3") launch_seq_cfg<TA, DQ, 8, 4, 3, 2>(k, st);
+  else if (c == "w16u2d2") launch_seq_cfg<TA, DQ, 16, 2, 2, 2>(k, st);
+  else if (c == "w16u2d4m1") launch_seq_cfg<TA, DQ, 16, 2, 4, 1>(k, st);
+  else if (c == "w16u4d3m1") launch_seq_cfg<TA, DQ, 16, 4, 3, 1>(k, st);
+  else fail("NF4FLASH_GEMV_SEQ_CFG=", c, ": no such configuration (", kSeqCfgNames, ")");
 }
 }  // namespace
 

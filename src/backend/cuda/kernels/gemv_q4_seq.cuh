@@ -46,10 +46,61 @@ struct Q4SeqArgs {
 // different banks).
 __host__ __device__ constexpr int seq_x_stride(int64_t cols) { return int(cols * 2 + 16); }
 
-constexpr int kSeqWarps = 16, kSeqUnroll = 2, kSeqMinBlocks = 2;
+// The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
+// accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
+// 8 tokens) run the epilogue. Ends with a barrier (red and gate_v may be reused).
+template <typename TA, int W>
+__device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&red)[W][16][8], float* gate_v,
+                                                  const float* acc, int k, int64_t rt, int sub) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  red[warp][g][2 * t] = acc[0];
+  red[warp][g][2 * t + 1] = acc[1];
+  red[warp][g + 8][2 * t] = acc[2];
+  red[warp][g + 8][2 * t + 1] = acc[3];
+  __syncthreads();
+  if (tid < 128) {
+    const Q4StreamSeg& sg = a.seg[k];
+    const int r = tid >> 3, n = tid & 7;
+    const int64_t row = rt * 16 + r;
+    if (n < a.T && row < sg.rows) {
+      float y = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) y += red[w][r][n];
+      if (sg.bias) y += sg.bias[row];
+      if (a.ep == int(GemvEpilogue::SwiGLU)) {
+        const float yr = to_f32<TA>(from_f32<TA>(y));
+        if (sub == 0) {
+          gate_v[tid] = yr;
+        } else {
+          const float gv = gate_v[tid];
+          static_cast<TA*>(a.seg[0].out)[int64_t(n) * sg.rows + row] = from_f32<TA>(gv / (1.f + __expf(-gv)) * yr);
+        }
+      } else {
+        const int64_t o = int64_t(n) * sg.rows + row;
+        if (a.out_f32) {
+          static_cast<float*>(sg.out)[o] = y;
+        } else if (a.ep == int(GemvEpilogue::Residual)) {
+          TA* p = static_cast<TA*>(sg.out) + o;
+          *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(y)));
+        } else {
+          static_cast<TA*>(sg.out)[o] = from_f32<TA>(y);
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
 
-// XS: x staged in shared memory (a.x_stride > 0), else read from global.
-template <typename TA, bool DQ, bool XS, int W = kSeqWarps, int U = kSeqUnroll, int MINB = kSeqMinBlocks>
+// Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
+// unless m1. Register use (sm_90, bf16, dq, x staged): w8u2d4 113, w8u4d3 128, no spills;
+// w16u2d2 (the register kernel's shape) 64 with ~260 bytes spilled.
+constexpr const char* kSeqDefaultCfg = "w8u2d4";
+constexpr const char* kSeqCfgNames = "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1";
+
+// XS: x staged in shared memory (a.x_stride > 0), else read from global. W warps, U tiles per warp
+// per batch, D batches in flight per warp (a register ring: D-1 batches load while one is decoded),
+// MINB blocks per SM (the register cap).
+template <typename TA, bool DQ, bool XS, int W, int U, int D, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_constant__ Q4SeqArgs a) {
   extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes] if staged
   __shared__ float red[W][16][8];
@@ -100,23 +151,41 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
       }
     }
   };
+  // a batch position in the block's stream: unit, item (sub) and batch
+  struct Cur {
+    int64_t u;
+    int sub, b;
+  };
+  auto next = [&](Cur c) {
+    if (++c.b == NB) {
+      c.b = 0;
+      if (++c.sub == a.nsub) {
+        c.sub = 0;
+        c.u += G;
+      }
+    }
+    return c;
+  };
 
   pdl_trigger();
-  int64_t u = blockIdx.x;
-  if (u >= units) return;
-  int sub = 0;
-  uint4 wc[U];
-  float2 sc[U];
-  // The first batch's weights and absmax first (they may overlap the previous kernel, PDL), then
-  // the tables while they are in flight, then x (written by the previous kernel) into shared memory.
-  load(u, 0, 0, wc, sc);
+  if (int64_t(blockIdx.x) >= units) return;
+  uint4 wb[D][U];
+  float2 sb[D][U];
+  // The first D-1 batches' weights and absmax first (they may overlap the previous kernel, PDL),
+  // then the tables while they are in flight, then x (written by the previous kernel).
+  Cur lc{int64_t(blockIdx.x), 0, 0};
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {
+    if (lc.u < units) load(lc.u, lc.sub, lc.b, wb[d], sb[d]);
+    lc = next(lc);
+  }
   if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
   if constexpr (DQ) {
     for (int i = tid; i < 256; i += blockDim.x) s_nested_code[i] = a.nested_code[i];
   }
   l2pf_load(a.pf, s_pf);
   __syncthreads();
-  if (tid == 0) l2pf_unit(s_pf, u, units);
+  if (tid == 0) l2pf_unit(s_pf, blockIdx.x, units);
   q4_fill_lut<64>(lut, s_bits);
   pdl_wait();
   if constexpr (XS) {
@@ -129,31 +198,23 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
   }
   __syncthreads();
   const uint8_t* xs_l = xs + (XS ? min(g, a.T - 1) * a.x_stride + 32 * t : 0);
-  for (;;) {
-    int64_t rt;
-    const int k = seg_of(u, sub, rt);
-    const float offset = a.seg[k].offset;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int b = 0; b < NB; ++b) {
-      // the next batch: same item, next item of the unit, or the block's next unit
-      int64_t nu = u;
-      int nsub = sub, nb = b + 1;
-      if (nb == NB) {
-        nb = 0;
-        if (++nsub == a.nsub) {
-          nsub = 0;
-          nu = u + G;
-        }
+  Cur cc{int64_t(blockIdx.x), 0, 0};
+  int64_t rt;
+  int k = seg_of(cc.u, 0, rt);
+  float offset = a.seg[k].offset;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (bool more = true; more;) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      // keep D-1 batches in flight: load into the slot the previous step consumed
+      if (lc.u < units) {
+        if (tid == 0 && lc.b == 0 && lc.sub == 0) l2pf_unit(s_pf, lc.u, units);
+        load(lc.u, lc.sub, lc.b, wb[(d + D - 1) % D], sb[(d + D - 1) % D]);
       }
-      uint4 wn[U];
-      float2 sn[U];
-      if (nu < units) {
-        if (tid == 0 && nu != u) l2pf_unit(s_pf, nu, units);
-        load(nu, nsub, nb, wn, sn);
-      }
+      lc = next(lc);
 #pragma unroll
       for (int uu = 0; uu < U; ++uu) {
-        const int64_t kt = int64_t(b) * W * U + uu * W + warp;
+        const int64_t kt = int64_t(cc.b) * W * U + uu * W + warp;
         if (kt < KT) {  // warp-uniform
           uint4 xa, xb;
           if constexpr (XS) {
@@ -165,65 +226,32 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
             xa = __ldg(xp);
             xb = __ldg(xp + 1);
           }
-          float sv = sc[uu].x;
-          if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sc[uu].x)], sc[uu].y), offset);
+          float sv = sb[d][uu].x;
+          if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sb[d][uu].x)], sb[d][uu].y), offset);
           const float sg = __shfl_sync(0xffffffffu, sv, g);
           const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-          q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wc[uu], xa, xb, d);
-          acc[0] = fmaf(d[0], sg, acc[0]);
-          acc[1] = fmaf(d[1], sg, acc[1]);
-          acc[2] = fmaf(d[2], sg8, acc[2]);
-          acc[3] = fmaf(d[3], sg8, acc[3]);
+          float dd[4] = {0.f, 0.f, 0.f, 0.f};
+          q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wb[d][uu], xa, xb, dd);
+          acc[0] = fmaf(dd[0], sg, acc[0]);
+          acc[1] = fmaf(dd[1], sg, acc[1]);
+          acc[2] = fmaf(dd[2], sg8, acc[2]);
+          acc[3] = fmaf(dd[3], sg8, acc[3]);
         }
       }
+      if (cc.b == NB - 1) {
+        seq_item_epilogue<TA, W>(a, red, gate_v, acc, k, rt, cc.sub);
 #pragma unroll
-      for (int uu = 0; uu < U; ++uu) {
-        wc[uu] = wn[uu];
-        sc[uu] = sn[uu];
+        for (int i = 0; i < 4; ++i) acc[i] = 0.f;
       }
-    }
-    // the item's epilogue
-    red[warp][g][2 * t] = acc[0];
-    red[warp][g][2 * t + 1] = acc[1];
-    red[warp][g + 8][2 * t] = acc[2];
-    red[warp][g + 8][2 * t + 1] = acc[3];
-    __syncthreads();
-    if (tid < 128) {
-      const Q4StreamSeg& sg = a.seg[k];
-      const int r = tid >> 3, n = tid & 7;
-      const int64_t row = rt * 16 + r;
-      if (n < a.T && row < sg.rows) {
-        float y = 0.f;
-#pragma unroll
-        for (int w = 0; w < W; ++w) y += red[w][r][n];
-        if (sg.bias) y += sg.bias[row];
-        if (a.ep == int(GemvEpilogue::SwiGLU)) {
-          const float yr = to_f32<TA>(from_f32<TA>(y));
-          if (sub == 0) {
-            gate_v[tid] = yr;
-          } else {
-            const float gv = gate_v[tid];
-            static_cast<TA*>(a.seg[0].out)[int64_t(n) * sg.rows + row] = from_f32<TA>(gv / (1.f + __expf(-gv)) * yr);
-          }
-        } else {
-          const int64_t o = int64_t(n) * sg.rows + row;
-          if (a.out_f32) {
-            static_cast<float*>(sg.out)[o] = y;
-          } else if (a.ep == int(GemvEpilogue::Residual)) {
-            TA* p = static_cast<TA*>(sg.out) + o;
-            *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(y)));
-          } else {
-            static_cast<TA*>(sg.out)[o] = from_f32<TA>(y);
-          }
-        }
+      cc = next(cc);
+      if (cc.u >= units) {  // block-uniform
+        more = false;
+        break;
       }
-    }
-    __syncthreads();
-    if (++sub == a.nsub) {
-      sub = 0;
-      u += G;
-      if (u >= units) break;
+      if (cc.b == 0) {
+        k = seg_of(cc.u, cc.sub, rt);
+        offset = a.seg[k].offset;
+      }
     }
   }
 }
