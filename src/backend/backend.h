@@ -206,9 +206,10 @@ class Backend {
   virtual void replay(int graph_id) {}
 
   // ---- sampling on the device (optional) ----------------------------------------------------
-  // Picks the next token from logits [1, vocab] (F32) with `p`; `history` (backend memory,
-  // n_history ids) feeds the repetition penalty; `uniform` is the step's random number in [0,1).
-  // Returns false when the backend leaves sampling to the host.
+  // Picks the next token from logits [1, vocab] (F32) with `p`; `history` (HOST memory, n_history
+  // ids: prompt + generated) feeds the repetition penalty; `uniform` is the step's random number in
+  // [0,1) (ignored when greedy). The id must equal sample_with_uniform(logits, p, history, uniform)
+  // (sampling/sampler.h). Returns false when the backend leaves sampling to the host.
   virtual bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history,
                       float uniform, int32_t* out_id_host) { return false; }
 };

@@ -255,16 +255,16 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
   res.stop_reason = "length";
   std::vector<int32_t> all = prompt;
   std::vector<float> logits(V);
-  const bool dev_sample = true;
 
+  // One uniform per non-greedy token, drawn here: the device sampler and the host fallback pick
+  // the same id from the same logits and u (sample_with_uniform), so a seeded run's draws do not
+  // depend on where sampling runs.
   auto pick = [&](Act lg) -> int32_t {
     int32_t id = -1;
-    if (dev_sample && g.sampling.repeat_penalty == 1.0f) {
-      const float u = g.sampling.greedy() ? 0.0f : sampler.next_uniform();
-      if (im.be->sample(lg, g.sampling, nullptr, 0, u, &id)) return id;
-    }
+    const float u = g.sampling.greedy() ? 0.0f : sampler.next_uniform();
+    if (im.be->sample(lg, g.sampling, all.data(), static_cast<int>(all.size()), u, &id)) return id;
     im.be->download(logits.data(), lg.data, static_cast<size_t>(V) * 4);
-    return sampler.sample(logits.data(), V, all);
+    return sample_with_uniform(logits.data(), V, g.sampling, all, u);
   };
 
   if (g.max_new_tokens == 0) return res;

@@ -1,12 +1,17 @@
 // Every CUDA op against the CPU f32 backend on fresh random inputs: elementwise ops, dense and
 // 4-bit linear (GEMV and GEMM paths), RoPE, KV cache + attention (decode and prefill, GQA,
-// head_dim 64/128, pos0 > 0), graphs, greedy sampling.
+// head_dim 64/128, pos0 > 0), graphs, sampling (greedy and
+// temperature/top-k/top-p/min-p/penalty against the host's sample_with_uniform).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string_view>
 
 #include "backend/cuda/launchers.h"
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
 #include "quant/blockwise.h"
+#include "sampling/sampler.h"
 
 namespace nf4flash::test {
 namespace {
@@ -457,19 +462,81 @@ TEST(CudaOps, SampleGreedy) {
   int32_t id = -1;
   ASSERT_TRUE(b.gpu->sample(lg.act, sp, nullptr, 0, 0.5f, &id));
   EXPECT_EQ(id, best);
-  // repetition penalty on the best id (twice in history: applied once) moves the choice
+  // repetition penalty on the best id (twice in the host history: applied once) moves the choice
   std::vector<int32_t> hist = {int32_t(best), 3, int32_t(best)};
-  DevInts hd(*b.gpu, hist);
   sp.repeat_penalty = 1e6f;
-  ASSERT_TRUE(b.gpu->sample(lg.act, sp, hd.ptr(), 3, 0.5f, &id));
+  ASSERT_TRUE(b.gpu->sample(lg.act, sp, hist.data(), 3, 0.5f, &id));
   std::vector<float> P = L;
   for (int32_t h : {int32_t(best), 3}) P[size_t(h)] = P[size_t(h)] < 0 ? P[size_t(h)] * 1e6f : P[size_t(h)] / 1e6f;
   int64_t best2 = 0;
   for (int64_t i = 1; i < vocab; ++i)
     if (P[size_t(i)] > P[size_t(best2)]) best2 = i;
   EXPECT_EQ(id, best2);
-  sp.temperature = 0.7f;
-  EXPECT_FALSE(b.gpu->sample(lg.act, sp, nullptr, 0, 0.5f, &id));  // left to the host
+  EXPECT_EQ(id, sample_with_uniform(L.data(), vocab, sp, hist, 0.5f));
+}
+
+// The device sampler picks sample_with_uniform's id for the same logits and u, for every parameter
+// set, except where u * total lies within 1e-9 (relative) of a cumulative boundary of the host's
+// walk (the device sums in another order).
+TEST(CudaOps, SampleMatchesHost) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  int checked = 0, skipped = 0;
+  for (int64_t vocab : {int64_t(128256), int64_t(1001)}) {
+    auto L = randn(size_t(vocab), 3.f);
+    // exact ties: among random tokens, and with the maximum
+    for (int64_t i = 10; i < 20; ++i) L[size_t(i)] = L[5];
+    const int64_t top = std::max_element(L.begin(), L.end()) - L.begin();
+    L[size_t(vocab - 2)] = L[size_t(top)];
+    L[size_t(vocab / 2)] = L[size_t(top)];
+    DevAct lg(*b.gpu, 1, vocab, DType::F32);
+    lg.set(L);
+    const std::vector<int32_t> hist = {5, 7, 5, 100, int32_t(top), 7, 3, int32_t(vocab - 1), 5, int32_t(vocab / 2)};
+    std::vector<float> us;
+    for (int j = 0; j < 48; ++j) us.push_back((j + 0.37f) / 48.f);
+    us.push_back(0.0f);
+    us.push_back(std::nextafter(1.0f, 0.0f));
+    for (float T : {0.0f, 0.7f, 1.0f, 1.5f})
+      for (int k : {0, 1, 40, 1000, 5000})
+        for (float top_p : {1.0f, 0.9f, 0.5f})
+          for (float min_p : {0.0f, 0.05f})
+            for (float pen : {1.0f, 1.3f}) {
+              if (T == 0.0f && (k || top_p < 1 || min_p > 0)) continue;
+              SamplingParams sp;
+              sp.temperature = T;
+              sp.top_k = k;
+              sp.top_p = top_p;
+              sp.min_p = min_p;
+              sp.repeat_penalty = pen;
+              SampleCandidates c;
+              sample_candidates(L.data(), vocab, sp, hist.data(), hist.size(), c);
+              double total = 0;
+              for (double w : c.w) total += w;
+              for (float u : us) {
+                // the host's cumulative boundaries near r
+                const double r = double(u) * total;
+                double cum = 0;
+                bool near = false;
+                for (double w : c.w) {
+                  cum += w;
+                  if (std::fabs(cum - r) <= 1e-9 * total) near = true;
+                }
+                if (near && !sp.greedy()) {
+                  ++skipped;
+                  continue;
+                }
+                int32_t id = -1;
+                ASSERT_TRUE(b.gpu->sample(lg.act, sp, hist.data(), int(hist.size()), u, &id));
+                const int32_t want = draw_with_uniform(c, u);
+                ASSERT_EQ(id, want) << "vocab " << vocab << " T " << T << " top_k " << k << " top_p " << top_p
+                                    << " min_p " << min_p << " penalty " << pen << " u " << u << " kept "
+                                    << c.ids.size();
+                ++checked;
+              }
+            }
+  }
+  std::printf("[sample] %d draws equal to the host's, %d skipped at a boundary\n", checked, skipped);
+  EXPECT_LT(skipped, checked / 100 + 1);
 }
 
 }  // namespace

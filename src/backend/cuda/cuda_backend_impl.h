@@ -148,7 +148,6 @@ class CudaBackend : public Backend {
     cublas_ws_ = std::make_unique<CudaBuffer>(size_t(32) << 20);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
     CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    sample_scratch_ = std::make_unique<CudaBuffer>(2 * kArgmaxBlocks * 4 + 64);
     stream_gemv_ = gemv_q4_stream_supported();
     if (const char* v = std::getenv("NF4FLASH_GEMV_MAX_ROWS")) gemv_max_rows_ = std::clamp(std::atoi(v), 0, 256);
     if (const char* v = std::getenv("NF4FLASH_DEQUANT_CHUNK_MB"))
@@ -520,13 +519,41 @@ class CudaBackend : public Backend {
   }
 
   // ---- sampling ----
+  // Every parameter set runs on the device (kernels/sample.cuh, kernels/sample_topk.cuh); only the
+  // history ids go up (when the penalty is on) and the 4-byte id comes back.
   bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history, float uniform,
               int32_t* out_id_host) override {
-    if (!p.greedy()) return false;  // temperature/top-k/top-p/min-p: host sampling for now
     NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == 1, "sample: logits must be F32 [1, vocab]");
-    int32_t* dev_id = reinterpret_cast<int32_t*>(static_cast<char*>(sample_scratch_->data()) + 2 * kArgmaxBlocks * 4);
-    cuda::argmax(static_cast<const float*>(logits.data), logits.cols, history, n_history, p.repeat_penalty,
-                 sample_scratch_->data(), dev_id, stream_);
+    NF4FLASH_CHECK(!capturing_, "sample: not capturable (it synchronizes to return the id)");
+    cuda::SampleArgs a;
+    a.logits = static_cast<const float*>(logits.data);
+    a.vocab = logits.cols;
+    a.temperature = p.temperature;
+    a.top_k = p.top_k;
+    a.top_p = p.top_p;
+    a.min_p = p.min_p;
+    a.repeat_penalty = p.repeat_penalty;
+    a.uniform = p.greedy() ? 0.0f : uniform;
+    const size_t ws = cuda::sample_workspace_bytes(a.vocab);
+    if (!sample_scratch_ || sample_scratch_->bytes() < ws) {
+      sample_scratch_.reset();
+      sample_scratch_ = std::make_unique<CudaBuffer>(ws);
+      CUDA_CHECK(cudaMemsetAsync(sample_scratch_->data(), 0, ws, stream_));  // the history marks start at zero
+    }
+    a.workspace = sample_scratch_->data();
+    a.workspace_bytes = sample_scratch_->bytes();
+    if (p.repeat_penalty != 1.0f && n_history > 0 && history) {
+      const size_t hb = size_t(n_history) * sizeof(int32_t);
+      if (!sample_hist_ || sample_hist_->bytes() < hb) {
+        sync();  // the previous history may still be read
+        sample_hist_.reset();
+        sample_hist_ = std::make_unique<CudaBuffer>(std::max<size_t>(hb * 2, 4096));
+      }
+      CUDA_CHECK(cudaMemcpyAsync(sample_hist_->data(), history, hb, cudaMemcpyHostToDevice, stream_));
+      a.history = static_cast<const int32_t*>(sample_hist_->data());
+      a.n_history = n_history;
+    }
+    const int32_t* dev_id = cuda::sample(a, stream_);
     CUDA_CHECK(cudaMemcpyAsync(host_id_, dev_id, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     *out_id_host = *host_id_;
@@ -699,6 +726,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
+  std::unique_ptr<CudaBuffer> sample_hist_;  // device copy of the sampling history (grown as needed)
   int32_t* host_id_ = nullptr;
   KVCacheDesc kv_;
   std::vector<cudaGraphExec_t> graphs_;

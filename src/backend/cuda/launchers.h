@@ -283,4 +283,23 @@ constexpr int kArgmaxBlocks = 256;
 void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_history,
             float repeat_penalty, void* scratch, int32_t* out_id, cudaStream_t st);
 
+// The next token from logits [vocab] (F32) as sample_with_uniform() picks it on the host
+// (sampling/sampler.h): repetition penalty over the history ids, temperature (<= 0: greedy),
+// top-k, top-p, min-p, then the draw with `uniform`. Kernels: kernels/sample_topk.cuh.
+struct SampleArgs {
+  const float* logits = nullptr;     // [vocab] F32, device
+  int64_t vocab = 0;                 // 1 .. kSampleMaxVocab
+  const int32_t* history = nullptr;  // [n_history] ids, device (used when repeat_penalty != 1)
+  int n_history = 0;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, repeat_penalty = 1.0f;
+  int top_k = 0;
+  float uniform = 0.0f;              // in [0, 1)
+  void* workspace = nullptr;         // sample_workspace_bytes(vocab) bytes, zero-filled once when allocated
+  size_t workspace_bytes = 0;
+};
+constexpr int64_t kSampleMaxVocab = int64_t(1) << 24;
+size_t sample_workspace_bytes(int64_t vocab);
+// Enqueues the sampling kernels; returns the device address of the chosen id (in the workspace).
+const int32_t* sample(const SampleArgs& a, cudaStream_t st);
+
 }  // namespace nf4flash::cuda
