@@ -216,12 +216,13 @@ bool gemv_q4_stream_all() { return gemv_q4_mode() == "stream" && gemv_q4_stream_
 
 int64_t gemv_q4_stream_partials_floats() { return int64_t(std::max(stream_grid(true), stream_grid(false))) * 2 * 256; }
 
-void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
-  NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, "gemv_q4_multi: T=", g.T, " outside 1..", kGemvMaxRows);
-  NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kQsMaxSegs, "gemv_q4_multi: ", g.nseg, " segments");
-  NF4FLASH_CHECK(gemv_q4_stream_enabled(), "gemv_q4_multi: the stream kernel needs sm_90");
+// The fields the stream-K and in-order kernels share (segments, units, quantization
+// parameters, epilogue), checked: every segment like segment 0; SwiGLU = gate and up of equal rows.
+template <typename K>
+void fill_multi_args(const GemvQ4MultiArgs& g, K& k, const char* who) {
+  NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, who, ": T=", g.T, " outside 1..", kGemvMaxRows);
+  NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kQsMaxSegs, who, ": ", g.nseg, " segments");
   const Q4Device& w0 = *g.w[0];
-  Q4StreamKArgs k{};
   for (int i = 0; i < 16; ++i) k.code[i] = w0.code[i];
   k.nested_code = w0.nested_code;
   k.cols = w0.cols;
@@ -233,15 +234,15 @@ void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
   k.ep = int(g.ep);
   k.x = g.x;
   k.out_f32 = g.out_dtype == DType::F32;
-  NF4FLASH_CHECK(!k.out_f32 || g.ep == GemvEpilogue::Store, "gemv_q4_multi: f32 output only with a plain store");
-  NF4FLASH_CHECK(g.ep != GemvEpilogue::SwiGLU || g.nseg == 2, "gemv_q4_multi: SwiGLU takes gate and up");
-  NF4FLASH_CHECK(g.ep != GemvEpilogue::Residual || g.nseg == 1, "gemv_q4_multi: residual takes one weight");
+  NF4FLASH_CHECK(!k.out_f32 || g.ep == GemvEpilogue::Store, who, ": f32 output only with a plain store");
+  NF4FLASH_CHECK(g.ep != GemvEpilogue::SwiGLU || g.nseg == 2, who, ": SwiGLU takes gate and up");
+  NF4FLASH_CHECK(g.ep != GemvEpilogue::Residual || g.nseg == 1, who, ": residual takes one weight");
   int64_t units = 0;
   for (int s = 0; s < g.nseg; ++s) {
     const Q4Device& w = *g.w[s];
     NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
                        w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
-                   "gemv_q4_multi: segment ", s, " differs in shape or quantization from segment 0");
+                   who, ": segment ", s, " differs in shape or quantization from segment 0");
     Q4StreamSeg& q = k.seg[s];
     q.tiles = w.tiles;
     q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
@@ -255,13 +256,21 @@ void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
     k.unit_end[s] = units;
   }
   if (g.ep == GemvEpilogue::SwiGLU) {
-    NF4FLASH_CHECK(g.w[1]->rows == w0.rows, "gemv_q4_multi: gate and up differ in rows");
+    NF4FLASH_CHECK(g.w[1]->rows == w0.rows, who, ": gate and up differ in rows");
     k.nsub = 2;
     units = w0.RT;
   } else {
     k.nsub = 1;
   }
   k.units = units;
+}
+
+void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
+  NF4FLASH_CHECK(gemv_q4_stream_enabled(), "gemv_q4_multi: the stream kernel needs sm_90");
+  Q4StreamKArgs k{};
+  fill_multi_args(g, k, "gemv_q4_multi");
+  const Q4Device& w0 = *g.w[0];
+  const int64_t units = k.units;
   k.N = units * k.nsub * k.KT;
   NF4FLASH_CHECK(units <= g.counters_len, "gemv_q4_multi: ", units, " row tiles exceed the ", g.counters_len,
                  " stream-K counters");
@@ -327,51 +336,10 @@ void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
 }  // namespace
 
 void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
-  NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, "gemv_q4_seq: T=", g.T, " outside 1..", kGemvMaxRows);
-  NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kQsMaxSegs, "gemv_q4_seq: ", g.nseg, " segments");
-  const Q4Device& w0 = *g.w[0];
   Q4SeqArgs k{};
-  for (int i = 0; i < 16; ++i) k.code[i] = w0.code[i];
-  k.nested_code = w0.nested_code;
-  k.cols = w0.cols;
-  k.KT = w0.KT;
-  k.log2_blocksize = w0.log2_blocksize;
-  k.log2_nested = w0.log2_nested;
-  k.nseg = g.nseg;
-  k.T = g.T;
-  k.ep = int(g.ep);
-  k.x = g.x;
+  fill_multi_args(g, k, "gemv_q4_seq");
   k.pf = g.l2pf;
-  k.out_f32 = g.out_dtype == DType::F32;
-  NF4FLASH_CHECK(!k.out_f32 || g.ep == GemvEpilogue::Store, "gemv_q4_seq: f32 output only with a plain store");
-  NF4FLASH_CHECK(g.ep != GemvEpilogue::SwiGLU || g.nseg == 2, "gemv_q4_seq: SwiGLU takes gate and up");
-  NF4FLASH_CHECK(g.ep != GemvEpilogue::Residual || g.nseg == 1, "gemv_q4_seq: residual takes one weight");
-  int64_t units = 0;
-  for (int s = 0; s < g.nseg; ++s) {
-    const Q4Device& w = *g.w[s];
-    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
-                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
-                   "gemv_q4_seq: segment ", s, " differs in shape or quantization from segment 0");
-    Q4StreamSeg& q = k.seg[s];
-    q.tiles = w.tiles;
-    q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
-    q.nested_absmax = w.nested_absmax;
-    q.offset = w.offset;
-    q.bias = g.bias[s];
-    q.out = g.out[s];
-    q.rows = w.rows;
-    q.RT = w.RT;
-    units += w.RT;
-    k.unit_end[s] = units;
-  }
-  if (g.ep == GemvEpilogue::SwiGLU) {
-    NF4FLASH_CHECK(g.w[1]->rows == w0.rows, "gemv_q4_seq: gate and up differ in rows");
-    k.nsub = 2;
-    units = w0.RT;
-  } else {
-    k.nsub = 1;
-  }
-  k.units = units;
+  const Q4Device& w0 = *g.w[0];
   if (g.act == DType::BF16) {
     if (w0.double_quant) launch_seq<__nv_bfloat16, true>(k, st);
     else launch_seq<__nv_bfloat16, false>(k, st);

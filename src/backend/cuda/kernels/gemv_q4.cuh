@@ -112,6 +112,25 @@ __device__ __forceinline__ void q4_finish_row_tile(float (&red)[W][16][8], const
   __syncthreads();
 }
 
+// Epilogue stores of the fused GEMVs (stream-K and in-order kernels), element o of an output:
+// SwiGLU from the gate and up values already rounded to the compute dtype; a plain result y as f32,
+// as the compute dtype, or added to the residual there (rounded first: the unfused result).
+template <typename TA>
+__device__ __forceinline__ void q4_store_swiglu(void* out, int64_t o, float gv, float uv) {
+  static_cast<TA*>(out)[o] = from_f32<TA>(gv / (1.f + __expf(-gv)) * uv);
+}
+template <typename TA>
+__device__ __forceinline__ void q4_store_y(void* out, int64_t o, float y, int out_f32, bool residual) {
+  if (out_f32) {
+    static_cast<float*>(out)[o] = y;
+  } else if (residual) {
+    TA* p = static_cast<TA*>(out) + o;
+    *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(y)));
+  } else {
+    static_cast<TA*>(out)[o] = from_f32<TA>(y);
+  }
+}
+
 struct Q4KernelArgs {
   Q4Device w;
   const void* x;

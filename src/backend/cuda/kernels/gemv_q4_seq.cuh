@@ -72,19 +72,10 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
         if (sub == 0) {
           gate_v[tid] = yr;
         } else {
-          const float gv = gate_v[tid];
-          static_cast<TA*>(a.seg[0].out)[int64_t(n) * sg.rows + row] = from_f32<TA>(gv / (1.f + __expf(-gv)) * yr);
+          q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[tid], yr);
         }
       } else {
-        const int64_t o = int64_t(n) * sg.rows + row;
-        if (a.out_f32) {
-          static_cast<float*>(sg.out)[o] = y;
-        } else if (a.ep == int(GemvEpilogue::Residual)) {
-          TA* p = static_cast<TA*>(sg.out) + o;
-          *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(y)));
-        } else {
-          static_cast<TA*>(sg.out)[o] = from_f32<TA>(y);
-        }
+        q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
       }
     }
   }

@@ -343,17 +343,10 @@ __global__ void __launch_bounds__(W * 32, BULK ? 1 : 2) gemv_q4_stream_kernel(co
             const Q4StreamSeg& up = a.seg[1];
             const float gv = to_f32<TA>(from_f32<TA>(vals[tid] + (sg0.bias ? sg0.bias[row] : 0.f)));
             const float uv = to_f32<TA>(from_f32<TA>(vals[128 + tid] + (up.bias ? up.bias[row] : 0.f)));
-            static_cast<TA*>(sg0.out)[o] = from_f32<TA>(gv / (1.f + __expf(-gv)) * uv);
+            q4_store_swiglu<TA>(sg0.out, o, gv, uv);
           } else {
             const float y = vals[tid] + (sg0.bias ? sg0.bias[row] : 0.f);
-            if (a.out_f32) {
-              static_cast<float*>(sg0.out)[o] = y;
-            } else if (a.ep == int(GemvEpilogue::Residual)) {
-              TA* p = static_cast<TA*>(sg0.out) + o;
-              *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(y)));
-            } else {
-              static_cast<TA*>(sg0.out)[o] = from_f32<TA>(y);
-            }
+            q4_store_y<TA>(sg0.out, o, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
           }
         }
       }
