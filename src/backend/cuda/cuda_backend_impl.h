@@ -535,10 +535,14 @@ class CudaBackend : public Backend {
     a.repeat_penalty = p.repeat_penalty;
     a.uniform = p.greedy() ? 0.0f : uniform;
     const size_t ws = cuda::sample_workspace_bytes(a.vocab);
-    if (!sample_scratch_ || sample_scratch_->bytes() < ws) {
-      sample_scratch_.reset();
-      sample_scratch_ = std::make_unique<CudaBuffer>(ws);
-      CUDA_CHECK(cudaMemsetAsync(sample_scratch_->data(), 0, ws, stream_));  // the history marks start at zero
+    if (!sample_scratch_ || sample_scratch_->bytes() < ws || sample_vocab_ != a.vocab) {
+      if (!sample_scratch_ || sample_scratch_->bytes() < ws) {
+        sample_scratch_.reset();
+        sample_scratch_ = std::make_unique<CudaBuffer>(ws);
+      }
+      // the history marks start at zero; their place depends on the vocabulary (the layout)
+      CUDA_CHECK(cudaMemsetAsync(sample_scratch_->data(), 0, sample_scratch_->bytes(), stream_));
+      sample_vocab_ = a.vocab;
     }
     a.workspace = sample_scratch_->data();
     a.workspace_bytes = sample_scratch_->bytes();
@@ -726,7 +730,8 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
-  std::unique_ptr<CudaBuffer> sample_hist_;  // device copy of the sampling history (grown as needed)
+  std::unique_ptr<CudaBuffer> sample_hist_;
+  int64_t sample_vocab_ = -1;  // the vocabulary the sampling workspace is laid out for  // device copy of the sampling history (grown as needed)
   int32_t* host_id_ = nullptr;
   KVCacheDesc kv_;
   std::vector<cudaGraphExec_t> graphs_;

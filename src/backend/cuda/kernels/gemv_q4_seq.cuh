@@ -84,8 +84,10 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
 
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
 // unless m1. Register use (sm_90, bf16, dq, x staged): w8u2d4 113, w8u4d3 128, no spills;
-// w16u2d2 (the register kernel's shape) 64 with ~260 bytes spilled.
-constexpr const char* kSeqDefaultCfg = "w8u2d4";
+// w16u2d2 (the register kernel's shape) 64 with ~260 bytes spilled. H200, 2026-12-03 (decode
+// @512 / @32768 tok/s; one layer's GEMVs): w8u4d3 316.3 / 207.0, 71.0 us; w16u4d3m1 302.8 / 200.6,
+// 76.8 us; w8u2d4 283.0 / 190.7, 84.7 us; w16u2d2 224.2 / 160.8, 113.2 us.
+constexpr const char* kSeqDefaultCfg = "w8u4d3";
 constexpr const char* kSeqCfgNames = "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1";
 
 // XS: x staged in shared memory (a.x_stride > 0), else read from global. W warps, U tiles per warp
