@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/attn_eager.h"
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/l2_prefetch_plan.h"
 #include "backend/cuda/launchers.h"
 #include "io/safetensors.h"
 
@@ -495,7 +496,7 @@ class CudaBackend : public Backend {
   bool graphs_supported() const override { return true; }
   void capture_begin() override {
     NF4FLASH_CHECK(!capturing_, "capture_begin: already capturing");
-    pf_begin();
+    pf_.begin(props_.l2CacheSize, props_.major);
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     capturing_ = true;
   }
@@ -508,11 +509,9 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
     CUDA_CHECK(cudaGraphDestroy(g));
     graphs_.push_back(e);
-    pf_end();
+    pf_.end();
     return int(graphs_.size()) - 1;
   }
-  // The L2 prefetch distance of captured steps in bytes (0: off).
-  int64_t l2_prefetch_bytes() const { return pf_dist_; }
   void replay(int id) override {
     NF4FLASH_CHECK(id >= 0 && size_t(id) < graphs_.size(), "replay: unknown graph ", id);
     CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(id)], stream_));
@@ -736,76 +735,10 @@ class CudaBackend : public Backend {
   KVCacheDesc kv_;
   std::vector<cudaGraphExec_t> graphs_;
   bool capturing_ = false;
-  // ---- L2 prefetch plan of captured steps (kernels/l2_prefetch.cuh) ----
-  // While a step is captured, every in-order GEMV launch registers its weights (pf_register); at
-  // capture end their virtual-stream offsets are laid out in launch order and the table uploaded
-  // (one table per graph, alive with it). NF4FLASH_L2_PREFETCH_MB sets the distance (0: off).
-  static constexpr int64_t kPfCap = 4096;
-  int64_t pf_dist_ = 0;
-  bool pf_recording_ = false;
-  std::vector<cuda::L2PfLaunch> pf_plan_;
-  std::unique_ptr<CudaBuffer> pf_buf_;
-  std::vector<std::unique_ptr<CudaBuffer>> pf_tables_;
-  void pf_begin() {
-    pf_dist_ = default_l2_prefetch_bytes();
-    if (const char* v = std::getenv("NF4FLASH_L2_PREFETCH_MB"); v && *v) pf_dist_ = int64_t(std::clamp(std::atoi(v), 0, 4096)) << 20;
-    pf_dist_ = std::min<int64_t>(pf_dist_, int64_t(props_.l2CacheSize) * 3 / 4);
-    pf_recording_ = pf_dist_ > 0 && props_.major >= 9;
-    pf_plan_.clear();
-    if (!pf_recording_) return;
-    const size_t bytes = size_t(kPfCap + cuda::kPfLookHost) * sizeof(cuda::L2PfLaunch);
-    pf_buf_ = std::make_unique<CudaBuffer>(bytes);
-    CUDA_CHECK(cudaMemset(pf_buf_->data(), 0, bytes));
-  }
-  void pf_end() {
-    if (!pf_recording_) return;
-    pf_recording_ = false;
-    int64_t v = 0;
-    for (cuda::L2PfLaunch& d : pf_plan_) {
-      d.vstart = v;
-      d.dist = pf_dist_;
-      v += d.vlen;
-    }
-    if (!pf_plan_.empty())
-      CUDA_CHECK(cudaMemcpy(pf_buf_->data(), pf_plan_.data(), pf_plan_.size() * sizeof(cuda::L2PfLaunch),
-                            cudaMemcpyHostToDevice));
-    pf_tables_.push_back(std::move(pf_buf_));
-  }
-  // This launch's descriptor in the table being recorded, or null (not capturing, off, full).
-  const cuda::L2PfLaunch* pf_register(const cuda::L2PfLaunch& d) {
-    if (!pf_recording_ || int64_t(pf_plan_.size()) >= kPfCap || d.vlen <= 0) return nullptr;
-    pf_plan_.push_back(d);
-    return static_cast<const cuda::L2PfLaunch*>(pf_buf_->data()) + (pf_plan_.size() - 1);
-  }
-  // Off by default: measured on the H200 (2026-12-03, docs/performance.md "Seventh session"), the
-  // prefetch slowed decode @512 from 313 to 252-264 tok/s at 12-40 MiB (the GEMVs are not bound by
-  // HBM: from L2 they run within 1-11% of their HBM time).
-  static int64_t default_l2_prefetch_bytes() { return 0; }
-  // The descriptor of an in-order GEMV launch: one group per segment (its tiles and absmax), or
-  // for SwiGLU one group of gate and up consumed together.
-  static cuda::L2PfLaunch pf_desc(const GemvQ4MultiArgs& a) {
-    cuda::L2PfLaunch d;
-    auto add = [](cuda::L2PfGroup& g, const void* p, int64_t len) {
-      g.r[g.nr].ptr = static_cast<const uint8_t*>(p);
-      g.r[g.nr].len = len & ~int64_t(15);
-      g.vlen += g.r[g.nr].len;
-      ++g.nr;
-    };
-    const bool swiglu = a.ep == GemvEpilogue::SwiGLU;
-    for (int s = 0; s < a.nseg; ++s) {
-      const cuda::Q4Device& w = *a.w[s];
-      cuda::L2PfGroup& g = d.g[swiglu ? 0 : s];
-      add(g, w.tiles, w.RT * w.KT * 512);
-      if (w.double_quant) add(g, w.absq_tiled, w.RT * w.KT * 16);
-      else add(g, w.absmax_tiled, w.RT * w.KT * 64);
-    }
-    d.ng = swiglu ? 1 : a.nseg;
-    for (int i = 0; i < d.ng; ++i) d.vlen += d.g[i].vlen;
-    return d;
-  }
+  L2PrefetchPlan pf_;  // the L2 weight prefetch of captured steps (l2_prefetch_plan.h)
   // The in-order GEMV (kernels/gemv_q4_seq.cuh), with its prefetch descriptor while capturing.
   void seq_gemv(GemvQ4MultiArgs& a) {
-    a.l2pf = pf_register(pf_desc(a));
+    a.l2pf = pf_.add(L2PrefetchPlan::q4_desc(a));
     gemv_q4_seq(a, stream_);
   }
   // The 4-bit weight when `rows` rows take the in-order GEMV, else null.

@@ -103,12 +103,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
     a.bias = b;
     a.out = out.data;
     a.out_dtype = out.dtype;
-    cuda::L2PfLaunch d;
-    d.ng = 1;
-    d.g[0].nr = 1;
-    d.g[0].r[0] = {static_cast<const uint8_t*>(a.w), (a.N * a.K * int64_t(dtype_size(a.w_dtype))) & ~int64_t(15)};
-    d.vlen = d.g[0].vlen = d.g[0].r[0].len;
-    a.l2pf = pf_register(d);
+    a.l2pf = pf_.add(L2PrefetchPlan::dense_desc(a.w, a.N * a.K * int64_t(dtype_size(a.w_dtype))));
     gemv_dense(a, stream_);
     return;
   }
@@ -240,9 +235,10 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
     const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
     if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
+    const int64_t pf_mib = L2PrefetchPlan::configured_bytes(props_.l2CacheSize) >> 20;
     if (seq_q4(w, rows))
       return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),
-                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused", pf_dist_ > 0 ? cat("; captured steps prefetch ", pf_dist_ >> 20, " MiB ahead into L2") : std::string(), ")");
+                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused", pf_mib > 0 ? cat("; captured steps prefetch ", pf_mib, " MiB ahead into L2") : std::string(), ")");
     if (stream_q4(w, rows, true))
       return cat("gemv_q4 stream-K fused ", qn, " (tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused)");

@@ -99,24 +99,22 @@ __device__ __forceinline__ unsigned long long skey(float s, int i) {
 __device__ __forceinline__ int key_id(unsigned long long k) { return int(~static_cast<uint32_t>(k)); }
 __device__ __forceinline__ double wfun(float s, float mx) { return s == mx ? 1.0 : exp(double(__fsub_rn(s, mx))); }
 
-__device__ __forceinline__ uint32_t grp_min(unsigned peers, uint32_t v) {
+// Min (MAX = false) or max over the lanes in `peers` (a match_any group), the same on each of them.
+template <bool MAX>
+__device__ __forceinline__ uint32_t grp_reduce(unsigned peers, uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_min_sync(peers, v);
+  return MAX ? __reduce_max_sync(peers, v) : __reduce_min_sync(peers, v);
 #else
   uint32_t r = v;
-  for (unsigned p = peers; p; p &= p - 1) r = min(r, __shfl_sync(peers, v, __ffs(p) - 1));
+  for (unsigned p = peers; p; p &= p - 1) {
+    const uint32_t o = __shfl_sync(peers, v, __ffs(p) - 1);
+    r = MAX ? max(r, o) : min(r, o);
+  }
   return r;
 #endif
 }
-__device__ __forceinline__ uint32_t grp_max(unsigned peers, uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_max_sync(peers, v);
-#else
-  uint32_t r = v;
-  for (unsigned p = peers; p; p &= p - 1) r = max(r, __shfl_sync(peers, v, __ffs(p) - 1));
-  return r;
-#endif
-}
+__device__ __forceinline__ uint32_t grp_min(unsigned peers, uint32_t v) { return grp_reduce<false>(peers, v); }
+__device__ __forceinline__ uint32_t grp_max(unsigned peers, uint32_t v) { return grp_reduce<true>(peers, v); }
 // Sum over the warp, the same value on every lane (lane 0's butterfly result): fixed order.
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
