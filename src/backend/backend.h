@@ -179,6 +179,22 @@ class Backend {
     linear(x, up, bu, out);
     silu_mul(g_tmp, out, out);
   }
+  // The decode-step fusions of the norm into the next linear: outs = linear_multi(rms_norm(x)) and
+  // out = linear_swiglu(rms_norm(x)); xn: scratch of x's shape for the normalized rows (a backend
+  // that folds the norm into the GEMV leaves it unwritten). Results are those of the unfused ops.
+  virtual void rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) {
+    rms_norm(x, norm_w, eps, xn);
+    linear_multi(xn, outs, n);
+  }
+  virtual void rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps, Act xn, const Weight& gate,
+                                      const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp, Act out) {
+    rms_norm(x, norm_w, eps, xn);
+    linear_swiglu(xn, gate, bg, up, bu, g_tmp, out);
+  }
+  // Whether rms_norm_*_linear_* with weight w at `rows` rows runs as one fused launch (and
+  // linear_residual fuses its add): the decoder then orders a layer as norm+linear, residual-adding
+  // linears; otherwise as add_rms_norm + linear (one pass for the add and the next norm).
+  virtual bool fuses_norm_linear(const Weight& w, int64_t rows) const { return false; }
   // rope(q, k) then kv_write(layer, k, v).
   virtual void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) {
     rope(q, k, p, s);

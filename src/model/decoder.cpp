@@ -151,30 +151,46 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   Act g = b_gate_->as_act(adt, T, I), u = b_up_->as_act(adt, T, I);
   const float eps = static_cast<float>(cfg_.rms_eps);
 
-  // Each sublayer's output o is added to the residual x by the next norm (add_rms_norm: one pass).
+  // Two orders of the same arithmetic. Prompts (and backends without the fusion): each sublayer's
+  // output o is added to the residual x by the next norm (add_rms_norm: one pass). Decode steps
+  // where the backend folds the norm into the GEMV (fuses_norm_linear): the o and down GEMVs add
+  // their output to x in their epilogue and the next GEMV normalizes x in its prologue, two
+  // launches per layer fewer.
+  const bool fused = be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
   be_.embed(*embed_, ids, x);
   for (int i = 0; i < cfg_.n_layers; ++i) {
     const LayerWeights& L = layers_[i];
-    if (i == 0) be_.rms_norm(x, *L.attn_norm, eps, xn);
-    else be_.add_rms_norm(x, o, *L.attn_norm, eps, xn);
     const Backend::LinearOut qkv[3] = {{L.wq.get(), L.bq.get(), q}, {L.wk.get(), L.bk.get(), k},
                                        {L.wv.get(), L.bv.get(), v}};
-    be_.linear_multi(xn, qkv, 3);
+    if (fused) {
+      be_.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);
+    } else {
+      if (i == 0) be_.rms_norm(x, *L.attn_norm, eps, xn);
+      else be_.add_rms_norm(x, o, *L.attn_norm, eps, xn);
+      be_.linear_multi(xn, qkv, 3);
+    }
     if (arch_.qk_norm) {
       be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
       be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
     }
     be_.rope_kv_write(i, q, k, v, rope_, s);
     be_.attention(i, q, att, attn_, s);
-    be_.linear(att, *L.wo, L.bo.get(), o);
-    be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
-    be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
-    be_.linear(u, *L.down, L.b_down.get(), o);
+    if (fused) {
+      be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
+      be_.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+      be_.linear_residual(u, *L.down, L.b_down.get(), o, x);
+    } else {
+      be_.linear(att, *L.wo, L.bo.get(), o);
+      be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
+      be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+      be_.linear(u, *L.down, L.b_down.get(), o);
+    }
   }
   // only the rows that give logits need the last residual add and the final norm
   Act last = x.slice_rows(T - n_logits, n_logits);
   Act last_n = xn.slice_rows(0, n_logits);
-  be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
+  if (fused) be_.rms_norm(last, *final_norm_, eps, last_n);
+  else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
   be_.linear(last_n, lm_head(), nullptr, logits);
 }
 

@@ -152,17 +152,83 @@ TEST(CudaFused, LinearSwiGLU) {
   }
 }
 
-// Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG) on the fused forms: units
-// crossing items and blocks, batches that run past the last column tile, several units per block.
+// The norm folded into the decode GEMV (rms_norm_linear_multi / rms_norm_linear_swiglu, the lean
+// in-order kernel's prologue): bit for bit what rms_norm + linear_multi / linear_swiglu give on the
+// GPU (the prologue repeats rms_norm's summation order), close to the CPU; with a configuration
+// that cannot fuse (the previous in-order kernel), the same numbers through the unfused ops.
+void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t T, int64_t I, bool lean) {
+  Backends b(dt);
+  std::vector<QW> ws;
+  for (size_t i = 0; i < N.size(); ++i) ws.push_back(make_q4(b, dt, QuantType::NF4, true, N[i], K, i == 1));
+  QW g = make_q4(b, dt, QuantType::NF4, true, I, K, false), u = make_q4(b, dt, QuantType::NF4, true, I, K, true);
+  auto X = rounded(randn(size_t(T * K), 3.f), dt);
+  auto Wn = randn(size_t(K), 1.f);
+  auto nc = b.cpu->upload_dense(f32_tensor(Wn, {K}), DType::F32);
+  auto ng = b.gpu->upload_dense(f32_tensor(Wn, {K}), dt);
+  DevAct xc(*b.cpu, T, K), xg(*b.gpu, T, K), xnc(*b.cpu, T, K), xng(*b.gpu, T, K);
+  xc.set(X);
+  xg.set(X);
+  const float eps = 1e-5f;
+  auto outs_of = [&](Backend& be, std::vector<std::unique_ptr<DevAct>>& ys, bool cpu) {
+    std::vector<Backend::LinearOut> o;
+    for (auto& w : ws) {
+      ys.push_back(std::make_unique<DevAct>(be, T, w.N));
+      ys.back()->poison();
+      o.push_back({cpu ? w.cpu.get() : w.gpu.get(), cpu ? w.bcpu.get() : w.bgpu.get(), ys.back()->act});
+    }
+    return o;
+  };
+  std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
+  auto of = outs_of(*b.gpu, yf, false), ou = outs_of(*b.gpu, yu, false), oc = outs_of(*b.cpu, yc, true);
+  EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), lean && T * (2 * K + 16) <= 38 * 1024) << "K=" << K << " T=" << T;
+  b.gpu->rms_norm_linear_multi(xg.act, *ng, eps, xng.act, of.data(), int(of.size()));
+  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
+  b.gpu->linear_multi(xng.act, ou.data(), int(ou.size()));
+  b.cpu->rms_norm_linear_multi(xc.act, *nc, eps, xnc.act, oc.data(), int(oc.size()));
+  for (size_t i = 0; i < ws.size(); ++i) {
+    EXPECT_EQ(yf[i]->get(), yu[i]->get()) << "rms_norm_linear_multi seg " << i << " K=" << K << " T=" << T;
+    EXPECT_LT(rel_err(yf[i]->get(), yc[i]->get()), 5e-3) << "seg " << i << " K=" << K << " T=" << T;
+  }
+  DevAct gtc(*b.cpu, T, I), gtg(*b.gpu, T, I), oc2(*b.cpu, T, I), of2(*b.gpu, T, I), ou2(*b.gpu, T, I);
+  of2.poison();
+  b.gpu->rms_norm_linear_swiglu(xg.act, *ng, eps, xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, of2.act);
+  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
+  b.gpu->linear_swiglu(xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, ou2.act);
+  b.cpu->rms_norm_linear_swiglu(xc.act, *nc, eps, xnc.act, *g.cpu, nullptr, *u.cpu, u.bcpu.get(), gtc.act, oc2.act);
+  EXPECT_EQ(of2.get(), ou2.get()) << "rms_norm_linear_swiglu K=" << K << " T=" << T;
+  EXPECT_LT(rel_err(of2.get(), oc2.get()), 1e-2) << "rms_norm_linear_swiglu K=" << K << " T=" << T;
+}
+
+TEST(CudaFused, NormLinear) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (const char* cfg : {"", "a8u4d3", "w8u4d3"}) {  // default (lean l8u4d3), lean async, not fusable
+    if (*cfg) setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
+    SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
+    const bool lean = std::string(cfg) != "w8u4d3";
+    for (DType dt : {DType::BF16, DType::F16}) {
+      run_norm_linear(dt, 4096, {1024, 256, 256}, 1, 2048, lean);
+      run_norm_linear(dt, 1024, {320, 64, 64}, 3, 1000, lean);
+      run_norm_linear(dt, 4096, {512}, 5, 64, lean);  // x of 5 tokens does not fit: the unfused ops
+    }
+    unsetenv("NF4FLASH_GEMV_SEQ_CFG");
+  }
+}
+
+// Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG; l.../a...: the lean kernel) on
+// the fused forms: units crossing items and blocks, batches that run past the last column tile
+// (K = 3072, 192, 512: KT not a multiple of the batch), several units per block, T = 1..5, and
+// x too large for shared memory (T = 8, K = 14336: the lean names fall back to the in-order kernel).
 TEST(CudaFused, SeqGemvConfigs) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* cfg : {"w8u2d4", "w8u4d3", "w16u2d2", "w16u2d4m1", "w16u4d3m1"}) {
+  for (const char* cfg : {"w8u2d4", "w8u4d3", "w16u2d2", "w16u2d4m1", "w16u4d3m1", "l8u4d3", "a8u4d3", "a8u4d4",
+                          "a16u4d3m1"}) {
     setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
     SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
     for (DType dt : {DType::BF16, DType::F16}) {
       for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 1},
                                  MultiCase{QuantType::FP4, false, 3072, {2050, 512, 512}, 5},
-                                 MultiCase{QuantType::NF4, true, 192, {40000}, 2}})
+                                 MultiCase{QuantType::NF4, true, 192, {40000}, 2},
+                                 MultiCase{QuantType::NF4, true, 14336, {200}, 8}})
         run_multi(dt, c);
       run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, true);
       run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);

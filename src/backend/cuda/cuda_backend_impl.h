@@ -370,6 +370,10 @@ class CudaBackend : public Backend {
   }
   void linear(Act x, const Weight& w, const Weight* bias, Act out) override;
   void linear_multi(Act x, const LinearOut* outs, int n) override;
+  void rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) override;
+  void rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps, Act xn, const Weight& gate, const Weight* bg,
+                              const Weight& up, const Weight* bu, Act g_tmp, Act out) override;
+  bool fuses_norm_linear(const Weight& w, int64_t rows) const override;
   void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) override;
   void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp,
                      Act out) override;

@@ -177,6 +177,55 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
   else gemv_q4_multi(a, stream_);
 }
 
+bool CudaBackend::fuses_norm_linear(const Weight& w, int64_t rows) const {
+  return seq_q4(w, rows) && gemv_q4_norm_fusable(rows, w.cols());
+}
+
+// q/k/v with the norm of x in the GEMV's prologue (the lean in-order kernel), when it applies;
+// else rms_norm into xn + linear_multi.
+void CudaBackend::rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) {
+  const CudaQ4* q[kQsMaxSegs] = {};
+  bool fuse = n >= 1 && n <= kQsMaxSegs && x.dtype == act_ && gemv_q4_norm_fusable(x.rows, x.cols);
+  for (int i = 0; fuse && i < n; ++i) {
+    q[i] = seq_q4(*outs[i].w, x.rows);
+    fuse = q[i] && outs[i].out.dtype == act_ && same_q4_params(*q[0], *q[i]);
+  }
+  if (!fuse) return Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.nseg = n;
+  for (int i = 0; i < n; ++i) {
+    check_linear(x, *outs[i].w, outs[i].out);
+    a.w[i] = &q[i]->dev;
+    a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
+    a.out[i] = outs[i].out.data;
+  }
+  a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
+  a.norm_eps = eps;
+  seq_gemv(a);
+}
+
+void CudaBackend::rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps, Act xn, const Weight& gate,
+                                         const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp, Act out) {
+  const CudaQ4* qg = seq_q4(gate, x.rows);
+  const CudaQ4* qu = seq_q4(up, x.rows);
+  if (!qg || !qu || x.dtype != act_ || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu) ||
+      !gemv_q4_norm_fusable(x.rows, x.cols))
+    return Backend::rms_norm_linear_swiglu(x, norm_w, eps, xn, gate, bg, up, bu, g_tmp, out);
+  check_linear(x, gate, out);
+  check_linear(x, up, out);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.ep = GemvEpilogue::SwiGLU;
+  a.nseg = 2;
+  a.w[0] = &qg->dev;
+  a.w[1] = &qu->dev;
+  a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+  a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+  a.out[0] = out.data;
+  a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
+  a.norm_eps = eps;
+  seq_gemv(a);
+}
+
 void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
   const CudaQ4* qs = seq_q4(w, x.rows);
   const CudaQ4* q = qs ? qs : stream_q4(w, x.rows, true);

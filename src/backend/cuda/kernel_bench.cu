@@ -502,15 +502,16 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // seq: the in-order kernel (x in shared memory); seq-xglobal: x read from global;
         // seq-pf24: with the L2 prefetch at 24 MiB (the next copy's bytes)
         // seq-<cfg>: the in-order kernel's other configurations (NF4FLASH_GEMV_SEQ_CFG)
-        for (const char* variant : {"seq", "seq-xglobal", "seq-pf24", "seq-w8u4d3", "seq-w16u2d2", "seq-w16u2d4m1",
-                                    "seq-w16u4d3m1", "stream", "regs"}) {
-          if (T != 1 && std::string(variant).rfind("seq-w", 0) == 0) continue;
+        // seq-l... / seq-a...: the lean kernel's configurations (gemv_q4_lean.cuh)
+        for (const char* variant : {"seq", "seq-w8u4d3", "seq-w16u4d3m1", "seq-l8u4d3", "seq-a8u4d3", "seq-a8u4d4",
+                                    "seq-a16u4d3m1", "regs"}) {
+          if (T != 1 && std::string(variant).rfind("seq-", 0) == 0 && std::string(variant) != "seq") continue;
           with_variant(variant);
           const std::string vn = variant;
           if (vn.rfind("seq", 0) == 0) setenv("NF4FLASH_GEMV_Q4", "seq", 1);
           if (vn == "seq-xglobal") setenv("NF4FLASH_GEMV_X_SMEM", "0", 1);
           if (vn == "seq-pf24") setenv("NF4FLASH_L2_PREFETCH_MB", "24", 1);
-          if (vn.rfind("seq-w", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", vn.c_str() + 4, 1);
+          if (vn.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", vn.c_str() + 4, 1);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
                                         o.reps, o.trials);
           const double bytes = double(ws[0]->resident_bytes()) + T * (s.cols + s.rows) * 2.0;
@@ -651,10 +652,11 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
       be->linear_residual(ua, *st.down, nullptr, oa, ra);
     };
-    for (const char* mode : {"seq", "seq-w8u4d3", "seq-w16u2d2", "seq-w16u2d4m1", "seq-w16u4d3m1", "streamk"}) {
+    for (const char* mode : {"seq", "seq-w8u4d3", "seq-w16u4d3m1", "seq-l8u4d3", "seq-a8u4d3", "seq-a8u4d4",
+                             "seq-a16u4d3m1", "streamk"}) {
       const std::string m = mode;
       setenv("NF4FLASH_GEMV_Q4", m.rfind("seq", 0) == 0 ? "seq" : mode, 1);
-      if (m.rfind("seq-w", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);
+      if (m.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);
       for (int mb : {0, 24}) {
         if (m != "seq" && mb != 0) continue;  // the prefetch with the default configuration only
         setenv("NF4FLASH_L2_PREFETCH_MB", std::to_string(mb).c_str(), 1);

@@ -92,6 +92,10 @@ struct GemvQ4MultiArgs {
   int* counters = nullptr;        // zeroed, >= units (sum of row tiles; SwiGLU: gate row tiles)
   int64_t counters_len = 0;
   const L2PfLaunch* l2pf = nullptr;  // gemv_q4_seq: this launch's prefetch descriptor or null
+  // gemv_q4_seq with gemv_q4_norm_fusable(T, cols): x is normalized first (rms_norm with this f32
+  // weight [cols], bit for bit what rms_norm gives); null: x is used as it is
+  const float* norm_w = nullptr;
+  float norm_eps = 0.f;
 };
 void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
 // The in-order GEMV over the same segments and epilogues (kernels/gemv_q4_seq.cuh): blocks take
@@ -99,7 +103,10 @@ void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
 // in flight, and prefetch the weights `dist` bytes ahead into L2 (a.l2pf). Any sm_80+ GPU; the
 // prefetch needs sm_90.
 void gemv_q4_seq(const GemvQ4MultiArgs& a, cudaStream_t st);
-std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
+std::string_view gemv_q4_seq_cfg();
+// Whether gemv_q4_seq can fold an rms_norm of its input into its prologue for T tokens of cols
+// columns (the lean kernel with 256-thread blocks, x staged in shared memory).
+bool gemv_q4_norm_fusable(int64_t T, int64_t cols);  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
 
 int64_t gemv_q4_stream_partials_floats();
 // Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected

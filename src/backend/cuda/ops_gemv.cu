@@ -325,7 +325,15 @@ void launch_seq_cfg(Q4SeqArgs& k, cudaStream_t st) {
 
 template <typename TA, bool DQ>
 void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
-  const std::string_view c = gemv_q4_seq_cfg();
+  std::string_view c = gemv_q4_seq_cfg();
+  if (c.size() > 1 && (c[0] == 'l' || c[0] == 'a')) {  // the lean kernel (ops_gemv_lean.cu)
+    if (gemv_q4_lean_applies(k)) {
+      if (gemv_q4_lean(k, c, std::is_same_v<TA, __nv_bfloat16>, DQ, st)) return;
+      fail("NF4FLASH_GEMV_SEQ_CFG=", c, ": no such configuration (", kSeqCfgNames, ")");
+    }
+    c = "w8u4d3";  // x does not fit in shared memory, or 32-bit offsets would overflow
+  }
+  NF4FLASH_CHECK(!k.norm_w, "gemv_q4_seq: a fused rms_norm needs the lean kernel (gemv_q4_norm_fusable)");
   if (c == "w8u2d4") launch_seq_cfg<TA, DQ, 8, 2, 4, 2>(k, st);
   else if (c == "w8u4d3") launch_seq_cfg<TA, DQ, 8, 4, 3, 2>(k, st);
   else if (c == "w16u2d2") launch_seq_cfg<TA, DQ, 16, 2, 2, 2>(k, st);
@@ -335,10 +343,26 @@ void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
 }
 }  // namespace
 
+bool gemv_q4_norm_fusable(int64_t T, int64_t cols) {
+  if (!gemv_q4_seq_enabled()) return false;
+  const char* off = std::getenv("NF4FLASH_FUSE_NORM");  // "0": the unfused order (comparison)
+  if (off && std::string_view(off) == "0") return false;
+  const std::string_view c = gemv_q4_seq_cfg();
+  // 256-thread lean configurations: the prologue repeats rms_norm_vec_kernel's summation order
+  if (c != "l8u4d3" && c != "a8u4d3" && c != "a8u4d4") return false;
+  return T >= 1 && T <= kGemvMaxRows && cols % 64 == 0 && cols / 8 <= 1024 && T * seq_x_stride(cols) <= 38 * 1024;
+}
+
 void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
   Q4SeqArgs k{};
   fill_multi_args(g, k, "gemv_q4_seq");
   k.pf = g.l2pf;
+  if (g.norm_w) {
+    NF4FLASH_CHECK(gemv_q4_norm_fusable(g.T, k.cols), "gemv_q4_seq: rms_norm cannot be fused here (T=", g.T,
+                   ", cols=", k.cols, ", configuration ", gemv_q4_seq_cfg(), ")");
+    k.norm_w = g.norm_w;
+    k.norm_eps = g.norm_eps;
+  }
   const Q4Device& w0 = *g.w[0];
   if (g.act == DType::BF16) {
     if (w0.double_quant) launch_seq<__nv_bfloat16, true>(k, st);

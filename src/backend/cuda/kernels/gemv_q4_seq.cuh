@@ -24,6 +24,8 @@
 // Prefetch (kernels/l2_prefetch.cuh): when a block starts loading unit u, thread 0 asks the L2 for
 // the unit's share of the virtual weight stream `dist` bytes ahead.
 #pragma once
+#include <string_view>
+
 #include "backend/cuda/kernels/gemv_q4.cuh"
 #include "backend/cuda/kernels/l2_prefetch.cuh"
 
@@ -40,6 +42,8 @@ struct Q4SeqArgs {
   const void* x;
   int x_stride;          // > 0: x staged in shared memory after the table, rows of x_stride bytes
   const L2PfLaunch* pf;  // null: no prefetch
+  const float* norm_w;   // lean kernel only: x = rms_norm(x) * norm_w first (f32 [cols]); null: none
+  float norm_eps;
 };
 
 // Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
@@ -83,12 +87,20 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
 }
 
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
-// unless m1. Register use (sm_90, bf16, dq, x staged): w8u2d4 113, w8u4d3 128, no spills;
-// w16u2d2 (the register kernel's shape) 64 with ~260 bytes spilled. H200, 2026-12-03 (decode
-// @512 / @32768 tok/s; one layer's GEMVs): w8u4d3 316.3 / 207.0, 71.0 us; w16u4d3m1 302.8 / 200.6,
-// 76.8 us; w8u2d4 283.0 / 190.7, 84.7 us; w16u2d2 224.2 / 160.8, 113.2 us.
-constexpr const char* kSeqDefaultCfg = "w8u4d3";
-constexpr const char* kSeqCfgNames = "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1";
+// unless m1; l... / a...: the lean kernel (gemv_q4_lean.cuh). Register use (sm_90, bf16, dq, x
+// staged): w8u2d4 113, w8u4d3 128, no spills; w16u2d2 64 with ~260 bytes spilled. H200,
+// 2026-12-03 (decode @512 tok/s; one layer's GEMVs): w8u4d3 316.3, 71.0 us; w16u4d3m1 302.8,
+// 76.8 us; w8u2d4 283.0, 84.7 us; w16u2d2 224.2, 113.2 us; lean l8u4d3 387.3, 54.0 us (the
+// default); lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0.
+constexpr const char* kSeqDefaultCfg = "l8u4d3";
+constexpr const char* kSeqCfgNames =
+    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, a8u4d4, a16u4d3m1";
+
+// The lean kernel (gemv_q4_lean.cuh, ops_gemv_lean.cu): whether it can serve these arguments (x
+// fits in shared memory, 32-bit offsets), and its launch for configuration names l... / a...
+// (false: no such name).
+bool gemv_q4_lean_applies(const Q4SeqArgs& k);
+bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st);
 
 // XS: x staged in shared memory (a.x_stride > 0), else read from global. W warps, U tiles per warp
 // per batch, D batches in flight per warp (a register ring: D-1 batches load while one is decoded),

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Profile one decode run of the llama3-8b preset (NF4-dq, bf16, flash, graphs) with Nsight Compute
+# on the GPU machine. Writes to $OUT (default build-gpu/out):
+#   ncu-times.csv   gpu__time_duration of every kernel (prefill to ctx 512, then 3 decode tokens);
+#                   scripts/ncu-step-table.py turns it into a per-step breakdown
+#   ncu-<regex>.txt the detailed sections for the kernels matching each extra regex argument
+#                   (SOL, warp states, occupancy, pipes, memory, instruction stats, stall sources)
+# Usage: scripts/profile-decode.sh BIN [KERNEL_REGEX...]   e.g. build-gpu/nf4flash gemv_q4_seq
+#   PROFILE_TIMES=0 skips the timing run; PROFILE_SKIP / PROFILE_COUNT pick the detailed launches
+#   (default: skip 8, profile 4 = one layer's four GEMVs when the regex matches them)
+set -uo pipefail
+bin=${1:-build-gpu/nf4flash}
+shift || true
+out=${OUT:-build-gpu/out}
+mkdir -p "$out"
+run=("$bin" bench --preset llama3-8b --device cuda --quant nf4 --double-quant --attn flash -p 16 -n 3
+     --ctx 512 -r 1 --warmup 0 -q)
+if [ "${PROFILE_TIMES:-1}" = 1 ]; then
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "${run[@]}" \
+    >"$out/ncu-times.csv" 2>"$out/ncu-times.err" || echo "ncu timing run failed (see ncu-times.err)"
+fi
+for rx in "$@"; do
+  name=$(echo "$rx" | tr -c 'A-Za-z0-9_\n' '_')
+  timeout 300 ncu --clock-control none -k "regex:$rx" --launch-skip "${PROFILE_SKIP:-8}" -c "${PROFILE_COUNT:-4}" --print-details all \
+    --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+    --section LaunchStats --section SourceCounters "${run[@]}" >"$out/ncu-$name.txt" 2>&1 \
+    || echo "ncu detail run for $rx failed (see ncu-$name.txt)"
+done

@@ -1,0 +1,295 @@
+// The in-order fused 4-bit decode GEMV with a lean inner loop (gemv_q4_seq's work order, epilogues
+// and layout; what changed is what each tile costs in instructions and shared-memory wavefronts).
+//
+//   out_s[n, r] = epilogue( sum_k x[n, k] * code[q_s(r, k)] * absmax_s(r, k) + bias_s[r] ),  n < T <= 8
+//
+// Weights: tile16x64 (gemv_q4.cuh): row tile rt's KT column tiles of 512 bytes contiguous; absmax
+// [RT][KT][16] (f32, or u8 codes + nested f32 absmax for double quant). x [T, cols] bf16/f16 is
+// staged in shared memory (required: the launcher uses gemv_q4_seq when it does not fit).
+// Epilogues (Store / Residual / SwiGLU) as gemv_q4_seq.cuh. With norm_w, x is first replaced by
+// rms_norm(x) * norm_w in shared memory (256-thread configurations: rms_norm's exact arithmetic).
+//
+// Work: unit = one row tile of the concatenated segments (SwiGLU: the gate row tile, then the same
+// up row tile, one "item" each); block b takes units b, b + G, ...; inside an item warp w takes
+// column tiles w + W*i in batches of U (stride W), keeping D-1 batches of weights in flight in a
+// register ring across item and unit boundaries.
+// What the lean loop does differently (ncu on gemv_q4_seq, H200: 154 instructions and 28 shared
+// wavefronts per 512-byte tile, 0.48 issued/cycle per scheduler):
+//   - 32-bit running offsets per item (tile, absmax and nested index advance by constants per
+//     batch; the U tiles of a batch are immediate offsets), no 64-bit index math per tile;
+//   - no per-tile bounds tests when KT is a multiple of W*U (FULL); else a select per tile;
+//   - nested absmax index = (row*cols + 64*kt) >> (log2 blocksize + log2 nested) in 32 bits;
+//   - ASYNC: the item's cross-warp reduction without block barriers: each warp writes its
+//     partial sums into one of two buffers and counts itself in; the last warp of the item sums
+//     the W partials in warp order (deterministic) and runs the epilogue, then frees the buffer.
+//     Measured slower than the barrier version (H200: 4096x14336 14.28 vs 13.74 us, decode @512
+//     354.9 vs 387.3 tok/s); a likely cause is the block-scope fences, which wait for the warp's
+//     outstanding loads (the ring). Kept as configurations a... for comparison.
+// Per 512-byte tile the lean loop issues ~88 instructions (ncu, a8u4d3 gate+up) against 154 for
+// gemv_q4_seq: 16 PRMT + 16 LDS for the table, 2 LDS.128 for x, 4 HMMA, the scale (LDS, FMUL,
+// FADD, 2 SHFL, 4 FFMA), the next batch's 3 loads with their offsets, cursor and epilogue shares.
+#pragma once
+#include "backend/cuda/kernels/elementwise.cuh"
+#include "backend/cuda/kernels/gemv_q4_seq.cuh"
+
+namespace nf4flash::cuda {
+
+template <typename TA, bool DQ, bool FULL, bool ASYNC, int W, int U, int D, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
+  extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes]
+  __shared__ float red[ASYNC ? 2 : 1][W][16][8];
+  __shared__ float gate_v[128];
+  __shared__ float s_nested_code[256];
+  __shared__ uint32_t s_bits[16];
+  __shared__ int s_cnt[2], s_ready[2];
+  __shared__ float s_part[kGemvMaxRows][8];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, r = lane & 15;
+  const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t lane_b = 4u * lane;
+  const int KT = int(a.KT), units = int(a.units), G = gridDim.x;
+  constexpr int WU = W * U;
+  const int NB = (KT + WU - 1) / WU;  // batches per item
+  const uint32_t cols = uint32_t(a.cols);
+  const int nsh = a.log2_blocksize + a.log2_nested;
+
+  // load cursor: (unit, sub, batch) and the running offsets of the item it is in
+  int lu = blockIdx.x, lsub = 0, lb = 0;
+  const uint4* lw = nullptr;  // this lane's 16 bytes of the warp's first tile of the batch
+  const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
+  const float* lnest = nullptr;
+  uint32_t lo = 0;  // DQ: row * cols + 64 * kt of the batch's first tile
+  auto item_of = [&](int u, int sub, int& rt) -> int {
+    if (a.nsub == 2) { rt = u; return sub; }
+    int k = 0;
+    while (k + 1 < a.nseg && u >= int(a.unit_end[k])) ++k;
+    rt = u - (k ? int(a.unit_end[k - 1]) : 0);
+    return k;
+  };
+  auto start_item = [&]() {
+    int rt;
+    const Q4StreamSeg& sg = a.seg[item_of(lu, lsub, rt)];
+    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT) + uint32_t(warp);
+    lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
+    la = static_cast<const uint8_t*>(sg.absmax) + (size_t(tile0) * 16 + r) * (DQ ? 1 : 4);
+    lnest = sg.nested_absmax;
+    int row = rt * 16 + r;
+    row = row < int(sg.rows) ? row : int(sg.rows) - 1;
+    lo = uint32_t(row) * cols + 64u * uint32_t(warp);
+  };
+  auto advance_load = [&]() {
+    if (++lb == NB) {
+      lb = 0;
+      if (++lsub == a.nsub) {
+        lsub = 0;
+        lu += G;
+      }
+      if (lu < units) start_item();
+    } else {
+      lw += WU * 32;
+      la += WU * 16 * (DQ ? 1 : 4);
+      lo += 64u * WU;
+    }
+  };
+  // the batch at the load cursor into ring slot (wq, s): s.x = u8 code (DQ) or f32 absmax, s.y = nested absmax
+  auto load = [&](uint4* wq, float2* s) {
+#pragma unroll
+    for (int uu = 0; uu < U; ++uu) {
+      bool ok = true;
+      if constexpr (!FULL) ok = lb * WU + uu * W + warp < KT;
+      if (ok) {
+        wq[uu] = ld_stream_u4(lw + uu * W * 32);
+        if constexpr (DQ) {
+          s[uu] = make_float2(__int_as_float(__ldg(la + uu * W * 16)),
+                              __ldg(lnest + ((lo + 64u * uu * W) >> nsh)));
+        } else {
+          s[uu] = make_float2(__ldg(reinterpret_cast<const float*>(la) + uu * W * 16), 0.f);
+        }
+      } else {
+        wq[uu] = make_uint4(0, 0, 0, 0);
+        s[uu] = make_float2(0.f, 0.f);  // scale 0: the tile adds nothing
+      }
+    }
+  };
+
+  pdl_trigger();
+  if (int(blockIdx.x) >= units) return;
+  uint4 wb[D][U];
+  float2 sb[D][U];
+  start_item();
+  // the first D-1 batches' weights first (they may overlap the previous kernel, PDL), then the
+  // tables while they are in flight, then x (written by the previous kernel)
+#pragma unroll
+  for (int d = 0; d < D - 1; ++d) {
+    if (lu < units) load(wb[d], sb[d]);
+    advance_load();
+  }
+  if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
+  if constexpr (DQ) {
+    for (int i = tid; i < 256; i += blockDim.x) s_nested_code[i] = a.nested_code[i];
+  }
+  if (tid < 2) {
+    s_cnt[tid] = 0;
+    s_ready[tid] = 0;
+  }
+  __syncthreads();
+  q4_fill_lut<64>(lut, s_bits);
+  pdl_wait();
+  uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + q4_lut_bytes(2);
+  {
+    const int n16 = int(cols / 8);
+    for (int i = tid; i < a.T * n16; i += blockDim.x) {
+      const int n = i / n16, c = i - n * n16;
+      *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) =
+          __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + size_t(n) * cols) + c);
+    }
+  }
+  __syncthreads();
+  if (a.norm_w) {
+    if constexpr (W != 8) __trap();  // the host fuses the norm only into 256-thread configurations
+    // x = rms_norm(x) * norm_w per token, in place: rms_norm_vec_kernel's arithmetic in its order
+    // (256 threads, thread i sums 16-byte chunks i, i + 256, ... with fmaf, warp butterfly, the
+    // 8 warp sums in order), so the result is bit for bit the unfused norm's
+    constexpr int E = 16 / sizeof(TA);
+    const int nvec = int(cols) / E;
+    for (int n = 0; n < a.T; ++n) {
+      float ss = 0.f;
+      for (int c = tid; c < nvec; c += 256) {
+        float f[E];
+        load16_f32<TA>(reinterpret_cast<const TA*>(xs + n * a.x_stride) + c * E, f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) ss = fmaf(f[e], f[e], ss);
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) s_part[n][warp] = ss;
+    }
+    __syncthreads();
+    for (int n = 0; n < a.T; ++n) {
+      float tot = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) tot += s_part[n][i];
+      const float inv = rsqrtf(tot / float(cols) + a.norm_eps);
+      for (int c = tid; c < nvec; c += 256) {
+        TA* p = reinterpret_cast<TA*>(xs + n * a.x_stride) + c * E;
+        float f[E], o[E];
+        load16_f32<TA>(p, f);
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+          const float4 w4 = __ldg(reinterpret_cast<const float4*>(a.norm_w + c * E + e));
+          o[e] = f[e] * inv * w4.x, o[e + 1] = f[e + 1] * inv * w4.y;
+          o[e + 2] = f[e + 2] * inv * w4.z, o[e + 3] = f[e + 3] * inv * w4.w;
+        }
+        store16_f32<TA>(p, o);
+      }
+    }
+    __syncthreads();
+  }
+  // this lane's x: token min(g, T-1), columns 64 kt + 16 t .. +15 (lanes g >= T compute columns
+  // that are never stored; a predicated load here raised register use past the cap: spills)
+  const uint8_t* xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
+
+  // compute cursor
+  int cu = blockIdx.x, csub = 0, cb = 0, crt = 0;
+  int ck = item_of(cu, 0, crt);
+  float offset = a.seg[ck].offset;
+  int item = 0;  // items finished by this block (ASYNC: buffer item & 1, its use item >> 1)
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+
+  auto finish_item = [&]() {
+    if constexpr (!ASYNC) {
+      seq_item_epilogue<TA, W>(a, red[0], gate_v, acc, ck, crt, csub);
+    } else {
+      const int buf = item & 1, use = item >> 1;
+      // the buffer's previous use must have been summed (its last warp frees it)
+      while (*reinterpret_cast<volatile int*>(&s_ready[buf]) < use) {
+      }
+      float(&rb)[W][16][8] = red[buf];
+      rb[warp][g][2 * t] = acc[0];
+      rb[warp][g][2 * t + 1] = acc[1];
+      rb[warp][g + 8][2 * t] = acc[2];
+      rb[warp][g + 8][2 * t + 1] = acc[3];
+      __threadfence_block();
+      __syncwarp();
+      int prev = 0;
+      if (lane == 0) prev = atomicAdd(&s_cnt[buf], 1);
+      prev = __shfl_sync(0xffffffffu, prev, 0);
+      if (prev == W - 1) {  // the last warp of this item: sum in warp order, epilogue, free
+        __threadfence_block();
+        const Q4StreamSeg& sg = a.seg[ck];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int o = lane + 32 * q, rr = o >> 3, n = o & 7;
+          const int64_t row = int64_t(crt) * 16 + rr;
+          if (n < a.T && row < sg.rows) {
+            float y = 0.f;
+#pragma unroll
+            for (int w = 0; w < W; ++w) y += reinterpret_cast<volatile float*>(&rb[w][rr][n])[0];
+            if (sg.bias) y += sg.bias[row];
+            if (a.ep == int(GemvEpilogue::SwiGLU)) {
+              const float yr = to_f32<TA>(from_f32<TA>(y));
+              if (csub == 0) gate_v[o] = yr;
+              else q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[o], yr);
+            } else {
+              q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
+            }
+          }
+        }
+        __threadfence_block();
+        __syncwarp();
+        if (lane == 0) {
+          s_cnt[buf] = 0;
+          __threadfence_block();
+          *reinterpret_cast<volatile int*>(&s_ready[buf]) = use + 1;
+        }
+      }
+    }
+    ++item;
+  };
+
+  for (bool more = true; more;) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      // keep D-1 batches in flight: load into the slot the previous step consumed
+      if (lu < units) load(wb[(d + D - 1) % D], sb[(d + D - 1) % D]);
+      advance_load();
+      const uint8_t* xb_addr = xs_l + cb * (WU * 128);
+#pragma unroll
+      for (int uu = 0; uu < U; ++uu) {
+        bool ok = true;
+        if constexpr (!FULL) ok = cb * WU + uu * W + warp < KT;
+        if (ok) {  // warp-uniform
+          const uint4* xp = reinterpret_cast<const uint4*>(xb_addr + uu * W * 128);
+          const uint4 xa = xp[0], xb = xp[1];
+          float sv = sb[d][uu].x;
+          if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sb[d][uu].x)], sb[d][uu].y), offset);
+          const float s0 = __shfl_sync(0xffffffffu, sv, g);
+          const float s8 = __shfl_sync(0xffffffffu, sv, g + 8);
+          float dd[4] = {0.f, 0.f, 0.f, 0.f};
+          q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wb[d][uu], xa, xb, dd);
+          acc[0] = fmaf(dd[0], s0, acc[0]);
+          acc[1] = fmaf(dd[1], s0, acc[1]);
+          acc[2] = fmaf(dd[2], s8, acc[2]);
+          acc[3] = fmaf(dd[3], s8, acc[3]);
+        }
+      }
+      if (++cb == NB) {
+        finish_item();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+        cb = 0;
+        if (++csub == a.nsub) {
+          csub = 0;
+          cu += G;
+        }
+        if (cu >= units) {  // block-uniform
+          more = false;
+          break;
+        }
+        ck = item_of(cu, csub, crt);
+        offset = a.seg[ck].offset;
+      }
+    }
+  }
+}
+
+}  // namespace nf4flash::cuda

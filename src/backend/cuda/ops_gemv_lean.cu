@@ -1,0 +1,72 @@
+// Launcher of the lean in-order decode GEMV (kernels/gemv_q4_lean.cuh): configurations
+// l<W>u<U>d<D>[m1] (cross-warp reduction behind block barriers, as gemv_q4_seq) and
+// a<W>u<U>d<D>[m1] (the barrier-free last-warp reduction), named by NF4FLASH_GEMV_SEQ_CFG.
+#include <algorithm>
+#include <array>
+#include <string_view>
+
+#include "backend/cuda/kernels/gemv_q4_lean.cuh"
+
+namespace nf4flash::cuda {
+
+namespace {
+int lean_num_sms() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
+
+template <typename TA, bool DQ, bool FULL, bool ASYNC, int W, int U, int D, int MINB>
+void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
+  constexpr int lut = q4_lut_bytes(2);
+  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, ASYNC, W, U, D, MINB>;
+  static const int per_sm = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, lut + kLeanXMax));
+    int v = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, W * 32, lut + kLeanXMax));
+    return std::max(v, 1);
+  }();
+  k.x_stride = seq_x_stride(k.cols);
+  const int smem = lut + k.T * k.x_stride;
+  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * lean_num_sms()));
+  launch_k(kern, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, k);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, bool DQ, bool ASYNC, int W, int U, int D, int MINB>
+void launch_lean_full(Q4SeqArgs& k, cudaStream_t st) {
+  if (k.KT % (W * U) == 0) launch_lean_cfg<TA, DQ, true, ASYNC, W, U, D, MINB>(k, st);
+  else launch_lean_cfg<TA, DQ, false, ASYNC, W, U, D, MINB>(k, st);
+}
+
+template <typename TA, bool DQ>
+bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
+  if (c == "l8u4d3") launch_lean_full<TA, DQ, false, 8, 4, 3, 2>(k, st);
+  else if (c == "a8u4d3") launch_lean_full<TA, DQ, true, 8, 4, 3, 2>(k, st);
+  else if (c == "a8u4d4") launch_lean_full<TA, DQ, true, 8, 4, 4, 2>(k, st);
+  else if (c == "a16u4d3m1") launch_lean_full<TA, DQ, true, 16, 4, 3, 1>(k, st);
+  else return false;
+  return true;
+}
+}  // namespace
+
+bool gemv_q4_lean_applies(const Q4SeqArgs& k) {
+  if (int64_t(k.T) * seq_x_stride(k.cols) > kLeanXMax) return false;  // x must fit in shared memory
+  if (k.units > (int64_t(1) << 30) || k.KT > (int64_t(1) << 24)) return false;
+  for (int s = 0; s < k.nseg; ++s)  // 32-bit row * cols (nested absmax index)
+    if (uint64_t(k.seg[s].rows) * uint64_t(k.cols) >= (uint64_t(1) << 32)) return false;
+  return true;
+}
+
+bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st) {
+  if (bf16) return dq ? launch_lean<__nv_bfloat16, true>(k, cfg, st) : launch_lean<__nv_bfloat16, false>(k, cfg, st);
+  return dq ? launch_lean<__half, true>(k, cfg, st) : launch_lean<__half, false>(k, cfg, st);
+}
+
+}  // namespace nf4flash::cuda
