@@ -243,12 +243,17 @@ struct AttnArgs {
   const int32_t* pos0 = nullptr;
   float* workspace = nullptr;     // split-K partials (decode)
   int64_t workspace_floats = 0;
+  int* counters = nullptr;  // decode: >= T * n_heads zeroed ints (the fused combine; null: combine kernel)
   int num_sms = 132;
 };
 // Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
 void attention_decode(const AttnArgs& a, cudaStream_t st);
 constexpr int kDecodeMaxRows = 4;
 constexpr int kDecodeMaxSplits = 128;
+// Whether decode attention merges its splits in the last split block (NF4FLASH_ATTN_COMBINE).
+bool attention_combine_fused();
+constexpr int kDecodeCounters = 4096;  // ints the caller zeroes once: T * n_heads <= this
+// Partials for T tokens (the counters of the fused combine are separate: T * n_heads ints).
 int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim);
 // Tiled causal attention with online softmax (any T), CUDA cores ("sdpa").
 void attention_prefill(const AttnArgs& a, cudaStream_t st);

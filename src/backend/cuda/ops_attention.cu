@@ -38,6 +38,15 @@ void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
 }
 }  // namespace
 
+// NF4FLASH_ATTN_COMBINE: unset/"fused" = the last split block of a head group merges the splits;
+// "kernel" = the separate combine launch (comparison).
+bool attention_combine_fused() {
+  const char* v = std::getenv("NF4FLASH_ATTN_COMBINE");
+  if (!v || !*v || std::string_view(v) == "fused") return true;
+  if (std::string_view(v) == "kernel") return false;
+  fail("NF4FLASH_ATTN_COMBINE=", v, ": expected fused or kernel");
+}
+
 int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim) {
   return int64_t(T) * n_heads * kDecodeMaxSplits * (head_dim + 2);
 }
@@ -55,10 +64,14 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     using TK = decltype(tk);
     constexpr int HD = decltype(hd)::value;
     dim3 grid(static_cast<unsigned>(a.n_kv * hchunks), static_cast<unsigned>(nsplit), static_cast<unsigned>(a.T));
-    launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, a, nsplit, hchunks);
+    AttnArgs k = a;
+    if (!attention_combine_fused()) k.counters = nullptr;
+    launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
-    launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, a, nsplit, a.T);
-    CUDA_CHECK_LAUNCH();
+    if (!k.counters) {
+      launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, k, nsplit, a.T);
+      CUDA_CHECK_LAUNCH();
+    }
   });
 }
 

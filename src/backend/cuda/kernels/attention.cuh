@@ -8,7 +8,9 @@
 //   slice length is max(64, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a captured
 //   graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold one position
 //   (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two steps in flight. Partials (m, l, acc[hd]) go to the
-//   workspace; attn_combine_kernel merges the splits per (t, head).
+//   workspace; the last block of each (t, head group) to finish merges the group's splits (counter
+//   per group, reset by that block; same arithmetic as attn_combine_kernel, which does it in a
+//   second launch when no counters are given: NF4FLASH_ATTN_COMBINE=kernel).
 // attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
 //   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
@@ -169,6 +171,49 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     const int64_t pi = (int64_t(t) * n_heads + h0 + g) * nsplit + split;
     ws_acc[pi * HD + d] = asum;
     if (d == 0) { ws_ml[pi * 2] = M; ws_ml[pi * 2 + 1] = lsum; }
+  }
+  if (!a.counters) return;
+  // fused combine: the group's last active split merges all of them (threadFenceReduction pattern)
+  __shared__ int s_last;
+  __shared__ float s_c[kDecodeMaxSplits];
+  __shared__ float s_inv_l;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int nact = min(nsplit, (L + chunk - 1) / chunk);
+    int* cnt = a.counters + int64_t(t) * gridDim.x + blockIdx.x;
+    const int done = atomicAdd(cnt, 1) + 1;
+    s_last = done == nact;
+    if (done == nact) *cnt = 0;  // ready for the next step (graph replay)
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int nact = min(nsplit, (L + chunk - 1) / chunk);
+  for (int g = 0; g < nh; ++g) {
+    const int64_t base = (int64_t(t) * n_heads + h0 + g) * nsplit;
+    if (warp == 0) {  // attn_combine_kernel's arithmetic, in its order
+      float M = -INFINITY;
+      for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(ws_ml + (base + s) * 2));
+      M = warp_max(M);
+      float lsum = 0.f;
+      for (int s = lane; s < nact; s += 32) {
+        const float ms = __ldcg(ws_ml + (base + s) * 2);
+        const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
+        s_c[s] = c;
+        lsum += c * __ldcg(ws_ml + (base + s) * 2 + 1);
+      }
+      lsum = warp_sum(lsum);
+      if (lane == 0) s_inv_l = 1.f / lsum;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+      float acc = 0.f;
+#pragma unroll 8
+      for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], __ldcg(ws_acc + (base + s) * HD + d), acc);
+      static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h0 + g) * HD + d] = from_f32<TA>(acc * s_inv_l);
+    }
+    __syncthreads();
   }
 }
 
