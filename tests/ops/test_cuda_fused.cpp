@@ -247,8 +247,10 @@ TEST(CudaFused, SeqGemvConfigs) {
 // A captured chain of in-order GEMVs (q/k/v, residual, SwiGLU, lone) and a dense GEMV replayed with the L2
 // prefetch plan at several distances (reaching across one, several or all later launches, and
 // past the end of the table) gives the results of the same launches run uncaptured, bit for bit.
+// The prefetch lives in gemv_q4_seq (w... configurations); the lean kernel issues none.
 TEST(CudaFused, SeqGemvPrefetchReplay) {
   NF4FLASH_REQUIRE_CUDA();
+  setenv("NF4FLASH_GEMV_SEQ_CFG", "w8u4d3", 1);
   const DType dt = DType::BF16;
   Backends b(dt);
   const int64_t H = 512, I = 1344, KV = 128, T = 2;
@@ -296,6 +298,7 @@ TEST(CudaFused, SeqGemvPrefetchReplay) {
     }
   }
   unsetenv("NF4FLASH_L2_PREFETCH_MB");
+  unsetenv("NF4FLASH_GEMV_SEQ_CFG");
 }
 
 // The fused tensor-core GEMM's multi-weight launches (prefill rows, NF4FLASH_Q4_GEMM=fused): q/k/v

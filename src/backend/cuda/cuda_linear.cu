@@ -287,7 +287,11 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     const int64_t pf_mib = L2PrefetchPlan::configured_bytes(props_.l2CacheSize) >> 20;
     if (seq_q4(w, rows))
       return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),
-                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused", pf_mib > 0 ? cat("; captured steps prefetch ", pf_mib, " MiB ahead into L2") : std::string(), ")");
+                 " mma, f32 accum; q/k/v, gate+up+silu and residual fused",
+                 pf_mib <= 0 ? std::string()
+                 : gemv_q4_seq_cfg()[0] == 'w' ? cat("; captured steps prefetch ", pf_mib, " MiB ahead into L2")
+                                               : std::string("; the lean kernel issues no L2 prefetch"),
+                 ")");
     if (stream_q4(w, rows, true))
       return cat("gemv_q4 stream-K fused ", qn, " (tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused)");

@@ -8,9 +8,10 @@
 //   slice length is max(64, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a captured
 //   graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold one position
 //   (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two steps in flight. Partials (m, l, acc[hd]) go to the
-//   workspace; the last block of each (t, head group) to finish merges the group's splits (counter
-//   per group, reset by that block; same arithmetic as attn_combine_kernel, which does it in a
-//   second launch when no counters are given: NF4FLASH_ATTN_COMBINE=kernel).
+//   workspace; attn_combine_kernel merges the splits per (t, head) in a second launch (default), or,
+//   with counters (NF4FLASH_ATTN_COMBINE=fused, measured slower), the last block of each (t, head
+//   group) to finish merges the group's splits with the same arithmetic (counter per group, reset
+//   by that block).
 // attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
 //   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
