@@ -666,6 +666,9 @@ class CudaBackend : public Backend {
            x.log2_nested == y.log2_nested && std::equal(x.code, x.code + 16, y.code) &&
            a.nested_code_host == b.nested_code_host;
   }
+  bool gemv_multi_args(Act x, const LinearOut* outs, int n, bool seq, GemvQ4MultiArgs& a) const;
+  bool gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act out,
+                        bool seq, GemvQ4MultiArgs& a) const;
   GemvQ4MultiArgs multi_args(Act x) const {
     GemvQ4MultiArgs a;
     a.x = x.data;

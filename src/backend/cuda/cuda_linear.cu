@@ -157,15 +157,24 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
       return;
     }
   }
-  const CudaQ4* q[kQsMaxSegs] = {};
   const bool seq = n >= 1 && seq_q4(*outs[0].w, x.rows);
+  GemvQ4MultiArgs a;
+  if (!gemv_multi_args(x, outs, n, seq, a)) return Backend::linear_multi(x, outs, n);
+  if (seq) seq_gemv(a);
+  else gemv_q4_multi(a, stream_);
+}
+
+// The fused GEMV's arguments for n (<= kQsMaxSegs) 4-bit weights sharing x, taken by the in-order
+// kernel (seq) or the stream-K kernel; false when they cannot share one launch.
+bool CudaBackend::gemv_multi_args(Act x, const LinearOut* outs, int n, bool seq, GemvQ4MultiArgs& a) const {
+  const CudaQ4* q[kQsMaxSegs] = {};
   bool fuse = n >= 1 && n <= kQsMaxSegs;
   for (int i = 0; fuse && i < n; ++i) {
     q[i] = seq ? seq_q4(*outs[i].w, x.rows) : stream_q4(*outs[i].w, x.rows);
     fuse = q[i] && outs[i].out.dtype == act_ && same_q4_params(*q[0], *q[i]);
   }
-  if (!fuse) return Backend::linear_multi(x, outs, n);
-  GemvQ4MultiArgs a = multi_args(x);
+  if (!fuse) return false;
+  a = multi_args(x);
   a.nseg = n;
   for (int i = 0; i < n; ++i) {
     check_linear(x, *outs[i].w, outs[i].out);
@@ -173,8 +182,27 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
     a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
     a.out[i] = outs[i].out.data;
   }
-  if (seq) seq_gemv(a);
-  else gemv_q4_multi(a, stream_);
+  return true;
+}
+
+// gate+up with the SwiGLU epilogue in one GEMV launch (in-order or stream-K kernel); false when the
+// two weights cannot share one.
+bool CudaBackend::gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
+                                   Act out, bool seq, GemvQ4MultiArgs& a) const {
+  const CudaQ4* qg = seq ? seq_q4(gate, x.rows) : stream_q4(gate, x.rows);
+  const CudaQ4* qu = seq ? seq_q4(up, x.rows) : stream_q4(up, x.rows);
+  if (!qg || !qu || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu)) return false;
+  check_linear(x, gate, out);
+  check_linear(x, up, out);
+  a = multi_args(x);
+  a.ep = GemvEpilogue::SwiGLU;
+  a.nseg = 2;
+  a.w[0] = &qg->dev;
+  a.w[1] = &qu->dev;
+  a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+  a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+  a.out[0] = out.data;
+  return true;
 }
 
 bool CudaBackend::fuses_norm_linear(const Weight& w, int64_t rows) const {
@@ -184,21 +212,9 @@ bool CudaBackend::fuses_norm_linear(const Weight& w, int64_t rows) const {
 // q/k/v with the norm of x in the GEMV's prologue (the lean in-order kernel), when it applies;
 // else rms_norm into xn + linear_multi.
 void CudaBackend::rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) {
-  const CudaQ4* q[kQsMaxSegs] = {};
-  bool fuse = n >= 1 && n <= kQsMaxSegs && x.dtype == act_ && gemv_q4_norm_fusable(x.rows, x.cols);
-  for (int i = 0; fuse && i < n; ++i) {
-    q[i] = seq_q4(*outs[i].w, x.rows);
-    fuse = q[i] && outs[i].out.dtype == act_ && same_q4_params(*q[0], *q[i]);
-  }
-  if (!fuse) return Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
-  GemvQ4MultiArgs a = multi_args(x);
-  a.nseg = n;
-  for (int i = 0; i < n; ++i) {
-    check_linear(x, *outs[i].w, outs[i].out);
-    a.w[i] = &q[i]->dev;
-    a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
-    a.out[i] = outs[i].out.data;
-  }
+  GemvQ4MultiArgs a;
+  if (x.dtype != act_ || !gemv_q4_norm_fusable(x.rows, x.cols) || !gemv_multi_args(x, outs, n, true, a))
+    return Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
   a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
   a.norm_eps = eps;
   seq_gemv(a);
@@ -206,21 +222,9 @@ void CudaBackend::rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, 
 
 void CudaBackend::rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps, Act xn, const Weight& gate,
                                          const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp, Act out) {
-  const CudaQ4* qg = seq_q4(gate, x.rows);
-  const CudaQ4* qu = seq_q4(up, x.rows);
-  if (!qg || !qu || x.dtype != act_ || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu) ||
-      !gemv_q4_norm_fusable(x.rows, x.cols))
+  GemvQ4MultiArgs a;
+  if (x.dtype != act_ || !gemv_q4_norm_fusable(x.rows, x.cols) || !gemv_swiglu_args(x, gate, bg, up, bu, out, true, a))
     return Backend::rms_norm_linear_swiglu(x, norm_w, eps, xn, gate, bg, up, bu, g_tmp, out);
-  check_linear(x, gate, out);
-  check_linear(x, up, out);
-  GemvQ4MultiArgs a = multi_args(x);
-  a.ep = GemvEpilogue::SwiGLU;
-  a.nseg = 2;
-  a.w[0] = &qg->dev;
-  a.w[1] = &qu->dev;
-  a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
-  a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
-  a.out[0] = out.data;
   a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
   a.norm_eps = eps;
   seq_gemv(a);
@@ -262,20 +266,8 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
     }
   }
   const bool seq = seq_q4(gate, x.rows) && seq_q4(up, x.rows);
-  const CudaQ4* qg = seq ? seq_q4(gate, x.rows) : stream_q4(gate, x.rows);
-  const CudaQ4* qu = seq ? seq_q4(up, x.rows) : stream_q4(up, x.rows);
-  if (!qg || !qu || out.dtype != act_ || gate.rows() != up.rows() || !same_q4_params(*qg, *qu))
-    return Backend::linear_swiglu(x, gate, bg, up, bu, g_tmp, out);
-  check_linear(x, gate, out);
-  check_linear(x, up, out);
-  GemvQ4MultiArgs a = multi_args(x);
-  a.ep = GemvEpilogue::SwiGLU;
-  a.nseg = 2;
-  a.w[0] = &qg->dev;
-  a.w[1] = &qu->dev;
-  a.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
-  a.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
-  a.out[0] = out.data;
+  GemvQ4MultiArgs a;
+  if (!gemv_swiglu_args(x, gate, bg, up, bu, out, seq, a)) return Backend::linear_swiglu(x, gate, bg, up, bu, g_tmp, out);
   if (seq) seq_gemv(a);
   else gemv_q4_multi(a, stream_);
 }

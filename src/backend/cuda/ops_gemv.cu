@@ -343,6 +343,8 @@ void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
 }
 }  // namespace
 
+int gemv_num_sms() { return num_sms(); }
+
 bool gemv_q4_norm_fusable(int64_t T, int64_t cols) {
   if (!gemv_q4_seq_enabled()) return false;
   const char* off = std::getenv("NF4FLASH_FUSE_NORM");  // "0": the unfused order (comparison)

@@ -10,16 +10,6 @@
 namespace nf4flash::cuda {
 
 namespace {
-int lean_num_sms() {
-  static int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 
 template <typename TA, bool DQ, bool FULL, bool ASYNC, int W, int U, int D, int MINB>
@@ -34,7 +24,7 @@ void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
   }();
   k.x_stride = seq_x_stride(k.cols);
   const int smem = lut + k.T * k.x_stride;
-  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * lean_num_sms()));
+  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * gemv_num_sms()));
   launch_k(kern, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, k);
   CUDA_CHECK_LAUNCH();
 }

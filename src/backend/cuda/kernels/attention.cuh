@@ -65,6 +65,38 @@ __device__ __forceinline__ void softmax_merge(float& m, float& l, float* acc, fl
   m = M;
 }
 
+// Merge the active splits [0, nact) of one (token t, head h) from the workspace partials into the
+// output (all threads of the block call it; ends with a barrier): warp 0 turns the splits' (m, l)
+// into weights, then every thread sums its dims over the splits (independent loads, unrolled).
+// Shared by attn_combine_kernel and the fused merge of attn_decode_kernel: one arithmetic.
+template <typename TA>
+__device__ __forceinline__ void attn_merge_head(const AttnArgs& a, const float* ws_ml, const float* ws_acc, int64_t base,
+                                                int nact, int HD, int t, int h, float* s_c, float& s_inv_l) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float M = -INFINITY;
+    for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(ws_ml + (base + s) * 2));
+    M = warp_max(M);
+    float lsum = 0.f;
+    for (int s = lane; s < nact; s += 32) {
+      const float ms = __ldcg(ws_ml + (base + s) * 2);
+      const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
+      s_c[s] = c;
+      lsum += c * __ldcg(ws_ml + (base + s) * 2 + 1);
+    }
+    lsum = warp_sum(lsum);
+    if (lane == 0) s_inv_l = 1.f / lsum;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float acc = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], __ldcg(ws_acc + (base + s) * HD + d), acc);
+    static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(acc * s_inv_l);
+  }
+  __syncthreads();
+}
+
 constexpr int kDecGT = 4;  // q heads per decode block
 
 template <typename TA, typename TK, int HD>
@@ -191,71 +223,25 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   if (!s_last) return;
   __threadfence();
   const int nact = min(nsplit, (L + chunk - 1) / chunk);
-  for (int g = 0; g < nh; ++g) {
-    const int64_t base = (int64_t(t) * n_heads + h0 + g) * nsplit;
-    if (warp == 0) {  // attn_combine_kernel's arithmetic, in its order
-      float M = -INFINITY;
-      for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(ws_ml + (base + s) * 2));
-      M = warp_max(M);
-      float lsum = 0.f;
-      for (int s = lane; s < nact; s += 32) {
-        const float ms = __ldcg(ws_ml + (base + s) * 2);
-        const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
-        s_c[s] = c;
-        lsum += c * __ldcg(ws_ml + (base + s) * 2 + 1);
-      }
-      lsum = warp_sum(lsum);
-      if (lane == 0) s_inv_l = 1.f / lsum;
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-      float acc = 0.f;
-#pragma unroll 8
-      for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], __ldcg(ws_acc + (base + s) * HD + d), acc);
-      static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h0 + g) * HD + d] = from_f32<TA>(acc * s_inv_l);
-    }
-    __syncthreads();
-  }
+  for (int g = 0; g < nh; ++g)
+    attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h0 + g) * nsplit, nact, HD, t, h0 + g, s_c, s_inv_l);
 }
 
-// One block per (head, t): warp 0 turns the active splits' (m, l) into weights, then every
-// thread sums its dims over the splits (independent loads, unrolled).
+// One block per (head, t): attn_merge_head.
 template <typename TA>
 __global__ void attn_combine_kernel(const AttnArgs a, int nsplit, int T) {
   pdl_trigger();
   pdl_wait();
   __shared__ float s_c[kDecodeMaxSplits];
   __shared__ float s_inv_l;
-  const int h = blockIdx.x, t = blockIdx.y, HD = a.head_dim;
+  const int h = blockIdx.x, t = blockIdx.y;
   const int64_t n_heads = a.n_heads;
   const float* ws_ml = a.workspace;
   const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
-  const int64_t base = (int64_t(t) * n_heads + h) * nsplit;
   const int L = a.pos0[0] + t + 1;
   const int chunk = decode_chunk(L, nsplit);
   const int nact = min(nsplit, (L + chunk - 1) / chunk);
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float M = -INFINITY;
-    for (int s = lane; s < nact; s += 32) M = fmaxf(M, ws_ml[(base + s) * 2]);
-    M = warp_max(M);
-    float lsum = 0.f;
-    for (int s = lane; s < nact; s += 32) {
-      const float ms = ws_ml[(base + s) * 2];
-      const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
-      s_c[s] = c;
-      lsum += c * ws_ml[(base + s) * 2 + 1];
-    }
-    lsum = warp_sum(lsum);
-    if (lane == 0) s_inv_l = 1.f / lsum;
-  }
-  __syncthreads();
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float acc = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], ws_acc[(base + s) * HD + d], acc);
-    static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(acc * s_inv_l);
-  }
+  attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h) * nsplit, nact, a.head_dim, t, h, s_c, s_inv_l);
 }
 
 template <typename TA, typename TK, int HD>

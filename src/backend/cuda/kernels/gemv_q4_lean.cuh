@@ -260,16 +260,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
         if (ok) {  // warp-uniform
           const uint4* xp = reinterpret_cast<const uint4*>(xb_addr + uu * W * 128);
           const uint4 xa = xp[0], xb = xp[1];
-          float sv = sb[d][uu].x;
-          if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sb[d][uu].x)], sb[d][uu].y), offset);
-          const float s0 = __shfl_sync(0xffffffffu, sv, g);
-          const float s8 = __shfl_sync(0xffffffffu, sv, g + 8);
-          float dd[4] = {0.f, 0.f, 0.f, 0.f};
-          q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wb[d][uu], xa, xb, dd);
-          acc[0] = fmaf(dd[0], s0, acc[0]);
-          acc[1] = fmaf(dd[1], s0, acc[1]);
-          acc[2] = fmaf(dd[2], s8, acc[2]);
-          acc[3] = fmaf(dd[3], s8, acc[3]);
+          q4_tile_scaled<TA, DQ>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
         }
       }
       if (++cb == NB) {

@@ -86,6 +86,25 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
   __syncthreads();
 }
 
+// One tile of the in-order kernels: the lane's 16 code bytes against its x fragments (mma), the
+// partial sums scaled by the rows' absmax (raw = the f32 absmax, or (u8 code, nested absmax) for
+// double quant, decoded as bitsandbytes does: product rounded, then the offset) and added to acc.
+template <typename TA, bool DQ>
+__device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
+                                               const uint4& xb, float2 raw, float offset, const float* s_nested_code,
+                                               int g, float* acc) {
+  float sv = raw.x;
+  if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(raw.x)], raw.y), offset);
+  const float s0 = __shfl_sync(0xffffffffu, sv, g);
+  const float s8 = __shfl_sync(0xffffffffu, sv, g + 8);
+  float dd[4] = {0.f, 0.f, 0.f, 0.f};
+  q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wq, xa, xb, dd);
+  acc[0] = fmaf(dd[0], s0, acc[0]);
+  acc[1] = fmaf(dd[1], s0, acc[1]);
+  acc[2] = fmaf(dd[2], s8, acc[2]);
+  acc[3] = fmaf(dd[3], s8, acc[3]);
+}
+
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
 // unless m1; l... / a...: the lean kernel (gemv_q4_lean.cuh). Register use (sm_90, bf16, dq, x
 // staged): w8u2d4 113, w8u4d3 128, no spills; w16u2d2 64 with ~260 bytes spilled. H200,
@@ -101,6 +120,7 @@ constexpr const char* kSeqCfgNames =
 // (false: no such name).
 bool gemv_q4_lean_applies(const Q4SeqArgs& k);
 bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st);
+int gemv_num_sms();  // the current device's multiprocessors (cached)
 
 // XS: x staged in shared memory (a.x_stride > 0), else read from global. W warps, U tiles per warp
 // per batch, D batches in flight per warp (a register ring: D-1 batches load while one is decoded),
@@ -231,16 +251,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
             xa = __ldg(xp);
             xb = __ldg(xp + 1);
           }
-          float sv = sb[d][uu].x;
-          if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sb[d][uu].x)], sb[d][uu].y), offset);
-          const float sg = __shfl_sync(0xffffffffu, sv, g);
-          const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
-          float dd[4] = {0.f, 0.f, 0.f, 0.f};
-          q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wb[d][uu], xa, xb, dd);
-          acc[0] = fmaf(dd[0], sg, acc[0]);
-          acc[1] = fmaf(dd[1], sg, acc[1]);
-          acc[2] = fmaf(dd[2], sg8, acc[2]);
-          acc[3] = fmaf(dd[3], sg8, acc[3]);
+          q4_tile_scaled<TA, DQ>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
         }
       }
       if (cc.b == NB - 1) {
