@@ -23,8 +23,9 @@
 //     partial sums into one of two buffers and counts itself in; the last warp of the item sums
 //     the W partials in warp order (deterministic) and runs the epilogue, then frees the buffer.
 //     Measured slower than the barrier version (H200: 4096x14336 14.28 vs 13.74 us, decode @512
-//     354.9 vs 387.3 tok/s); a likely cause is the block-scope fences, which wait for the warp's
-//     outstanding loads (the ring). Kept as configurations a... for comparison.
+//     354.9 vs 387.3 tok/s); ncu shows no membar stalls, so the cause is not established (the
+//     last warp of each item, which also does the whole epilogue, may become the straggler).
+//     Kept as configurations a... for comparison.
 // Per 512-byte tile the lean loop issues ~88 instructions (ncu, a8u4d3 gate+up) against 154 for
 // gemv_q4_seq: 16 PRMT + 16 LDS for the table, 2 LDS.128 for x, 4 HMMA, the scale (LDS, FMUL,
 // FADD, 2 SHFL, 4 FFMA), the next batch's 3 loads with their offsets, cursor and epilogue shares.
