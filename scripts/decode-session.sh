@@ -12,7 +12,7 @@ export NF4FLASH_COMMIT=${NF4FLASH_COMMIT:-wip} NF4FLASH_GPU_BENCH=0
 bash scripts/gpu-check.sh > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
 grep -E "tests passed|tests failed|\(Failed\)|Failed  |\*\*\*" $OUT/gpu-tests.log | head -20; pack
 bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
-bash scripts/decode-bench.sh $B 512 "nofuse:NF4FLASH_FUSE_NORM=0" "combk:NF4FLASH_ATTN_COMBINE=kernel" 2>&1 | tail -2; pack
+bash scripts/decode-bench.sh $B 512 "nofuse:NF4FLASH_FUSE_NORM=0" "fusedmerge:NF4FLASH_ATTN_COMBINE=fused" 2>&1 | tail -2; pack
 $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
   --json $OUT/decode-bf16.json > $OUT/decode-bf16.txt 2>&1; grep -E "^\|" $OUT/decode-bf16.txt | tail -2; pack
 timeout 100 stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
