@@ -424,11 +424,7 @@ class CudaBackend : public Backend {
       }
       a.workspace = static_cast<float*>(attn_ws_->data());
       a.workspace_floats = need;
-      if (!attn_cnt_) {  // the fused combine's counters: zeroed once, each launch leaves them zero
-        NF4FLASH_CHECK(!capturing_, "attention: decode counters must exist before graph capture");
-        attn_cnt_ = std::make_unique<CudaBuffer>(size_t(kDecodeCounters) * 4);
-        CUDA_CHECK(cudaMemsetAsync(attn_cnt_->data(), 0, attn_cnt_->bytes(), stream_));
-      }
+      // the fused merge's counters (kv_allocate zeroes them once; each launch leaves them zero)
       NF4FLASH_CHECK(int64_t(a.T) * a.n_heads <= kDecodeCounters, "attention: ", a.n_heads, " heads exceed the decode counters");
       a.counters = static_cast<int*>(attn_cnt_->data());
       attention_decode(a, stream_);
@@ -747,8 +743,8 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, attn_cnt_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
-  std::unique_ptr<CudaBuffer> sample_hist_;
-  int64_t sample_vocab_ = -1;  // the vocabulary the sampling workspace is laid out for  // device copy of the sampling history (grown as needed)
+  std::unique_ptr<CudaBuffer> sample_hist_;  // device copy of the sampling history (grown as needed)
+  int64_t sample_vocab_ = -1;  // the vocabulary the sampling workspace is laid out for
   int32_t* host_id_ = nullptr;
   KVCacheDesc kv_;
   std::vector<cudaGraphExec_t> graphs_;

@@ -103,10 +103,10 @@ void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
 // in flight, and prefetch the weights `dist` bytes ahead into L2 (a.l2pf). Any sm_80+ GPU; the
 // prefetch needs sm_90.
 void gemv_q4_seq(const GemvQ4MultiArgs& a, cudaStream_t st);
-std::string_view gemv_q4_seq_cfg();
+std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
 // Whether gemv_q4_seq can fold an rms_norm of its input into its prologue for T tokens of cols
 // columns (the lean kernel with 256-thread blocks, x staged in shared memory).
-bool gemv_q4_norm_fusable(int64_t T, int64_t cols);  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
+bool gemv_q4_norm_fusable(int64_t T, int64_t cols);
 
 int64_t gemv_q4_stream_partials_floats();
 // Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected

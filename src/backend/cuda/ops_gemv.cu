@@ -326,11 +326,8 @@ void launch_seq_cfg(Q4SeqArgs& k, cudaStream_t st) {
 template <typename TA, bool DQ>
 void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
   std::string_view c = gemv_q4_seq_cfg();
-  if (c.size() > 1 && (c[0] == 'l' || c[0] == 'a')) {  // the lean kernel (ops_gemv_lean.cu)
-    if (gemv_q4_lean_applies(k)) {
-      if (gemv_q4_lean(k, c, std::is_same_v<TA, __nv_bfloat16>, DQ, st)) return;
-      fail("NF4FLASH_GEMV_SEQ_CFG=", c, ": no such configuration (", kSeqCfgNames, ")");
-    }
+  if (gemv_q4_lean_warps(c) > 0) {  // the lean kernel (ops_gemv_lean.cu)
+    if (gemv_q4_lean_applies(k) && gemv_q4_lean(k, c, std::is_same_v<TA, __nv_bfloat16>, DQ, st)) return;
     c = "w8u4d3";  // x does not fit in shared memory, or 32-bit offsets would overflow
   }
   NF4FLASH_CHECK(!k.norm_w, "gemv_q4_seq: a fused rms_norm needs the lean kernel (gemv_q4_norm_fusable)");
@@ -344,16 +341,6 @@ void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
 }  // namespace
 
 int gemv_num_sms() { return num_sms(); }
-
-bool gemv_q4_norm_fusable(int64_t T, int64_t cols) {
-  if (!gemv_q4_seq_enabled()) return false;
-  const char* off = std::getenv("NF4FLASH_FUSE_NORM");  // "0": the unfused order (comparison)
-  if (off && std::string_view(off) == "0") return false;
-  const std::string_view c = gemv_q4_seq_cfg();
-  // 256-thread lean configurations: the prologue repeats rms_norm_vec_kernel's summation order
-  if (c != "l8u4d3" && c != "a8u4d3" && c != "a8u4d4") return false;
-  return T >= 1 && T <= kGemvMaxRows && cols % 64 == 0 && cols / 8 <= 1024 && T * seq_x_stride(cols) <= 38 * 1024;
-}
 
 void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
   Q4SeqArgs k{};

@@ -2,7 +2,7 @@
 // l<W>u<U>d<D>[m1] (cross-warp reduction behind block barriers, as gemv_q4_seq) and
 // a<W>u<U>d<D>[m1] (the barrier-free last-warp reduction), named by NF4FLASH_GEMV_SEQ_CFG.
 #include <algorithm>
-#include <array>
+#include <cstdlib>
 #include <string_view>
 
 #include "backend/cuda/kernels/gemv_q4_lean.cuh"
@@ -35,16 +35,46 @@ void launch_lean_full(Q4SeqArgs& k, cudaStream_t st) {
   else launch_lean_cfg<TA, DQ, false, ASYNC, W, U, D, MINB>(k, st);
 }
 
-template <typename TA, bool DQ>
-bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
-  if (c == "l8u4d3") launch_lean_full<TA, DQ, false, 8, 4, 3, 2>(k, st);
-  else if (c == "a8u4d3") launch_lean_full<TA, DQ, true, 8, 4, 3, 2>(k, st);
-  else if (c == "a8u4d4") launch_lean_full<TA, DQ, true, 8, 4, 4, 2>(k, st);
-  else if (c == "a16u4d3m1") launch_lean_full<TA, DQ, true, 16, 4, 3, 1>(k, st);
+// The lean configurations, one table: f receives (async, W, U, D, MINB) as a LeanCfg type; false
+// for names that are not lean configurations.
+template <bool A, int W_, int U_, int D_, int M_>
+struct LeanCfg {
+  static constexpr bool async = A;
+  static constexpr int W = W_, U = U_, D = D_, MINB = M_;
+};
+template <typename F>
+bool visit_lean(std::string_view c, F&& f) {
+  if (c == "l8u4d3") f(LeanCfg<false, 8, 4, 3, 2>{});
+  else if (c == "a8u4d3") f(LeanCfg<true, 8, 4, 3, 2>{});
+  else if (c == "a8u4d4") f(LeanCfg<true, 8, 4, 4, 2>{});
+  else if (c == "a16u4d3m1") f(LeanCfg<true, 16, 4, 3, 1>{});
   else return false;
   return true;
 }
+
+template <typename TA, bool DQ>
+bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
+  return visit_lean(c, [&](auto cfg) {
+    using C = decltype(cfg);
+    launch_lean_full<TA, DQ, C::async, C::W, C::U, C::D, C::MINB>(k, st);
+  });
+}
 }  // namespace
+
+int gemv_q4_lean_warps(std::string_view cfg) {
+  int w = 0;
+  visit_lean(cfg, [&](auto c) { w = decltype(c)::W; });
+  return w;
+}
+
+bool gemv_q4_norm_fusable(int64_t T, int64_t cols) {
+  if (!gemv_q4_seq_enabled()) return false;
+  const char* off = std::getenv("NF4FLASH_FUSE_NORM");  // "0": the unfused order (comparison)
+  if (off && std::string_view(off) == "0") return false;
+  // 256-thread lean configurations: the prologue repeats rms_norm_vec_kernel's summation order
+  if (gemv_q4_lean_warps(gemv_q4_seq_cfg()) != 8) return false;
+  return T >= 1 && T <= kGemvMaxRows && cols % 64 == 0 && cols / 8 <= 1024 && T * seq_x_stride(cols) <= kLeanXMax;
+}
 
 bool gemv_q4_lean_applies(const Q4SeqArgs& k) {
   if (int64_t(k.T) * seq_x_stride(k.cols) > kLeanXMax) return false;  // x must fit in shared memory

@@ -60,13 +60,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
   const float* lnest = nullptr;
   uint32_t lo = 0;  // DQ: row * cols + 64 * kt of the batch's first tile
-  auto item_of = [&](int u, int sub, int& rt) -> int {
-    if (a.nsub == 2) { rt = u; return sub; }
-    int k = 0;
-    while (k + 1 < a.nseg && u >= int(a.unit_end[k])) ++k;
-    rt = u - (k ? int(a.unit_end[k - 1]) : 0);
-    return k;
-  };
+  auto item_of = [&](int u, int sub, int& rt) { return q4_seq_segment(a, u, sub, rt); };
   auto start_item = [&]() {
     int rt;
     const Q4StreamSeg& sg = a.seg[item_of(lu, lsub, rt)];
@@ -137,14 +131,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   q4_fill_lut<64>(lut, s_bits);
   pdl_wait();
   uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + q4_lut_bytes(2);
-  {
-    const int n16 = int(cols / 8);
-    for (int i = tid; i < a.T * n16; i += blockDim.x) {
-      const int n = i / n16, c = i - n * n16;
-      *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) =
-          __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + size_t(n) * cols) + c);
-    }
-  }
+  q4_seq_stage_x<TA>(a, xs);
   __syncthreads();
   if (a.norm_w) {
     if constexpr (W != 8) __trap();  // the host fuses the norm only into 256-thread configurations

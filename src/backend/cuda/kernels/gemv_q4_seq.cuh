@@ -50,6 +50,31 @@ struct Q4SeqArgs {
 // different banks).
 __host__ __device__ constexpr int seq_x_stride(int64_t cols) { return int(cols * 2 + 16); }
 
+// Segment and row tile of (unit u, sub) (SwiGLU: the sub picks gate or up; else the segment whose
+// cumulative row tiles hold u). I: the caller's index type.
+template <typename I>
+__device__ __forceinline__ int q4_seq_segment(const Q4SeqArgs& a, I u, int sub, I& rt) {
+  if (a.nsub == 2) {
+    rt = u;
+    return sub;
+  }
+  int k = 0;
+  while (k + 1 < a.nseg && u >= I(a.unit_end[k])) ++k;
+  rt = u - (k ? I(a.unit_end[k - 1]) : I(0));
+  return k;
+}
+
+// x [T][cols] staged into shared memory rows of a.x_stride bytes (16-byte copies, all threads).
+template <typename TA>
+__device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) {
+  const int n16 = int(a.cols / 8);
+  for (int i = threadIdx.x; i < a.T * n16; i += blockDim.x) {
+    const int n = i / n16, c = i - n * n16;
+    *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) =
+        __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + int64_t(n) * a.cols) + c);
+  }
+}
+
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
 // accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
 // 8 tokens) run the epilogue. Ends with a barrier (red and gate_v may be reused).
@@ -120,6 +145,7 @@ constexpr const char* kSeqCfgNames =
 // (false: no such name).
 bool gemv_q4_lean_applies(const Q4SeqArgs& k);
 bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st);
+int gemv_q4_lean_warps(std::string_view cfg);  // warps per block of a lean configuration, 0: not one
 int gemv_num_sms();  // the current device's multiprocessors (cached)
 
 // XS: x staged in shared memory (a.x_stride > 0), else read from global. W warps, U tiles per warp
@@ -143,13 +169,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
   const TA* xrow = static_cast<const TA*>(a.x) + int64_t(min(g, a.T - 1)) * cols + 16 * t;
 
   // segment and row tile of (unit, sub)
-  auto seg_of = [&](int64_t u, int sub, int64_t& rt) -> int {
-    if (a.nsub == 2) { rt = u; return sub; }
-    int k = 0;
-    while (k + 1 < a.nseg && u >= a.unit_end[k]) ++k;
-    rt = u - (k ? a.unit_end[k - 1] : 0);
-    return k;
-  };
+  auto seg_of = [&](int64_t u, int sub, int64_t& rt) { return q4_seq_segment(a, u, sub, rt); };
   auto load = [&](int64_t u, int sub, int b, uint4* wq, float2* s) {
     int64_t rt;
     const Q4StreamSeg& sg = a.seg[seg_of(u, sub, rt)];
@@ -213,14 +233,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_seq_kernel(const __grid_
   if (tid == 0) l2pf_unit(s_pf, blockIdx.x, units);
   q4_fill_lut<64>(lut, s_bits);
   pdl_wait();
-  if constexpr (XS) {
-    const int n16 = int(cols / 8);
-    for (int i = tid; i < a.T * n16; i += blockDim.x) {
-      const int n = i / n16, c = i - n * n16;
-      *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) =
-          __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + int64_t(n) * cols) + c);
-    }
-  }
+  if constexpr (XS) q4_seq_stage_x<TA>(a, xs);
   __syncthreads();
   const uint8_t* xs_l = xs + (XS ? min(g, a.T - 1) * a.x_stride + 32 * t : 0);
   Cur cc{int64_t(blockIdx.x), 0, 0};
