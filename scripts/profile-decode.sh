@@ -7,13 +7,16 @@
 #                   (SOL, warp states, occupancy, pipes, memory, instruction stats, stall sources)
 # Usage: scripts/profile-decode.sh BIN [KERNEL_REGEX...]   e.g. build-gpu/nf4flash gemv_q4_seq
 #   PROFILE_TIMES=0 skips the timing run; PROFILE_SKIP / PROFILE_COUNT pick the detailed launches
-#   (default: skip 8, profile 4 = one layer's four GEMVs when the regex matches them)
+#   (default: skip 8, profile 4 = one layer's four GEMVs when the regex matches them);
+#   PROFILE_QUANT="none" profiles the bf16-weight model (default "nf4 --double-quant");
+#   PROFILE_SOURCE=1 adds ncu-<regex>-sass.csv: per-SASS-instruction counts and stall samples
 set -uo pipefail
 bin=${1:-build-gpu/nf4flash}
 shift || true
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
-run=("$bin" bench --preset llama3-8b --device cuda --quant nf4 --double-quant --attn flash -p 16 -n 3
+read -ra quant <<<"${PROFILE_QUANT:-nf4 --double-quant}"
+run=("$bin" bench --preset llama3-8b --device cuda --quant "${quant[@]}" --attn flash -p 16 -n 3
      --ctx 512 -r 1 --warmup 0 -q)
 if [ "${PROFILE_TIMES:-1}" = 1 ]; then
   timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "${run[@]}" \
@@ -26,4 +29,9 @@ for rx in "$@"; do
     --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
     --section LaunchStats --section SourceCounters "${run[@]}" >"$out/ncu-$name.txt" 2>&1 \
     || echo "ncu detail run for $rx failed (see ncu-$name.txt)"
+  if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
+    timeout 300 ncu --clock-control none -k "regex:$rx" --launch-skip "${PROFILE_SKIP:-8}" -c 1 \
+      --section SourceCounters --section WarpStateStats --page source --print-source sass --csv "${run[@]}" \
+      >"$out/ncu-$name-sass.csv" 2>&1 || echo "ncu source run for $rx failed (see ncu-$name-sass.csv)"
+  fi
 done

@@ -1,6 +1,8 @@
 // Launcher of the lean in-order decode GEMV (kernels/gemv_q4_lean.cuh): configurations
-// l<W>u<U>d<D>[m1] (cross-warp reduction behind block barriers, as gemv_q4_seq) and
-// a<W>u<U>d<D>[m1] (the barrier-free last-warp reduction), named by NF4FLASH_GEMV_SEQ_CFG.
+// <letter><W>u<U>d<D>[m1] named by NF4FLASH_GEMV_SEQ_CFG; the letter picks the variant (LeanFlags):
+// l = cross-warp reduction behind block barriers (as gemv_q4_seq), a = the barrier-free last-warp
+// reduction, p = l with x loaded only by the lanes of real tokens, s = p with each tile's mma in
+// two chains.
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
@@ -12,10 +14,10 @@ namespace nf4flash::cuda {
 namespace {
 constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 
-template <typename TA, bool DQ, bool FULL, bool ASYNC, int W, int U, int D, int MINB>
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
   constexpr int lut = q4_lut_bytes(2);
-  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, ASYNC, W, U, D, MINB>;
+  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB>;
   static const int per_sm = [&] {
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, lut + kLeanXMax));
     int v = 0;
@@ -29,25 +31,26 @@ void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
   CUDA_CHECK_LAUNCH();
 }
 
-template <typename TA, bool DQ, bool ASYNC, int W, int U, int D, int MINB>
+template <typename TA, bool DQ, int FLAGS, int W, int U, int D, int MINB>
 void launch_lean_full(Q4SeqArgs& k, cudaStream_t st) {
-  if (k.KT % (W * U) == 0) launch_lean_cfg<TA, DQ, true, ASYNC, W, U, D, MINB>(k, st);
-  else launch_lean_cfg<TA, DQ, false, ASYNC, W, U, D, MINB>(k, st);
+  if (k.KT % (W * U) == 0) launch_lean_cfg<TA, DQ, true, FLAGS, W, U, D, MINB>(k, st);
+  else launch_lean_cfg<TA, DQ, false, FLAGS, W, U, D, MINB>(k, st);
 }
 
-// The lean configurations, one table: f receives (async, W, U, D, MINB) as a LeanCfg type; false
-// for names that are not lean configurations.
-template <bool A, int W_, int U_, int D_, int M_>
+// The lean configurations, one table: f receives (flags, W, U, D, MINB) as a LeanCfg type; false
+// for names that are not lean configurations. Measured slower and dropped (H200, eighth session):
+// a8u4d4 (352.8 tok/s at ctx 512), a16u4d3m1 (318.0).
+template <int F_, int W_, int U_, int D_, int M_>
 struct LeanCfg {
-  static constexpr bool async = A;
+  static constexpr int flags = F_;
   static constexpr int W = W_, U = U_, D = D_, MINB = M_;
 };
 template <typename F>
 bool visit_lean(std::string_view c, F&& f) {
-  if (c == "l8u4d3") f(LeanCfg<false, 8, 4, 3, 2>{});
-  else if (c == "a8u4d3") f(LeanCfg<true, 8, 4, 3, 2>{});
-  else if (c == "a8u4d4") f(LeanCfg<true, 8, 4, 4, 2>{});
-  else if (c == "a16u4d3m1") f(LeanCfg<true, 16, 4, 3, 1>{});
+  if (c == "l8u4d3") f(LeanCfg<0, 8, 4, 3, 2>{});
+  else if (c == "a8u4d3") f(LeanCfg<kLeanAsync, 8, 4, 3, 2>{});
+  else if (c == "p8u4d3") f(LeanCfg<kLeanXPred, 8, 4, 3, 2>{});
+  else if (c == "s8u4d3") f(LeanCfg<kLeanXPred | kLeanSplit, 8, 4, 3, 2>{});
   else return false;
   return true;
 }
@@ -56,7 +59,7 @@ template <typename TA, bool DQ>
 bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
   return visit_lean(c, [&](auto cfg) {
     using C = decltype(cfg);
-    launch_lean_full<TA, DQ, C::async, C::W, C::U, C::D, C::MINB>(k, st);
+    launch_lean_full<TA, DQ, C::flags, C::W, C::U, C::D, C::MINB>(k, st);
   });
 }
 }  // namespace

@@ -35,8 +35,16 @@
 
 namespace nf4flash::cuda {
 
-template <typename TA, bool DQ, bool FULL, bool ASYNC, int W, int U, int D, int MINB>
+// Variant bits of the lean kernel (configuration letters in ops_gemv_lean.cu).
+enum LeanFlags : int {
+  kLeanAsync = 1,  // barrier-free cross-warp reduction (a...)
+  kLeanXPred = 2,  // x fragments loaded only by the lanes whose mma column is a real token (p..., s...)
+  kLeanSplit = 4,  // each tile's four mma in two independent chains of two (s...)
+};
+
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
+  constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred, SPLIT = FLAGS & kLeanSplit;
   extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes]
   __shared__ float red[ASYNC ? 2 : 1][W][16][8];
   __shared__ float gate_v[128];
@@ -173,8 +181,12 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     __syncthreads();
   }
   // this lane's x: token min(g, T-1), columns 64 kt + 16 t .. +15 (lanes g >= T compute columns
-  // that are never stored; a predicated load here raised register use past the cap: spills)
+  // that are never stored). XPRED: only lanes g < T load (1-2 shared wavefronts per 16-byte load
+  // instead of 4; ncu on l8u4d3: ~9 of 29 wavefronts per tile were x); the others keep the last
+  // (finite) values, which only reach the never-stored columns. One fragment pair for all tiles.
   const uint8_t* xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
+  const bool x_load = !XPRED || g < a.T;
+  uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
 
   // compute cursor
   int cu = blockIdx.x, csub = 0, cb = 0, crt = 0;
@@ -246,9 +258,12 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
         bool ok = true;
         if constexpr (!FULL) ok = cb * WU + uu * W + warp < KT;
         if (ok) {  // warp-uniform
-          const uint4* xp = reinterpret_cast<const uint4*>(xb_addr + uu * W * 128);
-          const uint4 xa = xp[0], xb = xp[1];
-          q4_tile_scaled<TA, DQ>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
+          if (x_load) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xb_addr + uu * W * 128);
+            xa = xp[0];
+            xb = xp[1];
+          }
+          q4_tile_scaled<TA, DQ, SPLIT>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
         }
       }
       if (++cb == NB) {
