@@ -105,30 +105,36 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   ensure_workspace(std::min<int64_t>(max_rows, 512));
 }
 
-size_t Decoder::workspace_bytes(int64_t rows) const {
+// The activation workspace per row, in elements: x, o, the normed x (which the attention output
+// reuses: xn is dead once q/k/v are computed, att once o is), and one region for gate/up that
+// q/k/v share (the attention half of a layer and its MLP half never hold both).
+int64_t Decoder::ws_row_elems(int64_t& xn_cols, int64_t& gu_cols) const {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
-  return size_t(rows) * size_t(4 * H + 2 * nh * hd + 2 * nkv * hd + 2 * I) * dtype_size(be_.act_dtype());
+  xn_cols = std::max(H, nh * hd);
+  gu_cols = std::max(2 * I, nh * hd + 2 * nkv * hd);
+  return 2 * H + xn_cols + gu_cols;
+}
+
+size_t Decoder::workspace_bytes(int64_t rows) const {
+  int64_t xn_cols = 0, gu_cols = 0;
+  return (size_t(rows) * size_t(ws_row_elems(xn_cols, gu_cols)) + 128) * dtype_size(be_.act_dtype());
 }
 
 void Decoder::ensure_workspace(int64_t rows) {
   if (rows <= ws_rows_) return;
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const int64_t H = cfg_.hidden_size;
+  int64_t xn_cols = 0, gu_cols = 0;
+  ws_row_elems(xn_cols, gu_cols);
   const int64_t R64 = std::min(max_rows_, std::max(rows, 2 * ws_rows_));
   // the old buffers go first, so growing never holds both
-  for (auto* b : {&b_x_, &b_xn_, &b_q_, &b_k_, &b_v_, &b_attn_, &b_o_, &b_gate_, &b_up_}) b->reset();
+  for (auto* b : {&b_x_, &b_xn_, &b_o_, &b_gu_}) b->reset();
   const size_t es = dtype_size(be_.act_dtype());
   const size_t R = static_cast<size_t>(R64);
   b_x_ = be_.alloc(R * H * es);
-  b_xn_ = be_.alloc(R * H * es);
-  b_q_ = be_.alloc(R * nh * hd * es);
-  b_k_ = be_.alloc(R * nkv * hd * es);
-  b_v_ = be_.alloc(R * nkv * hd * es);
-  b_attn_ = be_.alloc(R * nh * hd * es);
+  b_xn_ = be_.alloc(R * size_t(xn_cols) * es);
   b_o_ = be_.alloc(R * H * es);
-  b_gate_ = be_.alloc(R * I * es);
-  b_up_ = be_.alloc(R * I * es);
+  b_gu_ = be_.alloc((R * size_t(gu_cols) + 128) * es);  // + the alignment of two views (forward)
   ws_rows_ = R64;
   ++ws_epoch_;
 }
@@ -144,11 +150,17 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
   const int hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
   const DType adt = be_.act_dtype();
-  Act x = b_x_->as_act(adt, T, H), xn = b_xn_->as_act(adt, T, H);
-  Act q = b_q_->as_act(adt, T, int64_t{nh} * hd), k = b_k_->as_act(adt, T, int64_t{nkv} * hd),
-      v = b_v_->as_act(adt, T, int64_t{nkv} * hd);
-  Act att = b_attn_->as_act(adt, T, int64_t{nh} * hd), o = b_o_->as_act(adt, T, H);
-  Act g = b_gate_->as_act(adt, T, I), u = b_up_->as_act(adt, T, I);
+  // views of the workspace (ensure_workspace): att reuses xn's buffer, q/k/v the gate/up region
+  const size_t es = dtype_size(adt);
+  auto view = [&](const std::unique_ptr<Buffer>& b, int64_t elem_off, int64_t cols) {
+    return Act{static_cast<char*>(b->data()) + size_t(elem_off) * es, adt, T, cols};
+  };
+  const int64_t QD = int64_t{nh} * hd, KD = int64_t{nkv} * hd;
+  Act x = view(b_x_, 0, H), xn = view(b_xn_, 0, H), o = view(b_o_, 0, H);
+  Act att = view(b_xn_, 0, QD);
+  auto al = [](int64_t e) { return (e + 63) / 64 * 64; };  // views start on 128-byte boundaries
+  Act q = view(b_gu_, 0, QD), k = view(b_gu_, al(T * QD), KD), v = view(b_gu_, al(T * QD) + al(T * KD), KD);
+  Act g = view(b_gu_, 0, I), u = view(b_gu_, al(T * I), I);
   const float eps = static_cast<float>(cfg_.rms_eps);
 
   // Two orders of the same arithmetic. Prompts (and backends without the fusion): each sublayer's

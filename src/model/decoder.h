@@ -62,6 +62,7 @@ class Decoder {
   int64_t workspace_rows() const { return ws_rows_; }
   int64_t workspace_epoch() const { return ws_epoch_; }
   size_t workspace_bytes(int64_t rows) const;
+  int64_t ws_row_elems(int64_t& xn_cols, int64_t& gu_cols) const;
   AttnImpl attn_impl() const { return attn_.impl; }
   void set_attn_impl(AttnImpl a) { attn_.impl = a; }
   // Kernel path names for reporting (rows = 1 for decode, many for prefill).
@@ -88,7 +89,7 @@ class Decoder {
   DecoderStats stats_;
   DType policy_store_ = DType::F32;
   // workspace
-  std::unique_ptr<Buffer> b_x_, b_xn_, b_q_, b_k_, b_v_, b_attn_, b_o_, b_gate_, b_up_;
+  std::unique_ptr<Buffer> b_x_, b_xn_, b_o_, b_gu_;  // views in forward(); see ws_row_elems
 };
 
 }  // namespace nf4flash

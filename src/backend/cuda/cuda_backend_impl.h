@@ -663,6 +663,7 @@ class CudaBackend : public Backend {
            a.nested_code_host == b.nested_code_host;
   }
   bool gemv_multi_args(Act x, const LinearOut* outs, int n, bool seq, GemvQ4MultiArgs& a) const;
+  bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out);
   bool gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act out,
                         bool seq, GemvQ4MultiArgs& a) const;
   GemvQ4MultiArgs multi_args(Act x) const {

@@ -157,11 +157,48 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
       return;
     }
   }
+  if (dense_multi(x, outs, n, nullptr)) return;
   const bool seq = n >= 1 && seq_q4(*outs[0].w, x.rows);
   GemvQ4MultiArgs a;
   if (!gemv_multi_args(x, outs, n, seq, a)) return Backend::linear_multi(x, outs, n);
   if (seq) seq_gemv(a);
   else gemv_q4_multi(a, stream_);
+}
+
+// Dense 16-bit weights at decode row counts (<= kGemvMaxRows): the n outputs in one launch of the
+// dense multi-weight GEMV (swiglu_out: gate = outs[0], up = outs[1], silu(gate) * up into
+// *swiglu_out); false when they do not qualify (then the caller's other paths run).
+bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out) {
+  static const bool off = [] {  // NF4FLASH_DENSE_MULTI=0: one launch per weight (comparison)
+    const char* v = std::getenv("NF4FLASH_DENSE_MULTI");
+    return v && std::string_view(v) == "0";
+  }();
+  if (off || x.rows < 1 || x.rows > kGemvMaxRows || n < 1 || n > 3 || x.dtype != act_) return false;
+  cuda::GemvDenseMultiArgs a;
+  a.nseg = n;
+  a.swiglu = swiglu_out != nullptr;
+  a.K = x.cols;
+  a.x = x.data;
+  a.act = act_;
+  a.T = int(x.rows);
+  for (int i = 0; i < n; ++i) {
+    auto* d = dynamic_cast<const CudaDense*>(outs[i].w);
+    if (!d || (i && d->dtype() != a.w_dtype)) return false;
+    const Act& o = swiglu_out ? *swiglu_out : outs[i].out;
+    if (o.dtype != act_) return false;
+    a.w_dtype = d->dtype();
+    a.w[i] = d->data->data();
+    a.N[i] = d->rows();
+  }
+  if (!cuda::gemv_dense_multi_applies(a)) return false;
+  for (int i = 0; i < n; ++i) {
+    check_linear(x, *outs[i].w, swiglu_out ? *swiglu_out : outs[i].out);
+    a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
+    a.out[i] = (swiglu_out ? *swiglu_out : outs[i].out).data;
+  }
+  a.out_dtype = act_;
+  cuda::gemv_dense_multi(a, stream_);
+  return true;
 }
 
 // The fused GEMV's arguments for n (<= kQsMaxSegs) 4-bit weights sharing x, taken by the in-order
@@ -265,6 +302,10 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
       return;
     }
   }
+  {
+    const LinearOut gu[2] = {{&gate, bg, out}, {&up, bu, out}};
+    if (dense_multi(x, gu, 2, &out)) return;
+  }
   const bool seq = seq_q4(gate, x.rows) && seq_q4(up, x.rows);
   GemvQ4MultiArgs a;
   if (!gemv_swiglu_args(x, gate, bg, up, bu, out, seq, a)) return Backend::linear_swiglu(x, gate, bg, up, bu, g_tmp, out);
@@ -303,7 +344,9 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
                dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"),
                below);
   }
-  if (rows <= kGemvMaxRows) return cat("gemv_dense ", dtype_name(w.dtype()), " x ", dtype_name(act_));
+  if (rows <= kGemvMaxRows)
+    return cat("gemv_dense ", dtype_name(w.dtype()), " x ", dtype_name(act_),
+               dtype_size(w.dtype()) == 2 && act_ != DType::F32 ? " (q/k/v and gate+up+silu fused)" : "");
   return cat("cublasGemmEx ", dtype_name(act_), w.dtype() != act_ ? " (weight converted per call)" : "");
 }
 

@@ -187,6 +187,26 @@ struct GemvDenseArgs {
 };
 void gemv_dense(const GemvDenseArgs& a, cudaStream_t st);
 
+// Dense decode GEMV over up to 3 weights sharing x in one launch (Store), or gate (w[0]) and up
+// (w[1]) with the SwiGLU epilogue into out[0] (kernels/gemv_dense_multi.cuh): 16-bit weights and
+// activations, K % 8 == 0, 16-byte aligned; applies() says whether these arguments qualify.
+struct GemvDenseMultiArgs {
+  const void* w[3] = {};
+  int64_t N[3] = {};
+  const float* bias[3] = {};
+  void* out[3] = {};
+  int nseg = 0;
+  bool swiglu = false;
+  DType w_dtype = DType::BF16;
+  int64_t K = 0;
+  const void* x = nullptr;
+  DType act = DType::BF16;
+  int T = 1;
+  DType out_dtype = DType::BF16;
+};
+bool gemv_dense_multi_applies(const GemvDenseMultiArgs& a);
+void gemv_dense_multi(const GemvDenseMultiArgs& a, cudaStream_t st);
+
 // ---- elementwise ------------------------------------------------------------------------------
 void convert(const void* src, DType st_, void* dst, DType dt, int64_t n, cudaStream_t st);
 void embed(const void* table, DType table_dtype, int64_t vocab, int64_t hidden, const int32_t* ids,
@@ -245,6 +265,7 @@ struct AttnArgs {
   int64_t workspace_floats = 0;
   int* counters = nullptr;  // decode: >= T * n_heads zeroed ints (the fused combine; null: combine kernel)
   int num_sms = 132;
+  int dec_min_chunk = 64;  // decode: fewest positions per split (attention_decode sets it)
 };
 // Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
 void attention_decode(const AttnArgs& a, cudaStream_t st);

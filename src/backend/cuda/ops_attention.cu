@@ -24,6 +24,20 @@ int decode_splits(const AttnArgs& a) {
   return std::clamp((waves * a.num_sms + per_split - 1) / per_split, 1, kDecodeMaxSplits);
 }
 
+// Fewest cache positions per decode split (NF4FLASH_DECODE_MIN_CHUNK, 16..1024, default 64): fewer
+// positions per block put more blocks on a short context (each block walks its slice in steps of
+// 16 positions with one load round trip per step), at the price of more partials to merge.
+int decode_min_chunk() {
+  static const int v = [] {
+    const char* e = std::getenv("NF4FLASH_DECODE_MIN_CHUNK");
+    if (!e || !*e) return 64;
+    const int c = std::atoi(e);
+    NF4FLASH_CHECK(c >= 16 && c <= 1024, "NF4FLASH_DECODE_MIN_CHUNK=", e, ": expected 16..1024");
+    return c;
+  }();
+  return v;
+}
+
 template <typename F>
 void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
   NF4FLASH_DISPATCH_ACT(a.act, what, [&] {
@@ -69,6 +83,7 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     dim3 grid(static_cast<unsigned>(a.n_kv * hchunks), static_cast<unsigned>(nsplit), static_cast<unsigned>(a.T));
     AttnArgs k = a;
     if (!attention_combine_fused()) k.counters = nullptr;
+    k.dec_min_chunk = decode_min_chunk();
     launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
     if (!k.counters) {

@@ -48,11 +48,11 @@ __device__ __forceinline__ void unpack_raw8(const Raw8<T>& r, float* f) {
   }
 }
 
-// Sequence slice of one decode split: at least 64 positions, so short contexts use few splits
-// (the combine reads only the active ones).
-__host__ __device__ __forceinline__ int decode_chunk(int L, int nsplit) {
+// Sequence slice of one decode split: at least min_chunk positions (AttnArgs::dec_min_chunk), so
+// short contexts use few splits (the combine reads only the active ones).
+__host__ __device__ __forceinline__ int decode_chunk(int L, int nsplit, int min_chunk) {
   const int c = (L + nsplit - 1) / nsplit;
-  return c < 64 ? 64 : c;
+  return c < min_chunk ? min_chunk : c;
 }
 
 // Merge online-softmax state (m2, l2, acc2) into (m, l, acc).
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   const int h0 = kvh * G + hc * GT, nh = min(GT, G - hc * GT);
   const int t = blockIdx.z, split = blockIdx.y;
   const int L = a.pos0[0] + t + 1;
-  const int chunk = decode_chunk(L, nsplit);
+  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
   const int s0 = split * chunk, s1 = min(L, s0 + chunk);
   if (s0 >= L) return;  // inactive split (whole block)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pg = lane / LP, li = lane % LP;
@@ -239,7 +239,7 @@ __global__ void attn_combine_kernel(const AttnArgs a, int nsplit, int T) {
   const float* ws_ml = a.workspace;
   const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
   const int L = a.pos0[0] + t + 1;
-  const int chunk = decode_chunk(L, nsplit);
+  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
   const int nact = min(nsplit, (L + chunk - 1) / chunk);
   attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h) * nsplit, nact, a.head_dim, t, h, s_c, s_inv_l);
 }

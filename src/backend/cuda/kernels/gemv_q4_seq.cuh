@@ -146,7 +146,7 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 // 2026-12-03 (decode @512 tok/s; one layer's GEMVs): w8u4d3 316.3, 71.0 us; w16u4d3m1 302.8,
 // 76.8 us; w8u2d4 283.0, 84.7 us; w16u2d2 224.2, 113.2 us; lean l8u4d3 387.3, 54.0 us (the
 // default); lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0.
-constexpr const char* kSeqDefaultCfg = "l8u4d3";
+constexpr const char* kSeqDefaultCfg = "p8u4d3";
 constexpr const char* kSeqCfgNames =
     "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, s8u4d3";
 
