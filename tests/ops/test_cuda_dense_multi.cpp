@@ -1,11 +1,12 @@
 // The dense multi-weight decode GEMV (kernels/gemv_dense_multi.cuh) on fresh random inputs:
-// linear_multi over 1-3 dense weights (q/k/v) and linear_swiglu over dense gate/up must give bit
-// for bit what separate linear launches (plus silu_mul) give on the GPU, and stay close to the CPU
-// backend. Odd row counts, K not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values),
+// linear_multi over 1-3 dense weights (q/k/v), linear over one, and linear_swiglu over dense
+// gate/up must give bit for bit what separate launches of gemv_dense_vec_kernel (plus silu_mul)
+// give on the GPU (NF4FLASH_DENSE_MULTI=0), and stay close to the CPU backend. Odd row counts, K not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values),
 // 1..8 tokens, bias on some weights, bf16 and f16 weights.
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
 
+#include <cstdlib>
 #include <string>
 
 namespace nf4flash::test {
@@ -54,9 +55,14 @@ void run_dense_multi(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
   b.cpu->linear_multi(xc.act, oc.data(), int(oc.size()));
   b.gpu->linear_multi(xg.act, og.data(), int(og.size()));
   for (size_t i = 0; i < ws.size(); ++i) {
-    b.gpu->linear(xg.act, *ws[i].gpu, ws[i].bgpu.get(), ys[i]->act);  // one launch per weight
     const auto y = yg[i]->get();
-    EXPECT_EQ(y, ys[i]->get()) << "segment " << i << " differs from its own launch";
+    for (const char* mode : {"2", "0"}) {  // its own launch: the same kernel, then gemv_dense_vec_kernel
+      setenv("NF4FLASH_DENSE_MULTI", mode, 1);
+      ys[i]->poison();
+      b.gpu->linear(xg.act, *ws[i].gpu, ws[i].bgpu.get(), ys[i]->act);
+      EXPECT_EQ(y, ys[i]->get()) << "segment " << i << " differs from its own launch, NF4FLASH_DENSE_MULTI=" << mode;
+    }
+    unsetenv("NF4FLASH_DENSE_MULTI");
     EXPECT_LT(rel_err(y, yc[i]->get()), 5e-3) << "segment " << i << " N=" << ws[i].N;
   }
 }
@@ -73,9 +79,11 @@ void run_dense_swiglu(DType dt, int64_t I, int64_t H, int64_t T, bool bias) {
   og.poison();
   b.cpu->linear_swiglu(xc.act, *g.cpu, g.bcpu.get(), *u.cpu, u.bcpu.get(), tc.act, oc.act);
   b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, og.act);
-  // the unfused composition on the GPU: two launches and silu_mul
+  // the unfused composition on the GPU: two launches of gemv_dense_vec_kernel and silu_mul
+  setenv("NF4FLASH_DENSE_MULTI", "0", 1);
   b.gpu->linear(xg.act, *g.gpu, g.bgpu.get(), gs.act);
   b.gpu->linear(xg.act, *u.gpu, u.bgpu.get(), us.act);
+  unsetenv("NF4FLASH_DENSE_MULTI");
   b.gpu->silu_mul(gs.act, us.act, us.act);
   const auto y = og.get();
   EXPECT_EQ(y, us.get()) << "fused gate+up+silu differs from linear, linear, silu_mul";
@@ -89,6 +97,35 @@ TEST(CudaDenseMulti, LinearMulti) {
     run_dense_multi(dt, 1000, {77, 5, 300}, 3);  // K: 125 chunks of 8, not a multiple of 32 x 8
     run_dense_multi(dt, 512, {33, 64}, 8);
     run_dense_multi(dt, 264, {9}, 2);
+  }
+}
+
+// One weight with f32 output (the lm_head's logits): the new kernel and the vec kernel agree.
+TEST(CudaDenseMulti, LinearF32Out) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16}) {
+    for (int64_t T : {1, 5}) {
+      SCOPED_TRACE(cat("f32 out ", dtype_name(dt), " T=", T));
+      Backends b(dt);
+      DW w = make_dense(b, dt, 3001, 1024, true);
+      auto X = rounded(randn(size_t(T * 1024)), dt);
+      DevAct xg(*b.gpu, T, 1024), xc(*b.cpu, T, 1024), yc(*b.cpu, T, 3001, DType::F32);
+      xg.set(X);
+      xc.set(X);
+      std::vector<float> ys[2];
+      const char* modes[2] = {"2", "0"};
+      for (int m = 0; m < 2; ++m) {
+        setenv("NF4FLASH_DENSE_MULTI", modes[m], 1);
+        DevAct y(*b.gpu, T, 3001, DType::F32);
+        y.poison();
+        b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), y.act);
+        ys[m] = y.get();
+      }
+      unsetenv("NF4FLASH_DENSE_MULTI");
+      EXPECT_EQ(ys[0], ys[1]);
+      b.cpu->linear(xc.act, *w.cpu, w.bcpu.get(), yc.act);
+      EXPECT_LT(rel_err(ys[0], yc.get()), 5e-3);
+    }
   }
 }
 

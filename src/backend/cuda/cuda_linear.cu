@@ -92,6 +92,8 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   }
   const CudaDense& d = as_dense(*wp, "linear");
   if (x.rows <= kGemvMaxRows) {
+    const LinearOut one{wp, bias, out};
+    if (dense_multi(x, &one, 1, nullptr)) return;
     GemvDenseArgs a;
     a.w = d.data->data();
     a.w_dtype = d.dtype();
@@ -168,12 +170,21 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
 // Dense 16-bit weights at decode row counts (<= kGemvMaxRows): the n outputs in one launch of the
 // dense multi-weight GEMV (swiglu_out: gate = outs[0], up = outs[1], silu(gate) * up into
 // *swiglu_out); false when they do not qualify (then the caller's other paths run).
+// NF4FLASH_DENSE_MULTI (comparisons): 0 = gemv_dense_vec_kernel, one launch per weight; 1 = the
+// multi-weight kernel for q/k/v and gate+up only; unset/2 = also for single weights (o, down,
+// lm_head: 8 chunks in flight per lane instead of 4).
+// (Read per call, so tests can compare the kernels in one process.)
+static int dense_multi_mode() {
+  const char* v = std::getenv("NF4FLASH_DENSE_MULTI");
+  if (!v || !*v) return 2;
+  NF4FLASH_CHECK(std::string_view(v) == "0" || std::string_view(v) == "1" || std::string_view(v) == "2",
+                 "NF4FLASH_DENSE_MULTI=", v, ": expected 0, 1 or 2");
+  return std::atoi(v);
+}
+
 bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out) {
-  static const bool off = [] {  // NF4FLASH_DENSE_MULTI=0: one launch per weight (comparison)
-    const char* v = std::getenv("NF4FLASH_DENSE_MULTI");
-    return v && std::string_view(v) == "0";
-  }();
-  if (off || x.rows < 1 || x.rows > kGemvMaxRows || n < 1 || n > 3 || x.dtype != act_) return false;
+  if (dense_multi_mode() < (n == 1 && !swiglu_out ? 2 : 1)) return false;
+  if (x.rows < 1 || x.rows > kGemvMaxRows || n < 1 || n > 3 || x.dtype != act_) return false;
   cuda::GemvDenseMultiArgs a;
   a.nseg = n;
   a.swiglu = swiglu_out != nullptr;
@@ -185,7 +196,8 @@ bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* sw
     auto* d = dynamic_cast<const CudaDense*>(outs[i].w);
     if (!d || (i && d->dtype() != a.w_dtype)) return false;
     const Act& o = swiglu_out ? *swiglu_out : outs[i].out;
-    if (o.dtype != act_) return false;
+    if (o.dtype != act_ && !(o.dtype == DType::F32 && n == 1 && !swiglu_out)) return false;
+    a.out_dtype = o.dtype;
     a.w_dtype = d->dtype();
     a.w[i] = d->data->data();
     a.N[i] = d->rows();
@@ -196,7 +208,6 @@ bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* sw
     a.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
     a.out[i] = (swiglu_out ? *swiglu_out : outs[i].out).data;
   }
-  a.out_dtype = act_;
   cuda::gemv_dense_multi(a, stream_);
   return true;
 }

@@ -2,7 +2,7 @@
 // <letter><W>u<U>d<D>[m1] named by NF4FLASH_GEMV_SEQ_CFG; the letter picks the variant (LeanFlags):
 // l = cross-warp reduction behind block barriers (as gemv_q4_seq), a = the barrier-free last-warp
 // reduction, p = l with x loaded only by the lanes of real tokens, s = p with each tile's mma in
-// two chains.
+// two chains, h = p with one absmax load and decode per two tiles (the half-warps split the pair).
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
@@ -51,6 +51,7 @@ bool visit_lean(std::string_view c, F&& f) {
   else if (c == "a8u4d3") f(LeanCfg<kLeanAsync, 8, 4, 3, 2>{});
   else if (c == "p8u4d3") f(LeanCfg<kLeanXPred, 8, 4, 3, 2>{});
   else if (c == "s8u4d3") f(LeanCfg<kLeanXPred | kLeanSplit, 8, 4, 3, 2>{});
+  else if (c == "h8u4d3") f(LeanCfg<kLeanXPred | kLeanHalf, 8, 4, 3, 2>{});
   else return false;
   return true;
 }

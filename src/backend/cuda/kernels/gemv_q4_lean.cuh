@@ -40,11 +40,16 @@ enum LeanFlags : int {
   kLeanAsync = 1,  // barrier-free cross-warp reduction (a...)
   kLeanXPred = 2,  // x fragments loaded only by the lanes whose mma column is a real token (p..., s...)
   kLeanSplit = 4,  // each tile's four mma in two independent chains of two (s...)
+  kLeanHalf = 8,   // lanes 0-15 load and decode the absmax of a batch's even tiles, 16-31 of its odd
+                   // ones: one scale load and decode per two tiles, half the scale registers (h...)
 };
 
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
   constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred, SPLIT = FLAGS & kLeanSplit;
+  constexpr bool HALF = FLAGS & kLeanHalf;
+  static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
+  constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
   extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes]
   __shared__ float red[ASYNC ? 2 : 1][W][16][8];
   __shared__ float gate_v[128];
@@ -95,22 +100,31 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     }
   };
   // the batch at the load cursor into ring slot (wq, s): s.x = u8 code (DQ) or f32 absmax, s.y = nested absmax
+  // HALF: this lane's tile within each pair of the batch (its absmax offsets)
+  const int hsel = HALF ? lane >> 4 : 0;
+  const uint32_t h_abs = uint32_t(hsel * W * 16 * (DQ ? 1 : 4)), h_lo = uint32_t(64 * hsel * W);
   auto load = [&](uint4* wq, float2* s) {
 #pragma unroll
     for (int uu = 0; uu < U; ++uu) {
       bool ok = true;
       if constexpr (!FULL) ok = lb * WU + uu * W + warp < KT;
+      wq[uu] = ok ? ld_stream_u4(lw + uu * W * 32) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int p = 0; p < US; ++p) {
+      const int tu = HALF ? 2 * p : p;  // + hsel: the lane's tile
+      bool ok = true;
+      if constexpr (!FULL) ok = lb * WU + (tu + hsel) * W + warp < KT;
       if (ok) {
-        wq[uu] = ld_stream_u4(lw + uu * W * 32);
+        const uint8_t* ap = la + h_abs;
         if constexpr (DQ) {
-          s[uu] = make_float2(__int_as_float(__ldg(la + uu * W * 16)),
-                              __ldg(lnest + ((lo + 64u * uu * W) >> nsh)));
+          s[p] = make_float2(__int_as_float(__ldg(ap + tu * W * 16)),
+                             __ldg(lnest + ((lo + h_lo + 64u * tu * W) >> nsh)));
         } else {
-          s[uu] = make_float2(__ldg(reinterpret_cast<const float*>(la) + uu * W * 16), 0.f);
+          s[p] = make_float2(__ldg(reinterpret_cast<const float*>(ap) + tu * W * 16), 0.f);
         }
       } else {
-        wq[uu] = make_uint4(0, 0, 0, 0);
-        s[uu] = make_float2(0.f, 0.f);  // scale 0: the tile adds nothing
+        s[p] = make_float2(0.f, 0.f);  // scale 0: the tile adds nothing
       }
     }
   };
@@ -133,7 +147,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + 32 * i));
   }
   uint4 wb[D][U];
-  float2 sb[D][U];
+  float2 sb[D][US];
   start_item();
   // the first D-1 batches' weights (they may overlap the previous kernel, PDL), then the tables
   // while they are in flight, then x (written by the previous kernel)
@@ -270,6 +284,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       if (lu < units) load(wb[(d + D - 1) % D], sb[(d + D - 1) % D]);
       advance_load();
       const uint8_t* xb_addr = xs_l + cb * (WU * 128);
+      float sv_pair = 0.f;  // HALF
 #pragma unroll
       for (int uu = 0; uu < U; ++uu) {
         bool ok = true;
@@ -280,7 +295,15 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
             xa = xp[0];
             xb = xp[1];
           }
-          q4_tile_scaled<TA, DQ, SPLIT>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
+          if constexpr (HALF) {
+            // the pair's absmax, decoded once at its even tile: lanes 0-15 hold the even tile's
+            // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
+            if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
+            const int src = g + 16 * (uu & 1);
+            q4_tile_apply<TA, SPLIT>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+          } else {
+            q4_tile_scaled<TA, DQ, SPLIT>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
+          }
         }
       }
       if (++cb == NB) {

@@ -111,18 +111,23 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
   __syncthreads();
 }
 
+// The absmax of the lane's row from its raw load: the f32 absmax, or (u8 code, nested absmax) for
+// double quant, decoded as bitsandbytes does (product rounded, then the offset).
+template <bool DQ>
+__device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const float* s_nested_code) {
+  if constexpr (DQ) return __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(raw.x)], raw.y), offset);
+  else return raw.x;
+}
+
 // One tile of the in-order kernels: the lane's 16 code bytes against its x fragments (mma), the
-// partial sums scaled by the rows' absmax (raw = the f32 absmax, or (u8 code, nested absmax) for
-// double quant, decoded as bitsandbytes does: product rounded, then the offset) and added to acc.
-// SPLIT: the four mma in two independent chains (steps 0, 2 and 1, 3), each scaled into acc.
-template <typename TA, bool DQ, bool SPLIT = false>
-__device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                               const uint4& xb, float2 raw, float offset, const float* s_nested_code,
-                                               int g, float* acc) {
-  float sv = raw.x;
-  if constexpr (DQ) sv = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(raw.x)], raw.y), offset);
-  const float s0 = __shfl_sync(0xffffffffu, sv, g);
-  const float s8 = __shfl_sync(0xffffffffu, sv, g + 8);
+// partial sums of rows g, g + 8 scaled by the absmax held by lanes src0, src8 (sv: each lane's
+// decoded absmax) and added to acc. SPLIT: the four mma in two independent chains (steps 0, 2
+// and 1, 3), each scaled into acc.
+template <typename TA, bool SPLIT = false>
+__device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
+                                              const uint4& xb, float sv, int src0, int src8, float* acc) {
+  const float s0 = __shfl_sync(0xffffffffu, sv, src0);
+  const float s8 = __shfl_sync(0xffffffffu, sv, src8);
   if constexpr (SPLIT) {
     float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
     q4_tile_mma_prmt_split<TA>(lut_s, lane_b, wq, xa, xb, d0, d1);
@@ -140,6 +145,14 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
   }
 }
 
+// A tile whose lanes r and r + 16 both loaded row r's absmax (raw).
+template <typename TA, bool DQ, bool SPLIT = false>
+__device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
+                                               const uint4& xb, float2 raw, float offset, const float* s_nested_code,
+                                               int g, float* acc) {
+  q4_tile_apply<TA, SPLIT>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8, acc);
+}
+
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
 // unless m1; l... / a...: the lean kernel (gemv_q4_lean.cuh). Register use (sm_90, bf16, dq, x
 // staged): w8u2d4 113, w8u4d3 128, no spills; w16u2d2 64 with ~260 bytes spilled. H200,
@@ -148,7 +161,7 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 // default); lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0.
 constexpr const char* kSeqDefaultCfg = "p8u4d3";
 constexpr const char* kSeqCfgNames =
-    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, s8u4d3";
+    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, s8u4d3, h8u4d3";
 
 // The lean kernel (gemv_q4_lean.cuh, ops_gemv_lean.cu): whether it can serve these arguments (x
 // fits in shared memory, 32-bit offsets), and its launch for configuration names l... / a...
