@@ -504,7 +504,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // seq-<cfg>: the in-order kernel's other configurations (NF4FLASH_GEMV_SEQ_CFG)
         // seq-l... / seq-a...: the lean kernel's configurations (gemv_q4_lean.cuh)
         for (const char* variant : {"seq", "seq-w8u4d3", "seq-w16u4d3m1", "seq-l8u4d3", "seq-a8u4d3", "seq-p8u4d3",
-                                    "seq-s8u4d3", "seq-h8u4d3", "regs"}) {
+                                    "seq-h8u4d3", "regs"}) {
           if (T != 1 && std::string(variant).rfind("seq-", 0) == 0 && std::string(variant) != "seq") continue;
           with_variant(variant);
           const std::string vn = variant;
@@ -653,7 +653,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       be->linear_residual(ua, *st.down, nullptr, oa, ra);
     };
     for (const char* mode : {"seq", "seq-w8u4d3", "seq-w16u4d3m1", "seq-l8u4d3", "seq-a8u4d3", "seq-p8u4d3",
-                             "seq-s8u4d3", "seq-h8u4d3", "streamk"}) {
+                             "seq-h8u4d3", "streamk"}) {
       const std::string m = mode;
       setenv("NF4FLASH_GEMV_Q4", m.rfind("seq", 0) == 0 ? "seq" : mode, 1);
       if (m.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);

@@ -85,25 +85,6 @@ __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b
   }
 }
 
-// q4_tile_mma_prmt (ADDR 2) with the four mma steps in two independent accumulator chains: steps
-// 0 and 2 into d0, 1 and 3 into d1 (half the dependent-mma depth per tile).
-template <typename TA>
-__device__ __forceinline__ void q4_tile_mma_prmt_split(uint32_t lut_s, uint32_t lane_b, const uint4& wq,
-                                                       const uint4& xa, const uint4& xb, float* d0, float* d1) {
-  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t fa[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t off = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
-      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(fa[k]) : "r"(lut_s + off));
-    }
-    mma_16816<TA>(j & 1 ? d1 : d0, fa, xv[2 * j], xv[2 * j + 1]);
-  }
-}
-
 // End of a row tile: the warps' partial sums (mma accumulator layout) are summed over warps in
 // shared memory and rows r < 16 x tokens n < T written (+ bias), f32 or the compute dtype.
 // Ends with a barrier so `red` may be reused.

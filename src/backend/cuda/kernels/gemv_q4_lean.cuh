@@ -38,15 +38,14 @@ namespace nf4flash::cuda {
 // Variant bits of the lean kernel (configuration letters in ops_gemv_lean.cu).
 enum LeanFlags : int {
   kLeanAsync = 1,  // barrier-free cross-warp reduction (a...)
-  kLeanXPred = 2,  // x fragments loaded only by the lanes whose mma column is a real token (p..., s...)
-  kLeanSplit = 4,  // each tile's four mma in two independent chains of two (s...)
+  kLeanXPred = 2,  // x fragments loaded only by the lanes whose mma column is a real token (p..., h...)
   kLeanHalf = 8,   // lanes 0-15 load and decode the absmax of a batch's even tiles, 16-31 of its odd
                    // ones: one scale load and decode per two tiles, half the scale registers (h...)
 };
 
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
-  constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred, SPLIT = FLAGS & kLeanSplit;
+  constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred;
   constexpr bool HALF = FLAGS & kLeanHalf;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
   constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
@@ -300,9 +299,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
             // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
             if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
             const int src = g + 16 * (uu & 1);
-            q4_tile_apply<TA, SPLIT>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+            q4_tile_apply<TA>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
           } else {
-            q4_tile_scaled<TA, DQ, SPLIT>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
+            q4_tile_scaled<TA, DQ>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
           }
         }
       }

@@ -121,36 +121,27 @@ __device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const
 
 // One tile of the in-order kernels: the lane's 16 code bytes against its x fragments (mma), the
 // partial sums of rows g, g + 8 scaled by the absmax held by lanes src0, src8 (sv: each lane's
-// decoded absmax) and added to acc. SPLIT: the four mma in two independent chains (steps 0, 2
-// and 1, 3), each scaled into acc.
-template <typename TA, bool SPLIT = false>
+// decoded absmax) and added to acc. (Splitting the four mma into two chains measured no faster:
+// H200, ninth session, s8u4d3.)
+template <typename TA>
 __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                               const uint4& xb, float sv, int src0, int src8, float* acc) {
   const float s0 = __shfl_sync(0xffffffffu, sv, src0);
   const float s8 = __shfl_sync(0xffffffffu, sv, src8);
-  if constexpr (SPLIT) {
-    float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-    q4_tile_mma_prmt_split<TA>(lut_s, lane_b, wq, xa, xb, d0, d1);
-    acc[0] = fmaf(d1[0], s0, fmaf(d0[0], s0, acc[0]));
-    acc[1] = fmaf(d1[1], s0, fmaf(d0[1], s0, acc[1]));
-    acc[2] = fmaf(d1[2], s8, fmaf(d0[2], s8, acc[2]));
-    acc[3] = fmaf(d1[3], s8, fmaf(d0[3], s8, acc[3]));
-  } else {
-    float dd[4] = {0.f, 0.f, 0.f, 0.f};
-    q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wq, xa, xb, dd);
-    acc[0] = fmaf(dd[0], s0, acc[0]);
-    acc[1] = fmaf(dd[1], s0, acc[1]);
-    acc[2] = fmaf(dd[2], s8, acc[2]);
-    acc[3] = fmaf(dd[3], s8, acc[3]);
-  }
+  float dd[4] = {0.f, 0.f, 0.f, 0.f};
+  q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wq, xa, xb, dd);
+  acc[0] = fmaf(dd[0], s0, acc[0]);
+  acc[1] = fmaf(dd[1], s0, acc[1]);
+  acc[2] = fmaf(dd[2], s8, acc[2]);
+  acc[3] = fmaf(dd[3], s8, acc[3]);
 }
 
 // A tile whose lanes r and r + 16 both loaded row r's absmax (raw).
-template <typename TA, bool DQ, bool SPLIT = false>
+template <typename TA, bool DQ>
 __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                                const uint4& xb, float2 raw, float offset, const float* s_nested_code,
                                                int g, float* acc) {
-  q4_tile_apply<TA, SPLIT>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8, acc);
+  q4_tile_apply<TA>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8, acc);
 }
 
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
@@ -161,7 +152,7 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 // default); lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0.
 constexpr const char* kSeqDefaultCfg = "p8u4d3";
 constexpr const char* kSeqCfgNames =
-    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, s8u4d3, h8u4d3";
+    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3";
 
 // The lean kernel (gemv_q4_lean.cuh, ops_gemv_lean.cu): whether it can serve these arguments (x
 // fits in shared memory, 32-bit offsets), and its launch for configuration names l... / a...
