@@ -1,8 +1,9 @@
 // The dense multi-weight decode GEMV (kernels/gemv_dense_multi.cuh) on fresh random inputs:
 // linear_multi over 1-3 dense weights (q/k/v), linear over one, and linear_swiglu over dense
 // gate/up must give bit for bit what separate launches of gemv_dense_vec_kernel (plus silu_mul)
-// give on the GPU (NF4FLASH_DENSE_MULTI=0), and stay close to the CPU backend. Odd row counts, K not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values),
-// 1..8 tokens, bias on some weights, bf16 and f16 weights.
+// give on the GPU (NF4FLASH_DENSE_MULTI=0), and stay close to the CPU backend. Odd row counts, K
+// not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values), 1..8 tokens, bias on some
+// weights, bf16 and f16 weights.
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
 

@@ -170,13 +170,13 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
 // Dense 16-bit weights at decode row counts (<= kGemvMaxRows): the n outputs in one launch of the
 // dense multi-weight GEMV (swiglu_out: gate = outs[0], up = outs[1], silu(gate) * up into
 // *swiglu_out); false when they do not qualify (then the caller's other paths run).
-// NF4FLASH_DENSE_MULTI (comparisons): 0 = gemv_dense_vec_kernel, one launch per weight; 1 = the
-// multi-weight kernel for q/k/v and gate+up only; unset/2 = also for single weights (o, down,
-// lm_head: 8 chunks in flight per lane instead of 4).
-// (Read per call, so tests can compare the kernels in one process.)
+// NF4FLASH_DENSE_MULTI (comparisons): 0 = gemv_dense_vec_kernel, one launch per weight; unset/1 =
+// the multi-weight kernel for q/k/v and gate+up; 2 = also for single weights (o, down, lm_head: 8
+// chunks in flight per lane instead of 4). (Read per call, so tests compare the kernels in one
+// process.)
 static int dense_multi_mode() {
   const char* v = std::getenv("NF4FLASH_DENSE_MULTI");
-  if (!v || !*v) return 2;
+  if (!v || !*v) return 1;
   NF4FLASH_CHECK(std::string_view(v) == "0" || std::string_view(v) == "1" || std::string_view(v) == "2",
                  "NF4FLASH_DENSE_MULTI=", v, ": expected 0, 1 or 2");
   return std::atoi(v);
