@@ -145,11 +145,13 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 }
 
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
-// unless m1; l... / a...: the lean kernel (gemv_q4_lean.cuh). Register use (sm_90, bf16, dq, x
-// staged): w8u2d4 113, w8u4d3 128, no spills; w16u2d2 64 with ~260 bytes spilled. H200,
-// 2026-12-03 (decode @512 tok/s; one layer's GEMVs): w8u4d3 316.3, 71.0 us; w16u4d3m1 302.8,
-// 76.8 us; w8u2d4 283.0, 84.7 us; w16u2d2 224.2, 113.2 us; lean l8u4d3 387.3, 54.0 us (the
-// default); lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0.
+// unless m1; l... / a... / p... / h...: the lean kernel (gemv_q4_lean.cuh, LeanFlags). Register
+// use (sm_90, bf16, dq, x staged): w8u2d4 113, w8u4d3 128, no spills; w16u2d2 64 with ~260 bytes
+// spilled. H200, 2026-12-03 (decode @512 tok/s; one layer's GEMVs): w8u4d3 316.3, 71.0 us;
+// w16u4d3m1 302.8, 76.8 us; w8u2d4 283.0, 84.7 us; w16u2d2 224.2, 113.2 us; lean l8u4d3 387.3,
+// 54.0 us; lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0;
+// ninth session: p8u4d3 (x loaded by the lanes of real tokens) 388.2 against l8u4d3 382.2 in the
+// same run, the default; h8u4d3 (one absmax decode per two tiles) GPU-tested, not yet timed.
 constexpr const char* kSeqDefaultCfg = "p8u4d3";
 constexpr const char* kSeqCfgNames =
     "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3";
