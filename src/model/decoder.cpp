@@ -105,36 +105,37 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   ensure_workspace(std::min<int64_t>(max_rows, 512));
 }
 
-// The activation workspace per row, in elements: x, o, the normed x (which the attention output
+// The activation workspace, in elements per row: x, o, the normed x (which the attention output
 // reuses: xn is dead once q/k/v are computed, att once o is), and one region for gate/up that
-// q/k/v share (the attention half of a layer and its MLP half never hold both).
-int64_t Decoder::ws_row_elems(int64_t& xn_cols, int64_t& gu_cols) const {
+// q/k/v share (the attention half of a layer and its MLP half never hold both). forward() starts
+// the region's later views on kWsAlign-element boundaries, so it carries two alignments of slack.
+Decoder::WsLayout Decoder::ws_layout() const {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
-  xn_cols = std::max(H, nh * hd);
-  gu_cols = std::max(2 * I, nh * hd + 2 * nkv * hd);
-  return 2 * H + xn_cols + gu_cols;
+  WsLayout l;
+  l.xn_cols = std::max(H, nh * hd);
+  l.gu_cols = std::max(2 * I, nh * hd + 2 * nkv * hd);
+  l.row_elems = 2 * H + l.xn_cols + l.gu_cols;
+  return l;
 }
 
 size_t Decoder::workspace_bytes(int64_t rows) const {
-  int64_t xn_cols = 0, gu_cols = 0;
-  return (size_t(rows) * size_t(ws_row_elems(xn_cols, gu_cols)) + 128) * dtype_size(be_.act_dtype());
+  return (size_t(rows) * size_t(ws_layout().row_elems) + 2 * kWsAlign) * dtype_size(be_.act_dtype());
 }
 
 void Decoder::ensure_workspace(int64_t rows) {
   if (rows <= ws_rows_) return;
   const int64_t H = cfg_.hidden_size;
-  int64_t xn_cols = 0, gu_cols = 0;
-  ws_row_elems(xn_cols, gu_cols);
+  const WsLayout l = ws_layout();
   const int64_t R64 = std::min(max_rows_, std::max(rows, 2 * ws_rows_));
   // the old buffers go first, so growing never holds both
   for (auto* b : {&b_x_, &b_xn_, &b_o_, &b_gu_}) b->reset();
   const size_t es = dtype_size(be_.act_dtype());
   const size_t R = static_cast<size_t>(R64);
   b_x_ = be_.alloc(R * H * es);
-  b_xn_ = be_.alloc(R * size_t(xn_cols) * es);
+  b_xn_ = be_.alloc(R * size_t(l.xn_cols) * es);
   b_o_ = be_.alloc(R * H * es);
-  b_gu_ = be_.alloc((R * size_t(gu_cols) + 128) * es);  // + the alignment of two views (forward)
+  b_gu_ = be_.alloc((R * size_t(l.gu_cols) + 2 * kWsAlign) * es);
   ws_rows_ = R64;
   ++ws_epoch_;
 }
@@ -158,7 +159,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   const int64_t QD = int64_t{nh} * hd, KD = int64_t{nkv} * hd;
   Act x = view(b_x_, 0, H), xn = view(b_xn_, 0, H), o = view(b_o_, 0, H);
   Act att = view(b_xn_, 0, QD);
-  auto al = [](int64_t e) { return (e + 63) / 64 * 64; };  // views start on 128-byte boundaries
+  auto al = [](int64_t e) { return (e + kWsAlign - 1) / kWsAlign * kWsAlign; };
   Act q = view(b_gu_, 0, QD), k = view(b_gu_, al(T * QD), KD), v = view(b_gu_, al(T * QD) + al(T * KD), KD);
   Act g = view(b_gu_, 0, I), u = view(b_gu_, al(T * I), I);
   const float eps = static_cast<float>(cfg_.rms_eps);

@@ -62,7 +62,11 @@ class Decoder {
   int64_t workspace_rows() const { return ws_rows_; }
   int64_t workspace_epoch() const { return ws_epoch_; }
   size_t workspace_bytes(int64_t rows) const;
-  int64_t ws_row_elems(int64_t& xn_cols, int64_t& gu_cols) const;
+  struct WsLayout {
+    int64_t xn_cols = 0, gu_cols = 0, row_elems = 0;
+  };
+  WsLayout ws_layout() const;
+  static constexpr int64_t kWsAlign = 64;  // elements: workspace views start on 128+-byte boundaries
   AttnImpl attn_impl() const { return attn_.impl; }
   void set_attn_impl(AttnImpl a) { attn_.impl = a; }
   // Kernel path names for reporting (rows = 1 for decode, many for prefill).

@@ -183,8 +183,8 @@ static int dense_multi_mode() {
 }
 
 bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out) {
-  if (dense_multi_mode() < (n == 1 && !swiglu_out ? 2 : 1)) return false;
   if (x.rows < 1 || x.rows > kGemvMaxRows || n < 1 || n > 3 || x.dtype != act_) return false;
+  if (dense_multi_mode() < (n == 1 && !swiglu_out ? 2 : 1)) return false;
   cuda::GemvDenseMultiArgs a;
   a.nseg = n;
   a.swiglu = swiglu_out != nullptr;

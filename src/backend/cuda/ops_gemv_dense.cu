@@ -41,7 +41,6 @@ void gemv_dense_multi(const GemvDenseMultiArgs& g, cudaStream_t st) {
     k.unit_end[s] = end;
   }
   k.units = g.swiglu ? g.N[0] : end;
-  if (g.swiglu) k.unit_end[0] = g.N[0];
   k.K = g.K;
   k.x = g.x;
   k.nseg = g.nseg;

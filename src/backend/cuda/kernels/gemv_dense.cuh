@@ -29,6 +29,19 @@ __device__ __forceinline__ void gemv_store(const DenseKernelArgs& a, int n, int6
   else static_cast<TA*>(a.out)[n * a.N + row] = from_f32<TA>(v);
 }
 
+// One 16-byte chunk c of a dense GEMV row's sum for token n: xf = x[n, 8c .. 8c+7] (through L1),
+// then acc += w[0..7] * xf in index order. Both dense decode kernels (this file's and
+// gemv_dense_multi.cuh) use these, so a row's result is the same whichever kernel computes it.
+template <typename TA>
+__device__ __forceinline__ void dense_x8(const void* x, int64_t K, int n, int64_t c, float* xf) {
+  unpack8<TA>(__ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(x) + n * K) + c), xf);
+}
+__device__ __forceinline__ float dense_dot8(const float* wf, const float* xf, float acc) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc = fmaf(wf[i], xf[i], acc);
+  return acc;
+}
+
 template <typename TW, typename TA, int TN>
 __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelArgs a) {
   __shared__ __align__(16) L2PfLaunch s_pf[kPfLook];
@@ -60,11 +73,9 @@ __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelAr
 #pragma unroll
           for (int n = 0; n < TN; ++n) {
             if (n < a.T) {
-              const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + n * a.K) + c);
               float xf[8];
-              unpack8<TA>(xv, xf);
-#pragma unroll
-              for (int i = 0; i < 8; ++i) acc[n] = fmaf(wf[i], xf[i], acc[n]);
+              dense_x8<TA>(a.x, a.K, n, c, xf);
+              acc[n] = dense_dot8(wf, xf, acc[n]);
             }
           }
         }

@@ -9,12 +9,14 @@
 // Work: a unit is one row of the concatenated segments (Store) or one row of gate with the same
 // row of up (SwiGLU); one warp per unit, 8 units per 256-thread block, grid-stride. Lane l takes
 // the 16-byte chunks l, l + 32, ... of each row in that order, U chunks per row in flight
-// (streaming loads, L1 no-allocate), x through L1 — the per-row arithmetic and the warp sum of
-// gemv_dense_vec_kernel, so each output is bit for bit what separate launches (plus silu_mul) give.
+// (streaming loads, L1 no-allocate), x through L1 — gemv_dense_vec_kernel's per-chunk step
+// (dense_x8, dense_dot8) and warp sum, so each output is bit for bit what separate launches (plus
+// silu_mul) give.
 // Why: the decode step of a bf16-weight model spent ~10 us per launch on k and v (8 MB each) and a
 // launch on silu_mul (ncu, H200): fixed costs, not bytes.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
 
 namespace nf4flash::cuda {
@@ -70,15 +72,13 @@ __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_cons
 #pragma unroll
           for (int n = 0; n < TN; ++n) {
             if (n < a.T) {
-              const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + n * a.K) + c);
               float xf[8];
-              unpack8<TA>(xv, xf);
+              dense_x8<TA>(a.x, a.K, n, c, xf);  // once for both rows of a SwiGLU unit
 #pragma unroll
               for (int r = 0; r < NR; ++r) {
                 float wf[8];
                 unpack8<TW>(wv[r][uu], wf);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[r][n] = fmaf(wf[i], xf[i], acc[r][n]);
+                acc[r][n] = dense_dot8(wf, xf, acc[r][n]);
               }
             }
           }

@@ -39,7 +39,7 @@ namespace nf4flash::cuda {
 enum LeanFlags : int {
   kLeanAsync = 1,  // barrier-free cross-warp reduction (a...)
   kLeanXPred = 2,  // x fragments loaded only by the lanes whose mma column is a real token (p..., h...)
-  kLeanHalf = 8,   // lanes 0-15 load and decode the absmax of a batch's even tiles, 16-31 of its odd
+  kLeanHalf = 4,   // lanes 0-15 load and decode the absmax of a batch's even tiles, 16-31 of its odd
                    // ones: one scale load and decode per two tiles, half the scale registers (h...)
 };
 
@@ -98,10 +98,10 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       lo += 64u * WU;
     }
   };
-  // the batch at the load cursor into ring slot (wq, s): s.x = u8 code (DQ) or f32 absmax, s.y = nested absmax
   // HALF: this lane's tile within each pair of the batch (its absmax offsets)
   const int hsel = HALF ? lane >> 4 : 0;
   const uint32_t h_abs = uint32_t(hsel * W * 16 * (DQ ? 1 : 4)), h_lo = uint32_t(64 * hsel * W);
+  // the batch at the load cursor into ring slot (wq, s): s.x = u8 code (DQ) or f32 absmax, s.y = nested absmax
   auto load = [&](uint4* wq, float2* s) {
 #pragma unroll
     for (int uu = 0; uu < U; ++uu) {
