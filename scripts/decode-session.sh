@@ -15,7 +15,7 @@ bash scripts/gpu-check.sh > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
 grep -E "tests passed|tests failed|\(Failed\)|Failed  |\*\*\*" $OUT/gpu-tests.log | head -20; pack
 bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
 bash scripts/decode-bench.sh $B 512 "h8:NF4FLASH_GEMV_SEQ_CFG=h8u4d3" "l8:NF4FLASH_GEMV_SEQ_CFG=l8u4d3" 2>&1 | tail -2; pack
-for v in 1 0 2; do  # dense decode GEMV: multi-weight kernel for q/k/v + gate/up (default), none, all
+for v in ${DENSE_MODES:-1 0 2}; do  # dense decode GEMV: 1 = multi-weight kernel for q/k/v + gate/up (default), 0 = none, 2 = all
   NF4FLASH_DENSE_MULTI=$v $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
     --json $OUT/decode-bf16-dm$v.json > $OUT/decode-bf16-dm$v.txt 2>&1
   echo "bf16 NF4FLASH_DENSE_MULTI=$v: $(grep -E 'decode tg' $OUT/decode-bf16-dm$v.txt | tail -1)"; done; pack
