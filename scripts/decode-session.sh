@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One device call for a decode session (scripts/gpu-check.sh builds and runs the gpu suite, then
-# the decode benchmarks and GEMV configurations, bf16 decode per dense GEMV mode, the GEMV
-# kernel-bench rows, VRAM at ctx 8192 and the ncu step breakdowns of the NF4 and bf16 models),
-# each result packed into $OUT/all.tgz as it lands (only 8 files come back one by one, and a
-# timed-out call keeps what was packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash>
-# scripts/decode-session.sh
+# One device call for a decode session: scripts/gpu-check.sh builds and runs the gpu suite, then
+# the GEMV kernel-bench rows (4-bit lean configurations, dense single-weight kernels), decode
+# @512/@32768 with the defaults and @512 per lean configuration in LEAN_CFGS, bf16 decode per
+# dense kernel in DENSE_STREAMS, peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE)
+# and, with PROFILE=1, the ncu step tables of the NF4 and bf16 models. Each result is packed into
+# $OUT/all.tgz as it lands (only 8 files come back one by one, and a timed-out call keeps what was
+# packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash> scripts/decode-session.sh
 set -uo pipefail
 export OUT NCCL_NVLS_ENABLE=0
 rm -rf "${OUT:?}"/*  # the device's $OUT has held earlier sessions' files: pack only this call's
@@ -13,18 +14,29 @@ pack() { (cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude='*.csv' --exclu
 export NF4FLASH_COMMIT=${NF4FLASH_COMMIT:-wip} NF4FLASH_GPU_BENCH=0
 bash scripts/gpu-check.sh > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
 grep -E "tests passed|tests failed|\(Failed\)|Failed  |\*\*\*" $OUT/gpu-tests.log | head -20; pack
+timeout ${KB_TIMEOUT:-150} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
+grep -E "(4096x14336|14336x4096) T=1 (seq|seq-[lph]8u[24]d[23]g?[234]?|regs) |decode layer|copy|gemv bf16" $OUT/kb.txt \
+  | sed -E 's/ +/ /g' | cut -c1-90 | head -40; pack
 bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
-bash scripts/decode-bench.sh $B 512 "h8:NF4FLASH_GEMV_SEQ_CFG=h8u4d3" "l8:NF4FLASH_GEMV_SEQ_CFG=l8u4d3" 2>&1 | tail -2; pack
-for v in ${DENSE_MODES:-1 0 2}; do  # dense decode GEMV: 1 = multi-weight kernel for q/k/v + gate/up (default), 0 = none, 2 = all
-  NF4FLASH_DENSE_MULTI=$v $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
-    --json $OUT/decode-bf16-dm$v.json > $OUT/decode-bf16-dm$v.txt 2>&1
-  echo "bf16 NF4FLASH_DENSE_MULTI=$v: $(grep -E 'decode tg' $OUT/decode-bf16-dm$v.txt | tail -1)"; done; pack
-timeout 100 stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
-grep -E "(4096x14336|14336x4096) T=1 (seq|seq-[lph]8u4d3|regs) |decode layer|copy" $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-100 | head -24; pack
-$B bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 -p 4096 --ctx 8000 -n 32 -r 1 \
-  --json $OUT/vram-p4096.json > $OUT/vram-p4096.txt 2>&1; grep -E "peak VRAM|^\|" $OUT/vram-p4096.txt | tail -3; pack
-PROFILE_TIMES=1 timeout 60 bash scripts/profile-decode.sh $B
-python3 scripts/ncu-step-table.py $OUT/ncu-times.csv --steps 2 > $OUT/ncu-step.txt 2>&1; head -14 $OUT/ncu-step.txt; pack
-mkdir -p $OUT/bf16 && OUT=$OUT/bf16 PROFILE_QUANT=none PROFILE_TIMES=1 timeout 90 bash scripts/profile-decode.sh $B
-python3 scripts/ncu-step-table.py $OUT/bf16/ncu-times.csv --steps 2 > $OUT/bf16/ncu-step.txt 2>&1; head -10 $OUT/bf16/ncu-step.txt; pack
+set -- ${LEAN_CFGS:-}
+[ $# -gt 0 ] && bash scripts/decode-bench.sh $B 512 $(for c in "$@"; do echo "$c:NF4FLASH_GEMV_SEQ_CFG=$c"; done) 2>&1 | tail -$#; pack
+for v in ${DENSE_STREAMS:-4 0}; do  # dense single-weight decode GEMV: 4/8 = stream kernel (U), 0 = vec kernel
+  NF4FLASH_DENSE_STREAM=$v $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
+    --json $OUT/decode-bf16-ds$v.json > $OUT/decode-bf16-ds$v.txt 2>&1
+  echo "bf16 NF4FLASH_DENSE_STREAM=$v: $(grep -E 'decode tg' $OUT/decode-bf16-ds$v.txt | tail -1)"; done; pack
+vram() {  # label, env...
+  local l=$1; shift
+  env NF4FLASH_VRAM_TRACE=1 "$@" $B bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 -p 4096 \
+    --ctx 8000 -n 32 -r 1 --json $OUT/vram-$l.json > $OUT/vram-$l.txt 2>&1
+  echo "vram $l: $(grep -E '^peak VRAM' $OUT/vram-$l.txt) | $(grep -E 'TTFT' $OUT/vram-$l.txt | tail -1 | cut -c1-70)"
+}
+vram p4096
+vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
+grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
+if [ "${PROFILE:-0}" = 1 ]; then
+  PROFILE_TIMES=1 timeout 60 bash scripts/profile-decode.sh $B
+  python3 scripts/ncu-step-table.py $OUT/ncu-times.csv --steps 2 > $OUT/ncu-step.txt 2>&1; head -14 $OUT/ncu-step.txt; pack
+  mkdir -p $OUT/bf16 && OUT=$OUT/bf16 PROFILE_QUANT=none PROFILE_TIMES=1 timeout 90 bash scripts/profile-decode.sh $B
+  python3 scripts/ncu-step-table.py $OUT/bf16/ncu-times.csv --steps 2 > $OUT/bf16/ncu-step.txt 2>&1; head -10 $OUT/bf16/ncu-step.txt; pack
+fi
 ls -la $OUT/all.tgz
