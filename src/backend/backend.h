@@ -172,7 +172,12 @@ class Backend {
     add(x, delta, x);
     rms_norm(x, w, eps, out);
   }
-  // out = silu(x G^T + bg) * (x U^T + bu); g_tmp: scratch of out's shape.
+  // out = silu(x G^T + bg) * (x U^T + bu); g_tmp: scratch of out's shape, or empty (data null)
+  // where linear_swiglu_needs_tmp says the backend does without it.
+  virtual bool linear_swiglu_needs_tmp(const Weight& /*gate*/, const Weight& /*up*/, int64_t /*rows*/,
+                                       bool /*bias*/) const {
+    return true;
+  }
   virtual void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
                              Act g_tmp, Act out) {
     linear(x, gate, bg, g_tmp);

@@ -109,6 +109,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
 // reuses: xn is dead once q/k/v are computed, att once o is), and one region for gate/up that
 // q/k/v share (the attention half of a layer and its MLP half never hold both). forward() starts
 // the region's later views on kWsAlign-element boundaries, so it carries two alignments of slack.
+// The region holds the gate product only for row counts whose linear_swiglu needs it (gu_elems).
 Decoder::WsLayout Decoder::ws_layout() const {
   const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
   const int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
@@ -119,8 +120,28 @@ Decoder::WsLayout Decoder::ws_layout() const {
   return l;
 }
 
+bool Decoder::swiglu_tmp(int64_t T) const {
+  for (const LayerWeights& L : layers_)
+    if (be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) return true;
+  return false;
+}
+
+int64_t Decoder::gu_elems(int64_t rows) const {
+  const int64_t I = cfg_.intermediate_size;
+  const int64_t qkv = int64_t{cfg_.n_heads} * cfg_.head_dim + 2 * int64_t{cfg_.n_kv_heads} * cfg_.head_dim;
+  int64_t e = rows * std::max(I, qkv);
+  for (int64_t T = rows; T >= 1; --T) {  // the largest row count that needs the gate buffer
+    if (swiglu_tmp(T)) {
+      e = std::max(e, 2 * T * I);
+      break;  // fewer rows need no more (2 T I grows with T)
+    }
+  }
+  return e + 2 * kWsAlign;
+}
+
 size_t Decoder::workspace_bytes(int64_t rows) const {
-  return (size_t(rows) * size_t(ws_layout().row_elems) + 2 * kWsAlign) * dtype_size(be_.act_dtype());
+  const WsLayout l = ws_layout();
+  return (size_t(rows) * size_t(l.row_elems - l.gu_cols) + size_t(gu_elems(rows))) * dtype_size(be_.act_dtype());
 }
 
 void Decoder::ensure_workspace(int64_t rows) {
@@ -135,7 +156,8 @@ void Decoder::ensure_workspace(int64_t rows) {
   b_x_ = be_.alloc(R * H * es);
   b_xn_ = be_.alloc(R * size_t(l.xn_cols) * es);
   b_o_ = be_.alloc(R * H * es);
-  b_gu_ = be_.alloc((R * size_t(l.gu_cols) + 2 * kWsAlign) * es);
+  b_gu_ = be_.alloc(size_t(gu_elems(R64)) * es);
+  gu_cap_ = gu_elems(R64);
   ws_rows_ = R64;
   ++ws_epoch_;
 }
@@ -161,7 +183,11 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   Act att = view(b_xn_, 0, QD);
   auto al = [](int64_t e) { return (e + kWsAlign - 1) / kWsAlign * kWsAlign; };
   Act q = view(b_gu_, 0, QD), k = view(b_gu_, al(T * QD), KD), v = view(b_gu_, al(T * QD) + al(T * KD), KD);
-  Act g = view(b_gu_, 0, I), u = view(b_gu_, al(T * I), I);
+  // gate product, then the SwiGLU output; without the gate buffer (long prompt chunks, see
+  // swiglu_tmp) the output starts the region
+  const bool gtmp = swiglu_tmp(T);
+  Act g = gtmp ? view(b_gu_, 0, I) : Act{nullptr, adt, T, I}, u = view(b_gu_, gtmp ? al(T * I) : 0, I);
+  NF4FLASH_CHECK((gtmp ? al(T * I) : 0) + T * I <= gu_cap_, "forward: the workspace's gate/up region is too small");
   const float eps = static_cast<float>(cfg_.rms_eps);
 
   // Two orders of the same arithmetic. Prompts (and backends without the fusion): each sublayer's

@@ -15,6 +15,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string_view>
 #include <vector>
@@ -30,11 +31,26 @@ namespace nf4flash::cuda_impl {
 
 using namespace cuda;
 
+// NF4FLASH_VRAM_TRACE=1: device memory in use (total - free, all of the GPU) after each step of
+// the backend's setup and after each allocation of >= 8 MiB, on stderr (where peak VRAM goes).
+inline void vram_trace(const char* what, size_t bytes = 0) {
+  static const bool on = [] {
+    const char* v = std::getenv("NF4FLASH_VRAM_TRACE");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  if (!on) return;
+  size_t f = 0, t = 0;
+  if (cudaMemGetInfo(&f, &t) != cudaSuccess) return;
+  std::fprintf(stderr, "vram: %-28s %+9.1f MiB  used %.3f GiB\n", what, double(bytes) / (1 << 20),
+               double(t - f) / double(1 << 30));
+}
+
 class CudaBuffer : public Buffer {
  public:
   explicit CudaBuffer(size_t bytes) {
     bytes_ = bytes;
     if (bytes) CUDA_CHECK(cudaMalloc(&data_, bytes));
+    if (bytes >= (size_t(8) << 20)) vram_trace("buffer", bytes);
   }
   ~CudaBuffer() override {
     if (data_) cudaFree(data_);
@@ -133,18 +149,24 @@ class CudaBackend : public Backend {
     NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
                    "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
     CUDA_CHECK(cudaSetDevice(o.device_index));
+    CUDA_CHECK(cudaFree(nullptr));  // the context now, so the trace below separates it
+    vram_trace("context");
     CUDA_CHECK(cudaGetDeviceProperties(&props_, o.device_index));
     // Per-thread stack: the driver reserves limit x resident threads of local memory (1 KiB x 2048 x
-    // 132 SMs = 277 MB on an H200 by default). Our kernels need none or a few bytes; 256 bytes
-    // keeps 207 MB free (H200, peak VRAM 6.47 -> 6.28 GiB at ctx 8192, docs/performance.md).
-    // NF4FLASH_CUDA_STACK_BYTES overrides.
+    // 132 SMs = 277 MB on an H200 by default; 256 bytes: 69 MB). Our kernels need none; the driver
+    // raises the limit at the launch of any kernel (ours or a library's) that needs more ("the
+    // driver automatically increases the per-thread stack size for each kernel launch as needed",
+    // cuCtxSetLimit), so 0 reserves only what the kernels actually run need (H200 peak VRAM at ctx
+    // 8192: 6.47 -> 6.28 GiB for 256 bytes, docs/performance.md). NF4FLASH_CUDA_STACK_BYTES overrides.
     {
-      size_t stack = 256;
+      size_t stack = 0;
       if (const char* v = std::getenv("NF4FLASH_CUDA_STACK_BYTES"); v && *v) stack = size_t(std::max(0, std::atoi(v)));
       CUDA_CHECK(cudaDeviceSetLimit(cudaLimitStackSize, stack));
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    vram_trace("stack limit + stream");
     CUBLAS_CHECK(cublasCreate(&cublas_));
+    vram_trace("cublasCreate");
     CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
     cublas_ws_ = std::make_unique<CudaBuffer>(size_t(32) << 20);
     CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
@@ -343,7 +365,7 @@ class CudaBackend : public Backend {
     }
     // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS, whose
     // scratch is allocated at the first such product (gemm_q4)
-    if (q4_fused_max_rows_ != INT64_MAX) q4_scratch_numel_ = std::max(q4_scratch_numel_, dequant_chunk_rows(d) * d.cols);
+    if (q4_fused_max_rows_ != INT64_MAX) q4_scratch_numel_ = std::max(q4_scratch_numel_, d.rows * d.cols);
     // the fused GEMM's split-tail workspace (once): kSplitWsFloats f32 slices, kSplitTickets counters
     if (q4_gemm_fused_ && !split_ws_) {
       split_ws_ = std::make_unique<CudaBuffer>(size_t(kSplitWsFloats) * 4);
@@ -377,6 +399,7 @@ class CudaBackend : public Backend {
   void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) override;
   void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp,
                      Act out) override;
+  bool linear_swiglu_needs_tmp(const Weight& gate, const Weight& up, int64_t rows, bool bias) const override;
   void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) override {
     cuda::rope_kv_write(rope_args(q, k, p, s), kv_write_args(layer, k, v, s), stream_);
   }
@@ -630,6 +653,9 @@ class CudaBackend : public Backend {
            size_t(layer) * kv_.n_kv_heads * kv_.capacity * kv_.head_dim * dtype_size(kv_.dtype);
   }
   int64_t q4_scratch_numel_ = 0;  // the dequantize scratch the 4-bit weights need (reserved on first use)
+  // linear_swiglu without g_tmp (swiglu_sliced): the gate product of one chunk of rows, [T, chunk]
+  std::unique_ptr<CudaBuffer> swiglu_tmp_;
+  void swiglu_sliced(Act x, const cuda::Q4Device& g, const cuda::Q4Device& u, Act out);
   void reserve_scratch(int64_t numel) {
     const size_t need = size_t(numel) * dtype_size(act_);
     if (!scratch_ || scratch_->bytes() < need) {
@@ -683,12 +709,15 @@ class CudaBackend : public Backend {
   // dequantize + cuBLAS path. Measured crossover on the H200 (kernel-bench "threshold" rows,
   // docs/performance.md): see kGemvRowsDefault.
   int gemv_max_rows_ = kGemvRowsDefault;
-  // 4-bit GEMM path: 0 = dequantize the whole matrix, then one GEMM (default); > 0 = in chunks of
-  // rows of at most this many bytes, each multiplied right after (cuBLAS writing that column slice
-  // of the output) so the dense copy could stay in L2 and the scratch this small
-  // (NF4FLASH_DEQUANT_CHUNK_MB). Measured slower on the H200 (kernel-bench "prefill" rows,
-  // docs/performance.md): a chunk's GEMM (e.g. 2048 x 512 rows) leaves most SMs idle.
-  int64_t dequant_chunk_bytes_ = 0;
+  // 4-bit GEMM path (dequantize + cuBLAS): products of at least kDequantChunkMinRows rows dequantize
+  // the weight in chunks of rows of at most dequant_chunk_bytes_ (NF4FLASH_DEQUANT_CHUNK_MB; 0 = the
+  // whole matrix always), each multiplied right after (cuBLAS writing that column slice of the
+  // output): the scratch is 32 MiB instead of the largest weight (117 MB for 14336 x 4096), and the
+  // chunk is read back from L2. Fewer rows take the whole matrix: at 512 rows a chunk's GEMM
+  // (e.g. 2048 x 512) left most SMs idle (H200: 141 -> 150 us for 32 MiB chunks, kernel-bench
+  // "prefill" rows, docs/performance.md).
+  int64_t dequant_chunk_bytes_ = int64_t(32) << 20;
+  static constexpr int64_t kDequantChunkMinRows = 2048;
   // 4-bit GEMM path (T above the GEMV threshold): the fused wgmma kernel (sm_90a) or dequantize +
   // cuBLAS. Measured on the H200: kernel-bench "prefill" rows, docs/performance.md.
   bool q4_gemm_fused_ = false;
@@ -712,8 +741,8 @@ class CudaBackend : public Backend {
             kSplitTickets};
   }
   bool fused_q4_rows(int64_t rows) const { return q4_gemm_fused_ && rows > gemv_max_rows_ && rows <= q4_fused_max_rows_; }
-  int64_t dequant_chunk_rows(const cuda::Q4Device& d) const {
-    if (dequant_chunk_bytes_ <= 0) return d.rows;
+  int64_t dequant_chunk_rows(const cuda::Q4Device& d, int64_t T) const {
+    if (dequant_chunk_bytes_ <= 0 || T < kDequantChunkMinRows) return d.rows;
     const int64_t r = dequant_chunk_bytes_ / (d.cols * int64_t(dtype_size(act_))) / 16 * 16;
     return std::clamp<int64_t>(r, 16, d.rows);
   }

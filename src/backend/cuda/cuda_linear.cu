@@ -18,11 +18,14 @@ void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out, int6
 
 // Dequantize a chunk of weight rows into the scratch, multiply it into its output columns, next.
 void CudaBackend::gemm_q4(const cuda::Q4Device& d, Act x, Act out) {
-  const int64_t chunk = dequant_chunk_rows(d);
+  const int64_t chunk = dequant_chunk_rows(d, x.rows);
   if (!scratch_ || scratch_->bytes() < size_t(chunk * d.cols) * dtype_size(act_)) {
     NF4FLASH_CHECK(!capturing_, "linear: the dequantize scratch must be allocated before graph capture");
     sync();  // products still in flight may read the old scratch
-    reserve_scratch(std::max(q4_scratch_numel_, chunk * d.cols));
+    // once for all weights: the largest whole matrix, or (chunked) at most the chunk bytes
+    const int64_t whole = q4_scratch_numel_;
+    const int64_t want = chunk < d.rows ? std::min(whole, dequant_chunk_bytes_ / int64_t(dtype_size(act_))) : whole;
+    reserve_scratch(std::max(want, chunk * d.cols));
   }
   for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, d.rows - n0);
@@ -292,8 +295,57 @@ void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Ac
   else gemv_q4_multi(a, stream_);
 }
 
+// Prompt chunks that take dequantize + cuBLAS in row chunks (gemm_q4) need no [T, I] buffer for the
+// gate product: swiglu_sliced multiplies chunk by chunk (4-bit, no bias, equal shapes).
+bool CudaBackend::linear_swiglu_needs_tmp(const Weight& gate, const Weight& up, int64_t rows, bool bias) const {
+  const auto* g = dynamic_cast<const CudaQ4*>(&gate);
+  const auto* u = dynamic_cast<const CudaQ4*>(&up);
+  if (bias || !g || !u || g->fallback || u->fallback || g->dev.rows != u->dev.rows || g->dev.cols != u->dev.cols ||
+      g->dev.rows % 8)  // silu_mul_cols: 16-byte column slices
+    return true;
+  if (seq_q4(gate, rows) || stream_q4(gate, rows) || (rows <= gemv_max_rows_ && act_ != DType::F32) ||
+      fused_q4_rows(rows))
+    return true;
+  return dequant_chunk_rows(g->dev, rows) >= g->dev.rows;
+}
+
+// out = silu(x G^T) * (x U^T), one chunk of weight rows at a time: the gate chunk's product into
+// swiglu_tmp_ [T, chunk], the up chunk's into out's column slice, then silu_mul_cols over the
+// slice. Each product is gemm_q4's for that chunk (the same dequantize and cuBLAS call per chunk),
+// so the gate buffer is T x chunk instead of T x I (H200, Llama-3-8B at 4096 rows: 32 MiB, not 112).
+void CudaBackend::swiglu_sliced(Act x, const cuda::Q4Device& g, const cuda::Q4Device& u, Act out) {
+  const int64_t T = x.rows, chunk = dequant_chunk_rows(g, T);
+  const size_t es = dtype_size(act_);
+  if (!scratch_ || scratch_->bytes() < size_t(chunk * g.cols) * es ||
+      !swiglu_tmp_ || swiglu_tmp_->bytes() < size_t(T * chunk) * es) {
+    NF4FLASH_CHECK(!capturing_, "linear_swiglu: scratch must be allocated before graph capture");
+    sync();  // products still in flight may read the old buffers
+    reserve_scratch(chunk * g.cols);  // grows only
+    if (!swiglu_tmp_ || swiglu_tmp_->bytes() < size_t(T * chunk) * es) {
+      swiglu_tmp_.reset();
+      swiglu_tmp_ = std::make_unique<CudaBuffer>(size_t(T * chunk) * es);
+    }
+  }
+  for (int64_t n0 = 0; n0 < g.rows; n0 += chunk) {
+    const int64_t nc = std::min(chunk, g.rows - n0);
+    const Act gt{swiglu_tmp_->data(), act_, T, nc};
+    q4_dequant(g, scratch_->data(), act_, stream_, n0, nc);
+    gemm(scratch_->data(), nc, g.cols, x, gt, 0);
+    q4_dequant(u, scratch_->data(), act_, stream_, n0, nc);
+    gemm(scratch_->data(), nc, u.cols, x, out, n0);
+    silu_mul_cols(gt.data, nc, static_cast<char*>(out.data) + size_t(n0) * es, out.cols, T, nc, act_, stream_);
+  }
+}
+
 void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu,
                                 Act g_tmp, Act out) {
+  if (!g_tmp.data) {
+    NF4FLASH_CHECK(!linear_swiglu_needs_tmp(gate, up, x.rows, bg || bu), "linear_swiglu: no gate buffer given for ",
+                   x.rows, " rows, which need one");
+    check_act(x, "linear_swiglu");
+    check_linear(x, up, out);
+    return swiglu_sliced(x, dynamic_cast<const CudaQ4&>(gate).dev, dynamic_cast<const CudaQ4&>(up).dev, out);
+  }
   {
     // the fused GEMM over gate and up in one launch: with the SwiGLU epilogue (opt-in), or into
     // g_tmp and out + silu_mul (what linear + linear + silu_mul give, bit for bit)
@@ -352,7 +404,9 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
                                   ? cat("; ", gemv_max_rows_ + 1, "-", q4_fused_max_rows_, " rows: gemm_q4 fused wgmma")
                                   : std::string();
     return cat("dequant ", qn, " -> ", dtype_name(act_), " + cublasGemmEx",
-               dequant_chunk_bytes_ > 0 ? cat(" in chunks of ", dequant_chunk_bytes_ >> 20, " MiB (L2)") : std::string(" (whole matrix)"),
+               dequant_chunk_bytes_ > 0 && rows >= kDequantChunkMinRows
+                   ? cat(" in row chunks of ", dequant_chunk_bytes_ >> 20, " MiB")
+                   : std::string(" (whole matrix)"),
                below);
   }
   if (rows <= kGemvMaxRows)

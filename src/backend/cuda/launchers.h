@@ -228,6 +228,9 @@ struct RopeArgs {
 };
 void rope(const RopeArgs& a, cudaStream_t st);
 void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);
+// u[r, c] = silu(g[r, c]) * u[r, c], r < rows, c < cols, leading dimensions ldg, ldu (elements)
+void silu_mul_cols(const void* g, int64_t ldg, void* u, int64_t ldu, int64_t rows, int64_t cols, DType act,
+                   cudaStream_t st);
 void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st);
 void bias_add(void* out, DType dt, const float* bias, int64_t rows, int64_t cols, cudaStream_t st);
 

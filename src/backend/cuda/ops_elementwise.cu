@@ -114,6 +114,19 @@ void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act,
   binary<SiluMulOp>(gate, up, out, n, act, st, "silu_mul");
 }
 
+void silu_mul_cols(const void* g, int64_t ldg, void* u, int64_t ldu, int64_t rows, int64_t cols, DType act,
+                   cudaStream_t st) {
+  if (rows == 0 || cols == 0) return;
+  NF4FLASH_DISPATCH_ACT(act, "silu_mul_cols", [&] {
+    constexpr int E = 16 / sizeof(T);
+    NF4FLASH_CHECK(cols % E == 0 && ldg % E == 0 && ldu % E == 0 && aligned16(g) && aligned16(u),
+                   "silu_mul_cols: columns and leading dimensions must be 16-byte multiples");
+    silu_mul_cols_kernel<T><<<grid_for(rows * (cols / E)), 256, 0, st>>>(static_cast<const T*>(g), ldg,
+                                                                         static_cast<T*>(u), ldu, rows, cols);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
 void add(const void* a, const void* b, void* out, int64_t n, DType act, cudaStream_t st) {
   binary<AddOp>(a, b, out, n, act, st, "add");
 }

@@ -214,6 +214,24 @@ __global__ void binary_vec_kernel(const TA* a, const TA* b, TA* o, int64_t nvec)
   }
 }
 
+// u[r, c] = silu(g[r, c]) * u[r, c] over a [rows, cols] block of two row-major matrices with
+// leading dimensions ldg, ldu (SiluMulOp: bit for bit silu_mul); 16-byte chunks (cols, ldg, ldu
+// multiples of 16 / sizeof(TA), 16-byte aligned: the launcher checks), grid-stride.
+template <typename TA>
+__global__ void silu_mul_cols_kernel(const TA* g, int64_t ldg, TA* u, int64_t ldu, int64_t rows, int64_t cols) {
+  constexpr int E = 16 / sizeof(TA);
+  const int64_t cv = cols / E, n = rows * cv;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cv, c = (i - r * cv) * E;
+    float gf[E], uf[E];
+    load16_f32<TA>(g + r * ldg + c, gf);
+    load16_f32<TA>(u + r * ldu + c, uf);
+#pragma unroll
+    for (int e = 0; e < E; ++e) uf[e] = SiluMulOp{}(gf[e], uf[e]);
+    store16_f32<TA>(u + r * ldu + c, uf);
+  }
+}
+
 template <typename TA>
 __global__ void bias_add_kernel(TA* o, const float* __restrict__ bias, int64_t rows, int64_t cols) {
   // row-major walk: the column advances by the stride modulo cols (no 64-bit division per element)
