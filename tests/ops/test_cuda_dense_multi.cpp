@@ -1,7 +1,8 @@
 // The dense multi-weight decode GEMV (kernels/gemv_dense_multi.cuh) on fresh random inputs:
 // linear_multi over 1-3 dense weights (q/k/v), linear over one, and linear_swiglu over dense
 // gate/up must give bit for bit what separate launches of gemv_dense_vec_kernel (plus silu_mul)
-// give on the GPU (NF4FLASH_DENSE_MULTI=0), and stay close to the CPU backend. Odd row counts, K
+// give on the GPU (NF4FLASH_DENSE_MULTI=0), and so must the single-weight stream kernel
+// (NF4FLASH_DENSE_STREAM=4|8) and the vec kernel (=0), and stay close to the CPU backend. Odd row counts, K
 // not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values), 1..8 tokens, bias on some
 // weights, bf16 and f16 weights.
 #include "core/error.h"
@@ -57,13 +58,17 @@ void run_dense_multi(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
   b.gpu->linear_multi(xg.act, og.data(), int(og.size()));
   for (size_t i = 0; i < ws.size(); ++i) {
     const auto y = yg[i]->get();
-    for (const char* mode : {"2", "0"}) {  // its own launch: the same kernel, then gemv_dense_vec_kernel
-      setenv("NF4FLASH_DENSE_MULTI", mode, 1);
+    // its own launch: the same kernel, then the single-weight kernels (stream U=4, U=8, vec)
+    for (const char* mode : {"2", "0/4", "0/8", "0/0"}) {
+      const std::string m(mode);
+      setenv("NF4FLASH_DENSE_MULTI", m.substr(0, 1).c_str(), 1);
+      if (m.size() > 1) setenv("NF4FLASH_DENSE_STREAM", m.substr(2).c_str(), 1);
       ys[i]->poison();
       b.gpu->linear(xg.act, *ws[i].gpu, ws[i].bgpu.get(), ys[i]->act);
-      EXPECT_EQ(y, ys[i]->get()) << "segment " << i << " differs from its own launch, NF4FLASH_DENSE_MULTI=" << mode;
+      EXPECT_EQ(y, ys[i]->get()) << "segment " << i << " differs from its own launch, NF4FLASH_DENSE_MULTI/STREAM=" << mode;
     }
     unsetenv("NF4FLASH_DENSE_MULTI");
+    unsetenv("NF4FLASH_DENSE_STREAM");
     EXPECT_LT(rel_err(y, yc[i]->get()), 5e-3) << "segment " << i << " N=" << ws[i].N;
   }
 }
@@ -113,17 +118,21 @@ TEST(CudaDenseMulti, LinearF32Out) {
       DevAct xg(*b.gpu, T, 1024), xc(*b.cpu, T, 1024), yc(*b.cpu, T, 3001, DType::F32);
       xg.set(X);
       xc.set(X);
-      std::vector<float> ys[2];
-      const char* modes[2] = {"2", "0"};
-      for (int m = 0; m < 2; ++m) {
-        setenv("NF4FLASH_DENSE_MULTI", modes[m], 1);
+      // multi kernel, then the stream kernel (U=4, 8) and the vec kernel (NF4FLASH_DENSE_STREAM)
+      std::vector<float> ys[4];
+      const char* multi[4] = {"2", "0", "0", "0"};
+      const char* stream[4] = {"4", "4", "8", "0"};
+      for (int m = 0; m < 4; ++m) {
+        setenv("NF4FLASH_DENSE_MULTI", multi[m], 1);
+        setenv("NF4FLASH_DENSE_STREAM", stream[m], 1);
         DevAct y(*b.gpu, T, 3001, DType::F32);
         y.poison();
         b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), y.act);
         ys[m] = y.get();
       }
       unsetenv("NF4FLASH_DENSE_MULTI");
-      EXPECT_EQ(ys[0], ys[1]);
+      unsetenv("NF4FLASH_DENSE_STREAM");
+      for (int m = 1; m < 4; ++m) EXPECT_EQ(ys[0], ys[m]) << "NF4FLASH_DENSE_MULTI=" << multi[m] << " STREAM=" << stream[m];
       b.cpu->linear(xc.act, *w.cpu, w.bcpu.get(), yc.act);
       EXPECT_LT(rel_err(ys[0], yc.get()), 5e-3);
     }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -294,7 +295,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
   }
   // ---- prefill linears (T = 512, 4096): bf16 weights (cuBLAS alone) against nf4-dq dequantize +
-  //   cuBLAS, the whole matrix at once or in row chunks of 8/16/32 MiB (NF4FLASH_DEQUANT_CHUNK_MB)
+  //   cuBLAS, the whole matrix at once or in row chunks of 8/16/32 MiB (NF4FLASH_DEQUANT_CHUNK_MB;
+  //   the backend chunks only products of >= 2048 rows, so the chunk rows differ at T=4096 only)
   if (!o.gemv_only) {
     // backends: dequantize + cuBLAS (whole, chunks), then the fused wgmma GEMM (auto config, each
     // config) where it runs. cfg_env: NF4FLASH_Q4GEMM_CFG for that row ("" = the default pick).
@@ -310,8 +312,9 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       for (const char* const* c = cuda::gemm_q4_wgmma_cfgs(); *c; ++c)
         if (all_cfgs || std::string_view(*c).substr(0, 3) == "ws-") cfgs.push_back({cat("fused-", *c), "0", "fused", *c});
     }
-    if (all_cfgs)
-      for (const char* mb : {"8", "16", "32"}) cfgs.push_back({cat("chunk", mb), mb, "dequant", ""});
+    // chunk32: the default above kDequantChunkMinRows rows (T=4096 here); 8/16 MiB measured slower
+    for (const char* mb : {"8", "16", "32"})
+      if (all_cfgs || std::string_view(mb) == "32") cfgs.push_back({cat("chunk", mb), mb, "dequant", ""});
     std::vector<std::unique_ptr<Backend>> bes;
     for (const auto& c : cfgs) {
       setenv("NF4FLASH_DEQUANT_CHUNK_MB", c.chunk_mb.c_str(), 1);
@@ -503,8 +506,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // seq-pf24: with the L2 prefetch at 24 MiB (the next copy's bytes)
         // seq-<cfg>: the in-order kernel's other configurations (NF4FLASH_GEMV_SEQ_CFG)
         // seq-l... / seq-a...: the lean kernel's configurations (gemv_q4_lean.cuh)
-        for (const char* variant : {"seq", "seq-w8u4d3", "seq-w16u4d3m1", "seq-l8u4d3", "seq-a8u4d3", "seq-p8u4d3",
-                                    "seq-h8u4d3", "regs"}) {
+        for (const char* variant : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "seq-p8u4d3g2",
+                                    "seq-p8u2d3g3", "seq-h8u2d3g3", "seq-p8u2d2g4", "regs"}) {
           if (T != 1 && std::string(variant).rfind("seq-", 0) == 0 && std::string(variant) != "seq") continue;
           with_variant(variant);
           const std::string vn = variant;
@@ -652,8 +655,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
       be->linear_residual(ua, *st.down, nullptr, oa, ra);
     };
-    for (const char* mode : {"seq", "seq-w8u4d3", "seq-w16u4d3m1", "seq-l8u4d3", "seq-a8u4d3", "seq-p8u4d3",
-                             "seq-h8u4d3", "streamk"}) {
+    for (const char* mode : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "seq-p8u4d3g2",
+                             "seq-p8u2d3g3", "seq-h8u2d3g3", "seq-p8u2d2g4", "streamk"}) {
       const std::string m = mode;
       setenv("NF4FLASH_GEMV_Q4", m.rfind("seq", 0) == 0 ? "seq" : mode, 1);
       if (m.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);
@@ -737,7 +740,35 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     out["gemv_gemm_threshold"] = thr;
   }
 
-  // ---- dense bf16 GEMV, lm_head shape
+  // ---- dense bf16 decode GEMV, single weights of the Llama-3-8B layer (o, down, gate), T=1, per
+  //   kernel: vec = gemv_dense_vec_kernel (NF4FLASH_DENSE_STREAM=0), stream4/stream8 = the stream
+  //   kernel (the default: 4), multi = gemv_dense_multi_kernel over one weight (NF4FLASH_DENSE_MULTI=2);
+  //   weights rotated over copies >= 256 MB so they come from HBM
+  for (const auto& [N, K, nm] : {std::tuple<int64_t, int64_t, const char*>{4096, 4096, "o"}, {4096, 14336, "down"},
+                                 {14336, 4096, "gate"}}) {
+    std::vector<uint16_t> wh(size_t(N * K));
+    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
+    const int copies = int(std::max<int64_t>(2, (int64_t(256) << 20) / (N * K * 2) + 1));
+    std::vector<std::unique_ptr<Weight>> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(be->upload_dense(bf16_tensor(nm, N, K, wh), DType::BF16));
+    auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 2);
+    CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, N);
+    for (const char* mode : {"vec", "stream4", "stream8", "multi"}) {
+      const std::string m(mode);
+      setenv("NF4FLASH_DENSE_MULTI", m == "multi" ? "2" : "0", 1);
+      setenv("NF4FLASH_DENSE_STREAM", m == "vec" ? "0" : m == "stream8" ? "8" : "4", 1);
+      const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                    std::max(8, o.reps / 2), o.trials);
+      report(cat("gemv bf16 ", nm, " ", N, "x", K, " T=1 ", mode), sec, double(N * K * 2 + K * 2 + N * 2),
+             {{"rows", N}, {"cols", K}, {"kernel", mode}});
+    }
+    unsetenv("NF4FLASH_DENSE_MULTI");
+    unsetenv("NF4FLASH_DENSE_STREAM");
+  }
+
+  // ---- dense bf16 GEMV, lm_head shape (the default kernel, then the vec kernel)
   {
     const int64_t N = 128256, K = 4096;
     std::vector<uint16_t> wh(size_t(N * K));
@@ -749,9 +780,13 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
     CUDA_CHECK(cudaDeviceSynchronize());
     Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::F32, 1, N);
-    const double sec = time_graph(*be, [&](int) { be->linear(x, *w, nullptr, y); }, std::max(4, o.reps / 10), o.trials);
-    report("gemv bf16 lm_head 128256x4096 -> f32", sec, double(N * K * 2 + K * 2 + N * 4),
-           {{"rows", N}, {"cols", K}, {"path", be->linear_path(*w, 1)}});
+    for (const char* mode : {"", "0"}) {
+      setenv("NF4FLASH_DENSE_STREAM", mode, 1);
+      const double sec = time_graph(*be, [&](int) { be->linear(x, *w, nullptr, y); }, std::max(4, o.reps / 10), o.trials);
+      report(cat("gemv bf16 lm_head 128256x4096 -> f32", *mode ? " vec" : ""), sec, double(N * K * 2 + K * 2 + N * 4),
+             {{"rows", N}, {"cols", K}, {"path", be->linear_path(*w, 1)}, {"kernel", *mode ? "vec" : "default"}});
+    }
+    unsetenv("NF4FLASH_DENSE_STREAM");
   }
 
   // ---- decode attention, Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128), bf16 cache

@@ -388,6 +388,30 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 }
 
 namespace {
+// Dense single-weight decode GEMV: NF4FLASH_DENSE_STREAM=0 gemv_dense_vec_kernel, unset/4 the
+// stream kernel with 4 chunks per batch (8 in flight per lane), 8 with 8 (kernel-bench compares).
+int dense_stream_u() {
+  const char* v = std::getenv("NF4FLASH_DENSE_STREAM");
+  if (!v || !*v) return 4;
+  const std::string_view s(v);
+  NF4FLASH_CHECK(s == "0" || s == "4" || s == "8", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4 or 8");
+  return s[0] - '0';
+}
+
+// Grid: one block per 8 rows, at most the blocks that are resident at once (each warp then
+// streams its rows back to back).
+template <typename TW, typename TA, int TN, int U>
+void launch_dense_stream(const DenseKernelArgs& a, cudaStream_t st) {
+  auto kern = gemv_dense_stream_kernel<TW, TA, TN, U>;
+  static const int per_sm = [&] {
+    int v = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, 256, 0));
+    return std::max(v, 1);
+  }();
+  const int64_t grid = std::min<int64_t>((a.N + 7) / 8, int64_t(per_sm) * num_sms());
+  launch_k(kern, dim3(unsigned(grid)), dim3(256), 0, st, a);
+}
+
 template <typename TW, typename TA>
 void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
   DenseKernelArgs a{g.w, g.N, g.K, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32, nullptr};
@@ -396,7 +420,16 @@ void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
   constexpr bool vec16 = sizeof(TW) == 2 && sizeof(TA) == 2;
   const bool aligned = (g.K % 8 == 0) && (reinterpret_cast<uintptr_t>(g.w) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(g.x) % 16 == 0);
-  if (vec16 && aligned) {
+  const int su = dense_stream_u();
+  if (vec16 && aligned && su && !g.l2pf) {
+    if (g.T == 1) {
+      if (su == 8) launch_dense_stream<TW, TA, 1, 8>(a, st);
+      else launch_dense_stream<TW, TA, 1, 4>(a, st);
+    } else {
+      if (su == 8) launch_dense_stream<TW, TA, kGemvMaxRows, 8>(a, st);
+      else launch_dense_stream<TW, TA, kGemvMaxRows, 4>(a, st);
+    }
+  } else if (vec16 && aligned) {
     a.pf = g.l2pf;
     if (g.T == 1) launch_k(gemv_dense_vec_kernel<TW, TA, 1>, dim3(grid), dim3(256), 0, st, a);
     else launch_k(gemv_dense_vec_kernel<TW, TA, kGemvMaxRows>, dim3(grid), dim3(256), 0, st, a);

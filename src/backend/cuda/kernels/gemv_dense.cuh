@@ -1,6 +1,8 @@
 // Dense GEMV for few rows (decode): out[n, r] = sum_k x[n, k] * W[r, k] (+ bias[r]), n < T <= 8.
 // W: [N, K] row-major (bf16/f16/f32 storage), x: [T, K] compute dtype, out: compute dtype or f32.
 // One warp per output row (8 rows per 256-thread block, grid-stride); f32 accumulation.
+// gemv_dense_stream_kernel: the same rows and sums with the next batch loaded before the current
+// one is summed (default for 16-bit single weights in decode; NF4FLASH_DENSE_STREAM=0: vec).
 // Vector path (16-bit W and x, K % 8 == 0): 16-byte streaming loads of W (L1 no-allocate; read
 // once per step) and 16-byte cached loads of x (reused by every row); four loads in flight per lane.
 // In a captured decode step the vector kernel prefetches the weights ahead into L2 (a.pf; a unit =
@@ -86,6 +88,80 @@ __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelAr
       if (n < a.T) {
         const float v = warp_sum(acc[n]);
         if (lane == 0) gemv_store<TA>(a, n, row, v);
+      }
+    }
+  }
+}
+
+// The vector kernel's rows and arithmetic (one warp per row, grid-stride; lane l sums chunks l,
+// l + 32, ... in that order: every output is bit for bit gemv_dense_vec_kernel's), with the warp's
+// chunks of all its rows as one stream: the next batch of U chunks per lane is loaded before the
+// current one is summed, across row boundaries, so 2U loads of 16 bytes per lane are in flight
+// while the vector kernel waits for each batch of 4. Why: ncu on the bf16 model's decode step
+// (H200) had o_proj (4096 x 4096) and down_proj (4096 x 14336) at 2.3 and 2.7 TB/s through the
+// vector kernel: one wave of 31 warps per SM, each waiting for 4 (o) or 14 (down) round trips in
+// turn, while the same kernel streams lm_head (128256 rows, many waves) at the copy ceiling.
+template <typename TW, typename TA, int TN, int U>
+__global__ void __launch_bounds__(256) gemv_dense_stream_kernel(const DenseKernelArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int64_t K8 = a.K / 8, NB = (K8 + 32 * U - 1) / (32 * U);  // batches per row
+  const int64_t step = int64_t(gridDim.x) * 8;
+  int64_t lrow = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5), lb = 0;  // load cursor
+  auto load = [&](uint4* wv) {
+    if (lrow < a.N) {
+      const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const TW*>(a.w) + lrow * a.K);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = lb * (32 * U) + 32 * u + lane;
+        if (c < K8) wv[u] = ld_stream_u4(wr + c);
+      }
+    }
+    if (++lb == NB) {
+      lb = 0;
+      lrow += step;
+    }
+  };
+  int64_t row = lrow, b = 0;  // compute cursor
+  if (row >= a.N) return;
+  uint4 wv[2][U];
+  load(wv[0]);
+  float acc[TN];
+#pragma unroll
+  for (int n = 0; n < TN; ++n) acc[n] = 0.f;
+  for (;;) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      load(wv[s ^ 1]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t c = b * (32 * U) + 32 * u + lane;
+        if (c < K8) {
+          float wf[8];
+          unpack8<TW>(wv[s][u], wf);
+#pragma unroll
+          for (int n = 0; n < TN; ++n) {
+            if (n < a.T) {
+              float xf[8];
+              dense_x8<TA>(a.x, a.K, n, c, xf);
+              acc[n] = dense_dot8(wf, xf, acc[n]);
+            }
+          }
+        }
+      }
+      if (++b == NB) {  // warp-uniform
+#pragma unroll
+        for (int n = 0; n < TN; ++n) {
+          if (n < a.T) {
+            const float v = warp_sum(acc[n]);
+            if (lane == 0) gemv_store<TA>(a, n, row, v);
+          }
+          acc[n] = 0.f;
+        }
+        b = 0;
+        row += step;
+        if (row >= a.N) return;
       }
     }
   }
