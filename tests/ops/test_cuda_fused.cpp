@@ -201,8 +201,7 @@ void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
 
 TEST(CudaFused, NormLinear) {
   NF4FLASH_REQUIRE_CUDA();
-  // default (lean p8u4d3), lean variants (g...: groups of 8 warps; the first 256 threads norm), not fusable
-  for (const char* cfg : {"", "l8u4d3", "a8u4d3", "h8u4d3", "p8u2d3g3", "p8u2d2g4", "w8u4d3"}) {
+  for (const char* cfg : {"", "l8u4d3", "a8u4d3", "h8u4d3", "w8u4d3"}) {  // default (lean p8u4d3), lean variants, not fusable
     if (*cfg) setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
     SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
     const bool lean = std::string(cfg) != "w8u4d3";
@@ -218,12 +217,11 @@ TEST(CudaFused, NormLinear) {
 // Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG; l.../a...: the lean kernel) on
 // the fused forms: units crossing items and blocks, batches that run past the last column tile
 // (K = 3072, 192, 512: KT not a multiple of the batch), several units per block, T = 1..5, and
-// x too large for shared memory (T = 8, K = 14336: the lean names fall back to the in-order kernel);
-// g...: blocks of 2-4 groups where the last block's last groups have no unit (193 and 63 units).
+// x too large for shared memory (T = 8, K = 14336: the lean names fall back to the in-order kernel).
 TEST(CudaFused, SeqGemvConfigs) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* cfg : {"w8u2d4", "w8u4d3", "w16u2d2", "w16u2d4m1", "w16u4d3m1", "l8u4d3", "a8u4d3", "p8u4d3",
-                          "h8u4d3", "p8u4d3g2", "p8u2d3g3", "h8u2d3g3", "p8u2d2g4"}) {
+                          "h8u4d3"}) {
     setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
     SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
     for (DType dt : {DType::BF16, DType::F16}) {

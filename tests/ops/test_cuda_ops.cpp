@@ -118,23 +118,24 @@ TEST(CudaOps, LinearQuant4Configs) {
   unsetenv("NF4FLASH_GEMV_Q4");
 }
 
-// The GEMM path dequantizes in row chunks (NF4FLASH_DEQUANT_CHUNK_MB; 1 MiB here, so 300 x 2048
-// bf16 weights make chunks of 256 + 44 rows, f32 compute 128 + 128 + 44): each chunk's output
-// columns land where the whole-matrix product puts them.
+// The GEMM path dequantizes in row chunks for products of >= 2048 rows (NF4FLASH_DEQUANT_CHUNK_MB;
+// 1 MiB here, so 300 x 2048 bf16 weights make chunks of 256 + 44 rows, f32 compute 128 + 128 + 44):
+// each chunk's output columns land where the whole-matrix product puts them. Fewer rows: whole.
 TEST(CudaOps, LinearQuant4Chunked) {
   NF4FLASH_REQUIRE_CUDA();
   setenv("NF4FLASH_Q4_GEMM", "dequant", 1);
   setenv("NF4FLASH_DEQUANT_CHUNK_MB", "1", 1);
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
-    run_q4_linear(dt, Q4Case{QuantType::NF4, true, 300, 2048, 64, 40});
-    run_q4_linear(dt, Q4Case{QuantType::FP4, false, 272, 4096, 128, 65});
+    run_q4_linear(dt, Q4Case{QuantType::NF4, true, 300, 2048, 64, 2048});
+    run_q4_linear(dt, Q4Case{QuantType::FP4, false, 272, 4096, 128, 2050});
   }
   {
     Backends b;
     auto W = randn(64 * 128, 0.05f);
     auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, 64, 128, QuantType::NF4, 64, true));
     auto w = b.gpu->upload_quant4(q);
-    EXPECT_NE(b.gpu->linear_path(*w, 100).find("chunks of 1 MiB"), std::string::npos) << b.gpu->linear_path(*w, 100);
+    EXPECT_NE(b.gpu->linear_path(*w, 2048).find("chunks of 1 MiB"), std::string::npos) << b.gpu->linear_path(*w, 2048);
+    EXPECT_NE(b.gpu->linear_path(*w, 2047).find("whole matrix"), std::string::npos) << b.gpu->linear_path(*w, 2047);
   }
   unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
   unsetenv("NF4FLASH_Q4_GEMM");

@@ -366,12 +366,6 @@ class CudaBackend : public Backend {
     // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS, whose
     // scratch is allocated at the first such product (gemm_q4)
     if (q4_fused_max_rows_ != INT64_MAX) q4_scratch_numel_ = std::max(q4_scratch_numel_, d.rows * d.cols);
-    // the fused GEMM's split-tail workspace (once): kSplitWsFloats f32 slices, kSplitTickets counters
-    if (q4_gemm_fused_ && !split_ws_) {
-      split_ws_ = std::make_unique<CudaBuffer>(size_t(kSplitWsFloats) * 4);
-      split_tickets_ = std::make_unique<CudaBuffer>(size_t(kSplitTickets) * 4);
-      CUDA_CHECK(cudaMemsetAsync(split_tickets_->data(), 0, split_tickets_->bytes(), stream_));
-    }
     w->set_bytes(w->tiles->bytes() + w->absmax->bytes() + (w->nested_absmax ? w->nested_absmax->bytes() : 0) +
                   (w->nested_code ? w->nested_code->bytes() : 0));
     return w;
@@ -734,9 +728,17 @@ class CudaBackend : public Backend {
   // Split tail of the fused GEMM (kernels/gemm_q4_wgmma_ws.cuh): 16 MiB of f32 slices holds the
   // largest tail the Llama-3-8B shapes take at 512 rows (64 units x 2 splits x 256 x 128: o, down)
   static constexpr int64_t kSplitWsFloats = int64_t(4) << 20, kSplitTickets = 1024;
-  std::unique_ptr<CudaBuffer> split_ws_, split_tickets_;
+  // Allocated at the first fused GEMM (prompt chunks of 9-512 rows; never inside a captured step):
+  // runs whose prompts all take another path do not hold it.
+  mutable std::unique_ptr<CudaBuffer> split_ws_, split_tickets_;
   cuda::Q4SplitWs split_ws() const {
-    if (!split_ws_) return {};
+    if (!q4_gemm_fused_) return {};
+    if (!split_ws_) {
+      NF4FLASH_CHECK(!capturing_, "fused 4-bit GEMM: its split workspace must be allocated before graph capture");
+      split_ws_ = std::make_unique<CudaBuffer>(size_t(kSplitWsFloats) * 4);
+      split_tickets_ = std::make_unique<CudaBuffer>(size_t(kSplitTickets) * 4);
+      CUDA_CHECK(cudaMemsetAsync(split_tickets_->data(), 0, split_tickets_->bytes(), stream_));
+    }
     return {static_cast<float*>(split_ws_->data()), kSplitWsFloats, static_cast<int*>(split_tickets_->data()),
             kSplitTickets};
   }

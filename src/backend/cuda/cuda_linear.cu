@@ -22,9 +22,11 @@ void CudaBackend::gemm_q4(const cuda::Q4Device& d, Act x, Act out) {
   if (!scratch_ || scratch_->bytes() < size_t(chunk * d.cols) * dtype_size(act_)) {
     NF4FLASH_CHECK(!capturing_, "linear: the dequantize scratch must be allocated before graph capture");
     sync();  // products still in flight may read the old scratch
-    // once for all weights: the largest whole matrix, or (chunked) at most the chunk bytes
+    // once for all weights: the largest whole matrix, or (products that chunk) at most the chunk
+    // bytes, also when this weight fits in one chunk (q: 4096 x 4096 = 32 MiB)
     const int64_t whole = q4_scratch_numel_;
-    const int64_t want = chunk < d.rows ? std::min(whole, dequant_chunk_bytes_ / int64_t(dtype_size(act_))) : whole;
+    const bool chunked = dequant_chunk_bytes_ > 0 && x.rows >= kDequantChunkMinRows;
+    const int64_t want = chunked ? std::min(whole, dequant_chunk_bytes_ / int64_t(dtype_size(act_))) : whole;
     reserve_scratch(std::max(want, chunk * d.cols));
   }
   for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) {

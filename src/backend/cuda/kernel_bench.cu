@@ -506,8 +506,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // seq-pf24: with the L2 prefetch at 24 MiB (the next copy's bytes)
         // seq-<cfg>: the in-order kernel's other configurations (NF4FLASH_GEMV_SEQ_CFG)
         // seq-l... / seq-a...: the lean kernel's configurations (gemv_q4_lean.cuh)
-        for (const char* variant : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "seq-p8u4d3g2",
-                                    "seq-p8u2d3g3", "seq-h8u2d3g3", "seq-p8u2d2g4", "regs"}) {
+        for (const char* variant : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "regs"}) {
           if (T != 1 && std::string(variant).rfind("seq-", 0) == 0 && std::string(variant) != "seq") continue;
           with_variant(variant);
           const std::string vn = variant;
@@ -655,8 +654,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
       be->linear_residual(ua, *st.down, nullptr, oa, ra);
     };
-    for (const char* mode : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "seq-p8u4d3g2",
-                             "seq-p8u2d3g3", "seq-h8u2d3g3", "seq-p8u2d2g4", "streamk"}) {
+    for (const char* mode : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "streamk"}) {
       const std::string m = mode;
       setenv("NF4FLASH_GEMV_Q4", m.rfind("seq", 0) == 0 ? "seq" : mode, 1);
       if (m.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);

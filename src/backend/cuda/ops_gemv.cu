@@ -388,11 +388,12 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 }
 
 namespace {
-// Dense single-weight decode GEMV: NF4FLASH_DENSE_STREAM=0 gemv_dense_vec_kernel, unset/4 the
-// stream kernel with 4 chunks per batch (8 in flight per lane), 8 with 8 (kernel-bench compares).
+// Dense single-weight decode GEMV: unset/0 gemv_dense_vec_kernel, 4 the stream kernel with 4 chunks
+// per batch (8 in flight per lane), 8 with 8. The stream kernel measured slower end to end (H200,
+// bf16 decode @512: 210 against 213 tok/s), so it is opt-in for comparison (kernel-bench rows).
 int dense_stream_u() {
   const char* v = std::getenv("NF4FLASH_DENSE_STREAM");
-  if (!v || !*v) return 4;
+  if (!v || !*v) return 0;
   const std::string_view s(v);
   NF4FLASH_CHECK(s == "0" || s == "4" || s == "8", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4 or 8");
   return s[0] - '0';

@@ -14,37 +14,37 @@ namespace nf4flash::cuda {
 namespace {
 constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 
-template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NG>
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
   constexpr int lut = q4_lut_bytes(2);
-  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB, NG>;
+  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB>;
   static const int per_sm = [&] {
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, lut + kLeanXMax));
     int v = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, NG * W * 32, lut + kLeanXMax));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, W * 32, lut + kLeanXMax));
     return std::max(v, 1);
   }();
   k.x_stride = seq_x_stride(k.cols);
   const int smem = lut + k.T * k.x_stride;
-  const int grid = int(std::min<int64_t>((k.units + NG - 1) / NG, int64_t(per_sm) * gemv_num_sms()));
-  launch_k(kern, dim3(unsigned(grid)), dim3(NG * W * 32), size_t(smem), st, k);
+  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * gemv_num_sms()));
+  launch_k(kern, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, k);
   CUDA_CHECK_LAUNCH();
 }
 
-template <typename TA, bool DQ, int FLAGS, int W, int U, int D, int MINB, int NG>
+template <typename TA, bool DQ, int FLAGS, int W, int U, int D, int MINB>
 void launch_lean_full(Q4SeqArgs& k, cudaStream_t st) {
-  if (k.KT % (W * U) == 0) launch_lean_cfg<TA, DQ, true, FLAGS, W, U, D, MINB, NG>(k, st);
-  else launch_lean_cfg<TA, DQ, false, FLAGS, W, U, D, MINB, NG>(k, st);
+  if (k.KT % (W * U) == 0) launch_lean_cfg<TA, DQ, true, FLAGS, W, U, D, MINB>(k, st);
+  else launch_lean_cfg<TA, DQ, false, FLAGS, W, U, D, MINB>(k, st);
 }
 
 // The lean configurations, one table: f receives (flags, W, U, D, MINB) as a LeanCfg type; false
 // for names that are not lean configurations. Measured slower and dropped (H200): a8u4d4 (352.8
 // tok/s at ctx 512), a16u4d3m1 (318.0) in the eighth session; s8u4d3 (p8u4d3 with each tile's four
 // mma in two chains: 385.9 against 388.2) in the ninth.
-template <int F_, int W_, int U_, int D_, int M_, int NG_ = 1>
+template <int F_, int W_, int U_, int D_, int M_>
 struct LeanCfg {
   static constexpr int flags = F_;
-  static constexpr int W = W_, U = U_, D = D_, MINB = M_, NG = NG_;
+  static constexpr int W = W_, U = U_, D = D_, MINB = M_;
 };
 template <typename F>
 bool visit_lean(std::string_view c, F&& f) {
@@ -52,12 +52,6 @@ bool visit_lean(std::string_view c, F&& f) {
   else if (c == "a8u4d3") f(LeanCfg<kLeanAsync, 8, 4, 3, 2>{});
   else if (c == "p8u4d3") f(LeanCfg<kLeanXPred, 8, 4, 3, 2>{});
   else if (c == "h8u4d3") f(LeanCfg<kLeanXPred | kLeanHalf, 8, 4, 3, 2>{});
-  // g<NG>: NG groups of 8 warps per block share one table (1 block per SM): 16, 24, 32 warps per SM
-  // (register caps 128 / 80 / 80 / 64: ptxas spills 0 / ~76 / ~72 / ~82 bytes, sm_90 bf16 dq)
-  else if (c == "p8u4d3g2") f(LeanCfg<kLeanXPred, 8, 4, 3, 1, 2>{});
-  else if (c == "p8u2d3g3") f(LeanCfg<kLeanXPred, 8, 2, 3, 1, 3>{});
-  else if (c == "h8u2d3g3") f(LeanCfg<kLeanXPred | kLeanHalf, 8, 2, 3, 1, 3>{});
-  else if (c == "p8u2d2g4") f(LeanCfg<kLeanXPred, 8, 2, 2, 1, 4>{});
   else return false;
   return true;
 }
@@ -66,7 +60,7 @@ template <typename TA, bool DQ>
 bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
   return visit_lean(c, [&](auto cfg) {
     using C = decltype(cfg);
-    launch_lean_full<TA, DQ, C::flags, C::W, C::U, C::D, C::MINB, C::NG>(k, st);
+    launch_lean_full<TA, DQ, C::flags, C::W, C::U, C::D, C::MINB>(k, st);
   });
 }
 }  // namespace

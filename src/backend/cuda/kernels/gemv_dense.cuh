@@ -2,7 +2,7 @@
 // W: [N, K] row-major (bf16/f16/f32 storage), x: [T, K] compute dtype, out: compute dtype or f32.
 // One warp per output row (8 rows per 256-thread block, grid-stride); f32 accumulation.
 // gemv_dense_stream_kernel: the same rows and sums with the next batch loaded before the current
-// one is summed (default for 16-bit single weights in decode; NF4FLASH_DENSE_STREAM=0: vec).
+// one is summed (opt-in, NF4FLASH_DENSE_STREAM=4|8: measured slower end to end on the H200).
 // Vector path (16-bit W and x, K % 8 == 0): 16-byte streaming loads of W (L1 no-allocate; read
 // once per step) and 16-byte cached loads of x (reused by every row); four loads in flight per lane.
 // In a captured decode step the vector kernel prefetches the weights ahead into L2 (a.pf; a unit =
@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelAr
 // l + 32, ... in that order: every output is bit for bit gemv_dense_vec_kernel's), with the warp's
 // chunks of all its rows as one stream: the next batch of U chunks per lane is loaded before the
 // current one is summed, across row boundaries, so 2U loads of 16 bytes per lane are in flight
-// while the vector kernel waits for each batch of 4. Why: ncu on the bf16 model's decode step
+// while the vector kernel waits for each batch of 4 (opt-in: bf16 decode @512 measured 210 against
+// 213 tok/s with the vector kernel, H200, tenth session). Why it was tried: ncu on the bf16 model's decode step
 // (H200) had o_proj (4096 x 4096) and down_proj (4096 x 14336) at 2.3 and 2.7 TB/s through the
 // vector kernel: one wave of 31 warps per SM, each waiting for 4 (o) or 14 (down) round trips in
 // turn, while the same kernel streams lm_head (128256 rows, many waves) at the copy ceiling.

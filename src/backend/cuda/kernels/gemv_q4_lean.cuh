@@ -43,38 +43,31 @@ enum LeanFlags : int {
                    // ones: one scale load and decode per two tiles, half the scale registers (h...)
 };
 
-template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NG = 1>
-__global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
   constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred;
   constexpr bool HALF = FLAGS & kLeanHalf;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
-  static_assert(NG == 1 || !ASYNC, "groups use the barrier reduction");
   constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
-  constexpr int NT = NG * W * 32;       // threads per block
   extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes]
-  __shared__ float red[ASYNC ? 2 : NG][W][16][8];
-  __shared__ float gate_v[NG][128];
+  __shared__ float red[ASYNC ? 2 : 1][W][16][8];
+  __shared__ float gate_v[128];
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
   __shared__ int s_cnt[2], s_ready[2];
   __shared__ float s_part[kGemvMaxRows][8];
 
-  // NG > 1: the block is NG groups of W warps that share the table (and x); each group works
-  // through its own units (block b's group q takes units b*NG + q, + G, ...) and syncs on its own
-  // named barrier
-  const int tid = threadIdx.x, grp = NG > 1 ? tid / (W * 32) : 0, gtid = tid - grp * W * 32;
-  const int lane = tid & 31, warp = gtid >> 5, g = lane >> 2, t = lane & 3, r = lane & 15;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, r = lane & 15;
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t lane_b = 4u * lane;
-  const int KT = int(a.KT), units = int(a.units), G = gridDim.x * NG;
+  const int KT = int(a.KT), units = int(a.units), G = gridDim.x;
   constexpr int WU = W * U;
   const int NB = (KT + WU - 1) / WU;  // batches per item
   const uint32_t cols = uint32_t(a.cols);
   const int nsh = a.log2_blocksize + a.log2_nested;
 
   // load cursor: (unit, sub, batch) and the running offsets of the item it is in
-  const int unit0 = blockIdx.x * NG + grp;
-  int lu = unit0, lsub = 0, lb = 0;
+  int lu = blockIdx.x, lsub = 0, lb = 0;
   const uint4* lw = nullptr;  // this lane's 16 bytes of the warp's first tile of the batch
   const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
   const float* lnest = nullptr;
@@ -136,25 +129,25 @@ __global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const _
   };
 
   pdl_trigger();
-  if (int(blockIdx.x) * NG >= units) return;  // block-uniform (a group without units leaves after the prologue)
+  if (int(blockIdx.x) >= units) return;
   // Loads of what no previous kernel writes and the prologue waits for go out first, before the
   // weight stream they would otherwise queue behind (ncu, p8u4d3 q/k/v at T=1: the nested code
   // table's load was 16% of the launch's stall samples, the norm weights' another 6%): the nested
   // code table into registers, the norm weights into L1 (prefetch).
-  constexpr int NCT = (256 + NT - 1) / NT;
+  constexpr int NCT = (256 + W * 32 - 1) / (W * 32);
   float ncode[NCT];
   if constexpr (DQ) {
 #pragma unroll
     for (int j = 0; j < NCT; ++j)
-      if (tid + j * NT < 256) ncode[j] = __ldg(a.nested_code + tid + j * NT);
+      if (tid + j * W * 32 < 256) ncode[j] = __ldg(a.nested_code + tid + j * W * 32);
   }
   if (a.norm_w) {
-    for (int i = tid; i < int(cols) / 32; i += NT)  // 128-byte lines of the f32 weights
+    for (int i = tid; i < int(cols) / 32; i += W * 32)  // 128-byte lines of the f32 weights
       asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + 32 * i));
   }
   uint4 wb[D][U];
   float2 sb[D][US];
-  if (lu < units) start_item();
+  start_item();
   // the first D-1 batches' weights (they may overlap the previous kernel, PDL), then the tables
   // while they are in flight, then x (written by the previous kernel)
 #pragma unroll
@@ -172,20 +165,19 @@ __global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const _
   if constexpr (DQ) {  // read after the barrier that follows the x staging
 #pragma unroll
     for (int j = 0; j < NCT; ++j)
-      if (tid + j * NT < 256) s_nested_code[tid + j * NT] = ncode[j];
+      if (tid + j * W * 32 < 256) s_nested_code[tid + j * W * 32] = ncode[j];
   }
   pdl_wait();
   uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + q4_lut_bytes(2);
   q4_seq_stage_x<TA>(a, xs);
   __syncthreads();
   if (a.norm_w) {
-    if constexpr (W != 8) __trap();  // the host fuses the norm only into 8-warp configurations
+    if constexpr (W != 8) __trap();  // the host fuses the norm only into 256-thread configurations
     // x = rms_norm(x) * norm_w per token, in place: rms_norm_vec_kernel's arithmetic in its order
     // (256 threads, thread i sums 16-byte chunks i, i + 256, ... with fmaf, warp butterfly, the
-    // 8 warp sums in order), so the result is bit for bit the unfused norm's; with groups the
-    // first 256 threads compute it
+    // 8 warp sums in order), so the result is bit for bit the unfused norm's
     constexpr int E = 16 / sizeof(TA);
-    const int nvec = tid < 256 ? int(cols) / E : 0;
+    const int nvec = int(cols) / E;
     for (int n = 0; n < a.T; ++n) {
       float ss = 0.f;
       for (int c = tid; c < nvec; c += 256) {
@@ -195,7 +187,7 @@ __global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const _
         for (int e = 0; e < E; ++e) ss = fmaf(f[e], f[e], ss);
       }
       ss = warp_sum(ss);
-      if (lane == 0 && tid < 256) s_part[n][tid >> 5] = ss;
+      if (lane == 0) s_part[n][warp] = ss;
     }
     __syncthreads();
     for (int n = 0; n < a.T; ++n) {
@@ -227,8 +219,7 @@ __global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const _
   uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
 
   // compute cursor
-  if (unit0 >= units) return;  // group-uniform: only named group barriers follow
-  int cu = unit0, csub = 0, cb = 0, crt = 0;
+  int cu = blockIdx.x, csub = 0, cb = 0, crt = 0;
   int ck = item_of(cu, 0, crt);
   float offset = a.seg[ck].offset;
   int item = 0;  // items finished by this block (ASYNC: buffer item & 1, its use item >> 1)
@@ -236,7 +227,7 @@ __global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const _
 
   auto finish_item = [&]() {
     if constexpr (!ASYNC) {
-      seq_item_epilogue<TA, W, NG>(a, red[grp], gate_v[grp], acc, ck, crt, csub, gtid, grp);
+      seq_item_epilogue<TA, W>(a, red[0], gate_v, acc, ck, crt, csub);
     } else {
       const int buf = item & 1, use = item >> 1;
       // the buffer's previous use must have been summed (its last warp frees it)
@@ -266,8 +257,8 @@ __global__ void __launch_bounds__(NG * W * 32, MINB) gemv_q4_lean_kernel(const _
             if (sg.bias) y += sg.bias[row];
             if (a.ep == int(GemvEpilogue::SwiGLU)) {
               const float yr = to_f32<TA>(from_f32<TA>(y));
-              if (csub == 0) gate_v[0][o] = yr;
-              else q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[0][o], yr);
+              if (csub == 0) gate_v[o] = yr;
+              else q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[o], yr);
             } else {
               q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
             }

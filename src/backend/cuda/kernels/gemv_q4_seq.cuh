@@ -78,23 +78,15 @@ __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) 
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
 // accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
 // 8 tokens) run the epilogue. Ends with a barrier (red and gate_v may be reused).
-// NG > 1: a group of W warps of an NG-group block (gemv_q4_lean.cuh); tid = the thread's index in
-// the group, which syncs on named barrier 1 + grp.
-template <int W, int NG>
-__device__ __forceinline__ void seq_group_sync(int grp) {
-  if constexpr (NG == 1) __syncthreads();
-  else asm volatile("bar.sync %0, %1;" ::"r"(1 + grp), "r"(W * 32) : "memory");
-}
-template <typename TA, int W, int NG = 1>
+template <typename TA, int W>
 __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&red)[W][16][8], float* gate_v,
-                                                  const float* acc, int k, int64_t rt, int sub,
-                                                  int tid = threadIdx.x, int grp = 0) {
-  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+                                                  const float* acc, int k, int64_t rt, int sub) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   red[warp][g][2 * t] = acc[0];
   red[warp][g][2 * t + 1] = acc[1];
   red[warp][g + 8][2 * t] = acc[2];
   red[warp][g + 8][2 * t + 1] = acc[3];
-  seq_group_sync<W, NG>(grp);
+  __syncthreads();
   if (tid < 128) {
     const Q4StreamSeg& sg = a.seg[k];
     const int r = tid >> 3, n = tid & 7;
@@ -116,7 +108,7 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
       }
     }
   }
-  seq_group_sync<W, NG>(grp);
+  __syncthreads();
 }
 
 // The absmax of the lane's row from its raw load: the f32 absmax, or (u8 code, nested absmax) for
@@ -162,8 +154,7 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 // same run, the default; h8u4d3 (one absmax decode per two tiles) GPU-tested, not yet timed.
 constexpr const char* kSeqDefaultCfg = "p8u4d3";
 constexpr const char* kSeqCfgNames =
-    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3, p8u4d3g2, p8u2d3g3, "
-    "h8u2d3g3, p8u2d2g4";
+    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3";
 
 // The lean kernel (gemv_q4_lean.cuh, ops_gemv_lean.cu): whether it can serve these arguments (x
 // fits in shared memory, 32-bit offsets), and its launch for configuration names l... / a...
