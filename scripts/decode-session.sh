@@ -14,16 +14,6 @@ pack() { (cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude='*.csv' --exclu
 export NF4FLASH_COMMIT=${NF4FLASH_COMMIT:-wip} NF4FLASH_GPU_BENCH=0
 bash scripts/gpu-check.sh > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
 grep -E "tests passed|tests failed|\(Failed\)|Failed  |\*\*\*" $OUT/gpu-tests.log | head -20; pack
-timeout ${KB_TIMEOUT:-150} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
-grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[lph]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq prefetch 0|copy|gemv bf16" \
-  $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -40; pack
-bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
-set -- ${LEAN_CFGS:-}
-[ $# -gt 0 ] && bash scripts/decode-bench.sh $B 512 $(for c in "$@"; do echo "$c:NF4FLASH_GEMV_SEQ_CFG=$c"; done) 2>&1 | tail -$#; pack
-for v in ${DENSE_STREAMS:-0 4}; do  # dense single-weight decode GEMV: 0 = vec kernel (default), 4/8 = stream kernel (U)
-  NF4FLASH_DENSE_STREAM=$v $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
-    --json $OUT/decode-bf16-ds$v.json > $OUT/decode-bf16-ds$v.txt 2>&1
-  echo "bf16 NF4FLASH_DENSE_STREAM=$v: $(grep -E 'decode tg' $OUT/decode-bf16-ds$v.txt | tail -1)"; done; pack
 vram() {  # label, env...
   local l=$1; shift
   env NF4FLASH_VRAM_TRACE=1 "$@" $B bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 -p 4096 \
@@ -33,6 +23,16 @@ vram() {  # label, env...
 vram p4096
 [ "${VRAM_OLD:-0}" = 1 ] && vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
 grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
+timeout ${KB_TIMEOUT:-150} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
+grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16" \
+  $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -48; pack
+bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
+set -- ${LEAN_CFGS:-}
+[ $# -gt 0 ] && bash scripts/decode-bench.sh $B 512 $(for c in "$@"; do echo "$c:NF4FLASH_GEMV_SEQ_CFG=$c"; done) 2>&1 | tail -$#; pack
+for v in ${DENSE_STREAMS:-0 4}; do  # dense single-weight decode GEMV: 0 = vec kernel (default), 4/8 = stream kernel (U)
+  NF4FLASH_DENSE_STREAM=$v $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
+    --json $OUT/decode-bf16-ds$v.json > $OUT/decode-bf16-ds$v.txt 2>&1
+  echo "bf16 NF4FLASH_DENSE_STREAM=$v: $(grep -E 'decode tg' $OUT/decode-bf16-ds$v.txt | tail -1)"; done; pack
 if [ "${PROFILE:-0}" = 1 ]; then
   PROFILE_TIMES=1 timeout 60 bash scripts/profile-decode.sh $B
   python3 scripts/ncu-step-table.py $OUT/ncu-times.csv --steps 2 > $OUT/ncu-step.txt 2>&1; head -14 $OUT/ncu-step.txt; pack

@@ -67,6 +67,12 @@ void run_dense_multi(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
       b.gpu->linear(xg.act, *ws[i].gpu, ws[i].bgpu.get(), ys[i]->act);
       EXPECT_EQ(y, ys[i]->get()) << "segment " << i << " differs from its own launch, NF4FLASH_DENSE_MULTI/STREAM=" << mode;
     }
+    // the row-split kernel (one row per block) sums in another order: close to it
+    setenv("NF4FLASH_DENSE_MULTI", "0", 1);
+    setenv("NF4FLASH_DENSE_STREAM", "k", 1);
+    ys[i]->poison();
+    b.gpu->linear(xg.act, *ws[i].gpu, ws[i].bgpu.get(), ys[i]->act);
+    EXPECT_LT(rel_err(ys[i]->get(), y), 5e-3) << "segment " << i << " row-split kernel";
     unsetenv("NF4FLASH_DENSE_MULTI");
     unsetenv("NF4FLASH_DENSE_STREAM");
     EXPECT_LT(rel_err(y, yc[i]->get()), 5e-3) << "segment " << i << " N=" << ws[i].N;
@@ -130,9 +136,16 @@ TEST(CudaDenseMulti, LinearF32Out) {
         b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), y.act);
         ys[m] = y.get();
       }
+      // the row-split kernel sums in another order: close, not bit-identical
+      setenv("NF4FLASH_DENSE_MULTI", "0", 1);
+      setenv("NF4FLASH_DENSE_STREAM", "k", 1);
+      DevAct ysplit(*b.gpu, T, 3001, DType::F32);
+      ysplit.poison();
+      b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), ysplit.act);
       unsetenv("NF4FLASH_DENSE_MULTI");
       unsetenv("NF4FLASH_DENSE_STREAM");
       for (int m = 1; m < 4; ++m) EXPECT_EQ(ys[0], ys[m]) << "NF4FLASH_DENSE_MULTI=" << multi[m] << " STREAM=" << stream[m];
+      EXPECT_LT(rel_err(ysplit.get(), ys[0]), 1e-5) << "row-split kernel";
       b.cpu->linear(xc.act, *w.cpu, w.bcpu.get(), yc.act);
       EXPECT_LT(rel_err(ys[0], yc.get()), 5e-3);
     }

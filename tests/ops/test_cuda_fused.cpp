@@ -201,7 +201,8 @@ void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
 
 TEST(CudaFused, NormLinear) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* cfg : {"", "l8u4d3", "a8u4d3", "h8u4d3", "w8u4d3"}) {  // default (lean p8u4d3), lean variants, not fusable
+  // default (lean p8u4d3), lean variants, not fusable
+  for (const char* cfg : {"", "l8u4d3", "a8u4d3", "h8u4d3", "x8u4d3", "v8u4d3", "w8u4d3"}) {
     if (*cfg) setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
     SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
     const bool lean = std::string(cfg) != "w8u4d3";
@@ -221,7 +222,7 @@ TEST(CudaFused, NormLinear) {
 TEST(CudaFused, SeqGemvConfigs) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* cfg : {"w8u2d4", "w8u4d3", "w16u2d2", "w16u2d4m1", "w16u4d3m1", "l8u4d3", "a8u4d3", "p8u4d3",
-                          "h8u4d3"}) {
+                          "h8u4d3", "x8u4d3", "y8u4d3", "z8u4d3", "v8u4d3"}) {
     setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
     SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
     for (DType dt : {DType::BF16, DType::F16}) {

@@ -506,7 +506,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         // seq-pf24: with the L2 prefetch at 24 MiB (the next copy's bytes)
         // seq-<cfg>: the in-order kernel's other configurations (NF4FLASH_GEMV_SEQ_CFG)
         // seq-l... / seq-a...: the lean kernel's configurations (gemv_q4_lean.cuh)
-        for (const char* variant : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "regs"}) {
+        for (const char* variant : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "seq-x8u4d3",
+                                    "seq-y8u4d3", "seq-z8u4d3", "seq-v8u4d3", "regs"}) {
           if (T != 1 && std::string(variant).rfind("seq-", 0) == 0 && std::string(variant) != "seq") continue;
           with_variant(variant);
           const std::string vn = variant;
@@ -654,7 +655,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       be->linear_swiglu(x, *st.gate, nullptr, *st.up, nullptr, ga, ua);
       be->linear_residual(ua, *st.down, nullptr, oa, ra);
     };
-    for (const char* mode : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "streamk"}) {
+    for (const char* mode : {"seq", "seq-w8u4d3", "seq-l8u4d3", "seq-p8u4d3", "seq-h8u4d3", "seq-x8u4d3", "seq-y8u4d3",
+                             "seq-z8u4d3", "seq-v8u4d3", "streamk"}) {
       const std::string m = mode;
       setenv("NF4FLASH_GEMV_Q4", m.rfind("seq", 0) == 0 ? "seq" : mode, 1);
       if (m.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", m.c_str() + 4, 1);
@@ -669,6 +671,35 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
     unsetenv("NF4FLASH_L2_PREFETCH_MB");
     unsetenv("NF4FLASH_GEMV_Q4");
+  }
+
+  // ---- dense bf16 decode GEMV, single weights of the Llama-3-8B layer (o, down, gate), T=1, per
+  //   kernel: vec = gemv_dense_vec_kernel (the default), stream4/stream8 = the stream kernel, split =
+  //   one row per block (NF4FLASH_DENSE_STREAM=4|8|k), multi = gemv_dense_multi_kernel over one weight
+  //   (NF4FLASH_DENSE_MULTI=2);
+  //   weights rotated over copies >= 256 MB so they come from HBM
+  for (const auto& [N, K, nm] : {std::tuple<int64_t, int64_t, const char*>{4096, 4096, "o"}, {4096, 14336, "down"},
+                                 {14336, 4096, "gate"}}) {
+    std::vector<uint16_t> wh(size_t(N * K));
+    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
+    const int copies = int(std::max<int64_t>(2, (int64_t(256) << 20) / (N * K * 2) + 1));
+    std::vector<std::unique_ptr<Weight>> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(be->upload_dense(bf16_tensor(nm, N, K, wh), DType::BF16));
+    auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 2);
+    CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, N);
+    for (const char* mode : {"vec", "stream4", "stream8", "split", "multi"}) {
+      const std::string m(mode);
+      setenv("NF4FLASH_DENSE_MULTI", m == "multi" ? "2" : "0", 1);
+      setenv("NF4FLASH_DENSE_STREAM", m == "vec" ? "0" : m == "stream8" ? "8" : m == "split" ? "k" : "4", 1);
+      const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                    std::max(8, o.reps / 2), o.trials);
+      report(cat("gemv bf16 ", nm, " ", N, "x", K, " T=1 ", mode), sec, double(N * K * 2 + K * 2 + N * 2),
+             {{"rows", N}, {"cols", K}, {"kernel", mode}});
+    }
+    unsetenv("NF4FLASH_DENSE_MULTI");
+    unsetenv("NF4FLASH_DENSE_STREAM");
   }
 
   if (o.gemv_only) {
@@ -736,34 +767,6 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       }
     }
     out["gemv_gemm_threshold"] = thr;
-  }
-
-  // ---- dense bf16 decode GEMV, single weights of the Llama-3-8B layer (o, down, gate), T=1, per
-  //   kernel: vec = gemv_dense_vec_kernel (NF4FLASH_DENSE_STREAM=0), stream4/stream8 = the stream
-  //   kernel (the default: 4), multi = gemv_dense_multi_kernel over one weight (NF4FLASH_DENSE_MULTI=2);
-  //   weights rotated over copies >= 256 MB so they come from HBM
-  for (const auto& [N, K, nm] : {std::tuple<int64_t, int64_t, const char*>{4096, 4096, "o"}, {4096, 14336, "down"},
-                                 {14336, 4096, "gate"}}) {
-    std::vector<uint16_t> wh(size_t(N * K));
-    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
-    const int copies = int(std::max<int64_t>(2, (int64_t(256) << 20) / (N * K * 2) + 1));
-    std::vector<std::unique_ptr<Weight>> ws;
-    for (int c = 0; c < copies; ++c) ws.push_back(be->upload_dense(bf16_tensor(nm, N, K, wh), DType::BF16));
-    auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 2);
-    CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, N);
-    for (const char* mode : {"vec", "stream4", "stream8", "multi"}) {
-      const std::string m(mode);
-      setenv("NF4FLASH_DENSE_MULTI", m == "multi" ? "2" : "0", 1);
-      setenv("NF4FLASH_DENSE_STREAM", m == "vec" ? "0" : m == "stream8" ? "8" : "4", 1);
-      const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
-                                    std::max(8, o.reps / 2), o.trials);
-      report(cat("gemv bf16 ", nm, " ", N, "x", K, " T=1 ", mode), sec, double(N * K * 2 + K * 2 + N * 2),
-             {{"rows", N}, {"cols", K}, {"kernel", mode}});
-    }
-    unsetenv("NF4FLASH_DENSE_MULTI");
-    unsetenv("NF4FLASH_DENSE_STREAM");
   }
 
   // ---- dense bf16 GEMV, lm_head shape (the default kernel, then the vec kernel)

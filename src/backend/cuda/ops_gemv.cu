@@ -389,14 +389,27 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 
 namespace {
 // Dense single-weight decode GEMV: unset/0 gemv_dense_vec_kernel, 4 the stream kernel with 4 chunks
-// per batch (8 in flight per lane), 8 with 8. The stream kernel measured slower end to end (H200,
-// bf16 decode @512: 210 against 213 tok/s), so it is opt-in for comparison (kernel-bench rows).
+// per batch (8 in flight per lane), 8 with 8, k the row-split kernel (one row per block; returned
+// as 1). The stream kernel measured slower end to end (H200, bf16 decode @512: 210 against 213
+// tok/s), so these are opt-in for comparison (kernel-bench rows).
 int dense_stream_u() {
   const char* v = std::getenv("NF4FLASH_DENSE_STREAM");
   if (!v || !*v) return 0;
   const std::string_view s(v);
-  NF4FLASH_CHECK(s == "0" || s == "4" || s == "8", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4 or 8");
-  return s[0] - '0';
+  NF4FLASH_CHECK(s == "0" || s == "4" || s == "8" || s == "k", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4, 8 or k");
+  return s == "k" ? 1 : s[0] - '0';
+}
+
+template <typename TW, typename TA, int TN>
+void launch_dense_split(const DenseKernelArgs& a, cudaStream_t st) {
+  auto kern = gemv_dense_split_kernel<TW, TA, TN>;
+  static const int per_sm = [&] {
+    int v = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, 256, 0));
+    return std::max(v, 1);
+  }();
+  const int64_t grid = std::min<int64_t>(a.N, int64_t(per_sm) * num_sms());
+  launch_k(kern, dim3(unsigned(grid)), dim3(256), 0, st, a);
 }
 
 // Grid: one block per 8 rows, at most the blocks that are resident at once (each warp then
@@ -422,7 +435,10 @@ void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
   const bool aligned = (g.K % 8 == 0) && (reinterpret_cast<uintptr_t>(g.w) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(g.x) % 16 == 0);
   const int su = dense_stream_u();
-  if (vec16 && aligned && su && !g.l2pf) {
+  if (vec16 && aligned && su == 1 && !g.l2pf) {
+    if (g.T == 1) launch_dense_split<TW, TA, 1>(a, st);
+    else launch_dense_split<TW, TA, kGemvMaxRows>(a, st);
+  } else if (vec16 && aligned && su && !g.l2pf) {
     if (g.T == 1) {
       if (su == 8) launch_dense_stream<TW, TA, 1, 8>(a, st);
       else launch_dense_stream<TW, TA, 1, 4>(a, st);

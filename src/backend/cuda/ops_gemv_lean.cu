@@ -52,6 +52,11 @@ bool visit_lean(std::string_view c, F&& f) {
   else if (c == "a8u4d3") f(LeanCfg<kLeanAsync, 8, 4, 3, 2>{});
   else if (c == "p8u4d3") f(LeanCfg<kLeanXPred, 8, 4, 3, 2>{});
   else if (c == "h8u4d3") f(LeanCfg<kLeanXPred | kLeanHalf, 8, 4, 3, 2>{});
+  // x / y / z / v: p8u4d3 with 1 / 2 / 3 / 4 of each tile's 4 code words decoded from register tables
+  else if (c == "x8u4d3") f(LeanCfg<kLeanXPred | kLeanAlu1, 8, 4, 3, 2>{});
+  else if (c == "y8u4d3") f(LeanCfg<kLeanXPred | kLeanAlu2, 8, 4, 3, 2>{});
+  else if (c == "z8u4d3") f(LeanCfg<kLeanXPred | kLeanAlu1 | kLeanAlu2, 8, 4, 3, 2>{});
+  else if (c == "v8u4d3") f(LeanCfg<kLeanXPred | kLeanAlu4, 8, 4, 3, 2>{});
   else return false;
   return true;
 }

@@ -168,6 +168,62 @@ __global__ void __launch_bounds__(256) gemv_dense_stream_kernel(const DenseKerne
   }
 }
 
+// One row per 256-thread block (grid-stride over rows): warp w, lane l take chunks
+// 256 i + 32 w + l of the row (each step of the block reads 4 KB of the row contiguously), all of
+// a lane's chunks loaded before any is summed (up to 8; more in further rounds), then the warp
+// sums and the 8 warps' sums in warp order. Every SM keeps up to 8 rows x 4 KB per round in
+// flight where the vec kernel keeps 31 warps x 2 KB. Sums in a different order than the vec
+// kernel (not bit-identical; opt-in, NF4FLASH_DENSE_STREAM=k).
+template <typename TW, typename TA, int TN>
+__global__ void __launch_bounds__(256) gemv_dense_split_kernel(const DenseKernelArgs a) {
+  __shared__ float red[8][TN];
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t K8 = a.K / 8;
+  for (int64_t row = blockIdx.x; row < a.N; row += gridDim.x) {
+    const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const TW*>(a.w) + row * a.K);
+    float acc[TN];
+#pragma unroll
+    for (int n = 0; n < TN; ++n) acc[n] = 0.f;
+    for (int64_t c0 = threadIdx.x; c0 < K8; c0 += 256 * 8) {
+      uint4 wv[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        if (c0 + 256 * u < K8) wv[u] = ld_stream_u4(wr + c0 + 256 * u);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t c = c0 + 256 * u;
+        if (c < K8) {
+          float wf[8];
+          unpack8<TW>(wv[u], wf);
+#pragma unroll
+          for (int n = 0; n < TN; ++n) {
+            if (n < a.T) {
+              float xf[8];
+              dense_x8<TA>(a.x, a.K, n, c, xf);
+              acc[n] = dense_dot8(wf, xf, acc[n]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < TN; ++n) {
+      const float v = warp_sum(acc[n]);
+      if (lane == 0) red[warp][n] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < a.T) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) v += red[w][threadIdx.x];
+      gemv_store<TA>(a, int(threadIdx.x), row, v);
+    }
+    __syncthreads();
+  }
+}
+
 template <typename TW, typename TA>
 __global__ void __launch_bounds__(256) gemv_dense_scalar_kernel(const DenseKernelArgs a) {
   pdl_trigger();

@@ -154,7 +154,8 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 // same run, the default; h8u4d3 (one absmax decode per two tiles) GPU-tested, not yet timed.
 constexpr const char* kSeqDefaultCfg = "p8u4d3";
 constexpr const char* kSeqCfgNames =
-    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3";
+    "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3, x8u4d3, y8u4d3, z8u4d3, "
+    "v8u4d3";
 
 // The lean kernel (gemv_q4_lean.cuh, ops_gemv_lean.cu): whether it can serve these arguments (x
 // fits in shared memory, 32-bit offsets), and its launch for configuration names l... / a...
