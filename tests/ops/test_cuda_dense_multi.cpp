@@ -152,6 +152,37 @@ TEST(CudaDenseMulti, LinearF32Out) {
   }
 }
 
+// Long rows (K >= 8192: down_proj) take the row-split kernel by default: bit for bit what
+// NF4FLASH_DENSE_STREAM=k gives, close to the vec kernel and the CPU. K = 8200: 1025 chunks, a
+// partial round of the 256-thread block; 37 rows; 1 and 3 tokens.
+TEST(CudaDenseMulti, LongRowsSplitByDefault) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (int64_t T : {1, 3}) {
+    SCOPED_TRACE(cat("T=", T));
+    Backends b(DType::BF16);
+    const int64_t N = 37, K = 8200;
+    DW w = make_dense(b, DType::BF16, N, K, true);
+    auto X = rounded(randn(size_t(T * K)), DType::BF16);
+    DevAct xg(*b.gpu, T, K), xc(*b.cpu, T, K), yc(*b.cpu, T, N);
+    xg.set(X);
+    xc.set(X);
+    std::vector<float> ys[3];
+    const char* modes[3] = {"", "k", "0"};
+    for (int m = 0; m < 3; ++m) {
+      setenv("NF4FLASH_DENSE_STREAM", modes[m], 1);
+      DevAct y(*b.gpu, T, N);
+      y.poison();
+      b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), y.act);
+      ys[m] = y.get();
+    }
+    unsetenv("NF4FLASH_DENSE_STREAM");
+    EXPECT_EQ(ys[0], ys[1]) << "default vs row-split kernel";
+    EXPECT_LT(rel_err(ys[0], ys[2]), 5e-3) << "default vs vec kernel";
+    b.cpu->linear(xc.act, *w.cpu, w.bcpu.get(), yc.act);
+    EXPECT_LT(rel_err(ys[0], yc.get()), 5e-3);
+  }
+}
+
 TEST(CudaDenseMulti, LinearSwiGLU) {
   NF4FLASH_REQUIRE_CUDA();
   for (DType dt : {DType::BF16, DType::F16}) {

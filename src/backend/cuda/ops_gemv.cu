@@ -388,13 +388,16 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 }
 
 namespace {
-// Dense single-weight decode GEMV: unset/0 gemv_dense_vec_kernel, 4 the stream kernel with 4 chunks
-// per batch (8 in flight per lane), 8 with 8, k the row-split kernel (one row per block; returned
-// as 1). The stream kernel measured slower end to end (H200, bf16 decode @512: 210 against 213
-// tok/s), so these are opt-in for comparison (kernel-bench rows).
-int dense_stream_u() {
+// Dense single-weight decode GEMV: 0 gemv_dense_vec_kernel, 4 the stream kernel with 4 chunks per
+// batch (8 in flight per lane), 8 with 8, k the row-split kernel (one row per block; returned as
+// 1); unset: the row-split kernel for long rows (K >= kDenseSplitMinK) of at most kDenseSplitMaxN
+// rows, else vec. H200 (kernel-bench, bf16, T=1, % of copy): down 4096x14336 vec 81.4, split 86.7,
+// stream4 79.9; o 4096x4096 vec 70.4, split 61.9; gate 14336x4096 vec 85.3, split 71.2. Splitting
+// every weight (o, down, lm_head) measured slower end to end (bf16 decode @512 204 vs 213 tok/s).
+constexpr int64_t kDenseSplitMinK = 8192, kDenseSplitMaxN = 16384;
+int dense_stream_u(int64_t N, int64_t K) {
   const char* v = std::getenv("NF4FLASH_DENSE_STREAM");
-  if (!v || !*v) return 0;
+  if (!v || !*v) return K >= kDenseSplitMinK && N <= kDenseSplitMaxN ? 1 : 0;
   const std::string_view s(v);
   NF4FLASH_CHECK(s == "0" || s == "4" || s == "8" || s == "k", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4, 8 or k");
   return s == "k" ? 1 : s[0] - '0';
@@ -434,7 +437,7 @@ void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
   constexpr bool vec16 = sizeof(TW) == 2 && sizeof(TA) == 2;
   const bool aligned = (g.K % 8 == 0) && (reinterpret_cast<uintptr_t>(g.w) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(g.x) % 16 == 0);
-  const int su = dense_stream_u();
+  const int su = dense_stream_u(g.N, g.K);
   if (vec16 && aligned && su == 1 && !g.l2pf) {
     if (g.T == 1) launch_dense_split<TW, TA, 1>(a, st);
     else launch_dense_split<TW, TA, kGemvMaxRows>(a, st);

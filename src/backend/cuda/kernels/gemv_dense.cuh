@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(256) gemv_dense_stream_kernel(const DenseKerne
 // a lane's chunks loaded before any is summed (up to 8; more in further rounds), then the warp
 // sums and the 8 warps' sums in warp order. Every SM keeps up to 8 rows x 4 KB per round in
 // flight where the vec kernel keeps 31 warps x 2 KB. Sums in a different order than the vec
-// kernel (not bit-identical; opt-in, NF4FLASH_DENSE_STREAM=k).
+// kernel (not bit-identical). Default for long rows (K >= 8192, e.g. down_proj; ops_gemv.cu).
 template <typename TW, typename TA, int TN>
 __global__ void __launch_bounds__(256) gemv_dense_split_kernel(const DenseKernelArgs a) {
   __shared__ float red[8][TN];

@@ -151,8 +151,11 @@ __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, 
 // w16u4d3m1 302.8, 76.8 us; w8u2d4 283.0, 84.7 us; w16u2d2 224.2, 113.2 us; lean l8u4d3 387.3,
 // 54.0 us; lean a8u4d3 (barrier-free reduction) 354.9, 59.8 us; a8u4d4 352.8; a16u4d3m1 318.0;
 // ninth session: p8u4d3 (x loaded by the lanes of real tokens) 388.2 against l8u4d3 382.2 in the
-// same run, the default; h8u4d3 (one absmax decode per two tiles) GPU-tested, not yet timed.
-constexpr const char* kSeqDefaultCfg = "p8u4d3";
+// same run; tenth: h8u4d3 (one absmax decode per two tiles) one layer's GEMVs 52.72 / 52.90 us
+// against p8u4d3's 54.01 / 54.32 in two runs, decode @512 385.7 vs 384.0: the default; the table
+// decode by byte permutes (x/y/z/v8u4d3) 53.3 / 63.5 / 72.9 / 82.4 us: each instruction added per
+// tile costs ~0.12 us on 4096x14336 (docs/performance.md, tenth session).
+constexpr const char* kSeqDefaultCfg = "h8u4d3";
 constexpr const char* kSeqCfgNames =
     "w8u2d4, w8u4d3, w16u2d2, w16u2d4m1, w16u4d3m1; lean: l8u4d3, a8u4d3, p8u4d3, h8u4d3, x8u4d3, y8u4d3, z8u4d3, "
     "v8u4d3";
