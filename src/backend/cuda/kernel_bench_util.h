@@ -1,0 +1,33 @@
+// Helpers of kernel-bench shared by its rows (definitions in kernel_bench_util.cu).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "io/safetensors.h"
+#include "quant/quant4.h"
+
+namespace nf4flash::kbench {
+
+// Read-only streaming reference: every thread reads 16-byte words, 4 in flight, grid-stride.
+// Shapes: src [n16] uint4; grid 4 blocks per SM x 256 threads; sink is written only if the xor of
+// all words equals a value it cannot take (nothing is optimized out).
+__global__ void read_only_kernel(const uint4* __restrict__ src, int64_t n16, uint4* sink);
+
+double median(std::vector<double> v);
+// Median seconds per call of `body` (called reps times per trial), timed via graph replays.
+double time_graph(Backend& be, const std::function<void(int)>& body, int reps, int trials);
+// A [rows, cols] bf16 tensor view of host bits (for upload_dense).
+TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits);
+// Random NF4 weights (random code bytes and absmax; double quant with a nested table when dq).
+std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std::mt19937& g);
+// Prefill attention kernels alone (flash / sdpa / eager), Llama-3-8B layer shape.
+nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g);
+
+}  // namespace nf4flash::kbench
