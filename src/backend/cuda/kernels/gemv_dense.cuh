@@ -44,6 +44,21 @@ __device__ __forceinline__ float dense_dot8(const float* wf, const float* xf, fl
   return acc;
 }
 
+// Chunk c of a row (its 16 bytes wq) into the token sums acc[n], n < T (dense_x8 + dense_dot8).
+template <typename TW, typename TA, int TN>
+__device__ __forceinline__ void dense_chunk(const DenseKernelArgs& a, const uint4& wq, int64_t c, float* acc) {
+  float wf[8];
+  unpack8<TW>(wq, wf);
+#pragma unroll
+  for (int n = 0; n < TN; ++n) {
+    if (n < a.T) {
+      float xf[8];
+      dense_x8<TA>(a.x, a.K, n, c, xf);
+      acc[n] = dense_dot8(wf, xf, acc[n]);
+    }
+  }
+}
+
 template <typename TW, typename TA, int TN>
 __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelArgs a) {
   __shared__ __align__(16) L2PfLaunch s_pf[kPfLook];
@@ -69,18 +84,7 @@ __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelAr
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         const int64_t c = c0 + 32 * u;
-        if (c < K8) {
-          float wf[8];
-          unpack8<TW>(wv[u], wf);
-#pragma unroll
-          for (int n = 0; n < TN; ++n) {
-            if (n < a.T) {
-              float xf[8];
-              dense_x8<TA>(a.x, a.K, n, c, xf);
-              acc[n] = dense_dot8(wf, xf, acc[n]);
-            }
-          }
-        }
+        if (c < K8) dense_chunk<TW, TA, TN>(a, wv[u], c, acc);
       }
     }
 #pragma unroll
@@ -138,18 +142,7 @@ __global__ void __launch_bounds__(256) gemv_dense_stream_kernel(const DenseKerne
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t c = b * (32 * U) + 32 * u + lane;
-        if (c < K8) {
-          float wf[8];
-          unpack8<TW>(wv[s][u], wf);
-#pragma unroll
-          for (int n = 0; n < TN; ++n) {
-            if (n < a.T) {
-              float xf[8];
-              dense_x8<TA>(a.x, a.K, n, c, xf);
-              acc[n] = dense_dot8(wf, xf, acc[n]);
-            }
-          }
-        }
+        if (c < K8) dense_chunk<TW, TA, TN>(a, wv[s][u], c, acc);
       }
       if (++b == NB) {  // warp-uniform
 #pragma unroll
@@ -194,18 +187,7 @@ __global__ void __launch_bounds__(256) gemv_dense_split_kernel(const DenseKernel
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const int64_t c = c0 + 256 * u;
-        if (c < K8) {
-          float wf[8];
-          unpack8<TW>(wv[u], wf);
-#pragma unroll
-          for (int n = 0; n < TN; ++n) {
-            if (n < a.T) {
-              float xf[8];
-              dense_x8<TA>(a.x, a.K, n, c, xf);
-              acc[n] = dense_dot8(wf, xf, acc[n]);
-            }
-          }
-        }
+        if (c < K8) dense_chunk<TW, TA, TN>(a, wv[u], c, acc);
       }
     }
 #pragma unroll
