@@ -24,7 +24,7 @@ vram p4096
 [ "${VRAM_OLD:-0}" = 1 ] && vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
 grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
 timeout ${KB_TIMEOUT:-150} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
-grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16" \
+grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16|size sweep" \
   $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -48; pack
 bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
 set -- ${LEAN_CFGS:-}

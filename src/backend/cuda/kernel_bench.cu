@@ -438,6 +438,21 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_GEMV_FEED");
   }
 
+  // ---- size sweep of the default 4-bit decode GEMV (nf4-dq, R x 4096, T = 1): time against bytes
+  //   gives the fixed cost per launch (intercept) and the streaming rate (slope) apart
+  for (int64_t R : {256, 1024, 2048, 4096, 8192, 14336}) {
+    const int64_t K = 4096;
+    const int copies = copies_for(R * K / 2);
+    std::vector<std::unique_ptr<Weight>> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(R, K, true, g)));
+    auto xb = rand_act(1, K), yb = be->alloc(size_t(R) * 2);
+    Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
+    const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                  o.reps, o.trials);
+    report(cat("gemv size sweep nf4-dq ", R, "x", K, " T=1 seq"), sec, double(ws[0]->resident_bytes()) + (K + R) * 2.0,
+           {{"rows", R}, {"cols", K}, {"copies", copies}});
+  }
+
   // ---- fused decode GEMVs (nf4-dq, T = 1) against the same work unfused:
   //   qkv: q 4096x4096 + k, v 1024x4096 in one launch vs three;  gate+up+silu: 2 x 14336x4096 vs
   //   two GEMVs + silu_mul;  down + residual: 4096x14336 with the add vs GEMV + add
