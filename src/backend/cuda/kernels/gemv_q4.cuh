@@ -62,25 +62,58 @@ __device__ __forceinline__ void q4_tile_mma(const uint32_t* lut_l, const uint4& 
   }
 }
 
-// The same with the table at a stride of 64 words per entry ([256][64], lane L's copy at word L:
-// still conflict-free) so that one byte_perm builds the whole shared address, byte * 256 + 4L, from
-// the code byte and lane4 = 4L (ADDR 2); or with the [256][32] table, byte * 128 + 4L from
-// byte_perm + shift with lane8 = 8L (ADDR 1). lut_s: the table's shared-window address.
-template <typename TA, int ADDR>
+// One lane's code word (4 bytes) through the byte table at a stride of 64 words per entry
+// ([256][64], lane L's copy at word L: still conflict-free) so that one byte_perm builds the whole
+// shared address, byte * 256 + 4L, from the code byte and lane4 = 4L (ADDR 2); or with the
+// [256][32] table, byte * 128 + 4L from byte_perm + shift with lane8 = 8L (ADDR 1). lut_s: the
+// table's shared-window address. fa[k]: the entry of byte k.
+template <int ADDR>
+__device__ __forceinline__ void q4_word_lds(uint32_t lut_s, uint32_t lane_b, uint32_t w, uint32_t* fa) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    // result bytes: [lane_b, code byte k, 0, 0] (selector 4 = lane_b's byte 0, 5 = its zero byte 1)
+    uint32_t off = __byte_perm(w, lane_b, 0x5504u | (uint32_t(k) << 4));
+    if constexpr (ADDR == 1) off >>= 1;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(fa[k]) : "r"(lut_s + off));
+  }
+}
+
+// The same word decoded like 4 lookups of that table (entry of byte b = code[b >> 4] in the low
+// half, code[b & 15] in the high half), without shared memory: tl/th hold the low/high bytes of
+// the 16 codes' 16-bit patterns (tl[i] byte j = low byte of code 4i+j). Per half-word of 4
+// nibbles: two PRMT pick a byte among codes 0-7 and 8-15 each, a third by the nibble's bit 3, for
+// the low and the high bytes, and two PRMT interleave them: ~21 ALU instructions per word against
+// 4 PRMT + 4 LDS (1 shared wavefront each) for the table. Measured (H200, 4096x14336 nf4-dq T=1,
+// lean kernel): 1 / 2 / 3 / 4 words per tile 13.42 / 15.53 / 17.73 / 19.94 us against 13.61 with
+// the table: the time grows ~0.12 us per instruction added per tile, so trading shared loads for
+// ALU work does not pay (the lean configurations x/y/z/v8u4d3 keep it for comparison).
+__device__ __forceinline__ void q4_word_alu(uint32_t w, const uint32_t* tl, const uint32_t* th, uint32_t* fa) {
+  const uint32_t s7 = w & 0x77777777u;                                // byte index within a half table
+  const uint32_t hs = ((w >> 1) & 0x44444444u) | 0x32103210u;          // + 4 where the nibble's bit 3 is set
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t s = h ? s7 >> 16 : s7, m = h ? hs >> 16 : hs;
+    const uint32_t lo = __byte_perm(__byte_perm(tl[0], tl[1], s), __byte_perm(tl[2], tl[3], s), m);
+    const uint32_t hi = __byte_perm(__byte_perm(th[0], th[1], s), __byte_perm(th[2], th[3], s), m);
+    // byte 2h: nibbles 0 (low) and 1 (high) of this half -> [code(n1), code(n0)]; byte 2h+1: n2, n3
+    fa[2 * h] = __byte_perm(lo, hi, 0x4051);
+    fa[2 * h + 1] = __byte_perm(lo, hi, 0x6273);
+  }
+}
+
+// One tile: the lane's 4 code words through the table (q4_word_lds), the first NALU of them
+// decoded by q4_word_alu instead (tl/th: its register tables), each against its x fragments (mma).
+template <typename TA, int ADDR, int NALU = 0>
 __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                                 const uint4& xb, float* d) {
+                                                 const uint4& xb, float* d, const uint32_t* tl = nullptr,
+                                                 const uint32_t* th = nullptr) {
   const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
   const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t fa[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      // result bytes: [lane_b, code byte k, 0, 0] (selector 4 = lane_b's byte 0, 5 = its zero byte 1)
-      uint32_t off = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
-      if constexpr (ADDR == 1) off >>= 1;
-      asm volatile("ld.shared.u32 %0, [%1];" : "=r"(fa[k]) : "r"(lut_s + off));
-    }
+    if (j < NALU) q4_word_alu(wv[j], tl, th, fa);
+    else q4_word_lds<ADDR>(lut_s, lane_b, wv[j], fa);
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }
 }

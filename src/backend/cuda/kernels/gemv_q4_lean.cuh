@@ -42,54 +42,9 @@ enum LeanFlags : int {
   kLeanHalf = 4,   // lanes 0-15 load and decode the absmax of a batch's even tiles, 16-31 of its odd
                    // ones: one scale load and decode per two tiles, half the scale registers (h...)
   kLeanAlu1 = 8,   // bits 8/16: the first 1, 2 or 3 of each tile's 4 code words decoded with byte
-  kLeanAlu2 = 16,  // permutes from register tables instead of shared-memory lookups (q4_word_alu);
-  kLeanAlu4 = 32,  // all four
+  kLeanAlu2 = 16,  // permutes from register tables instead of shared-memory lookups (q4_word_alu,
+  kLeanAlu4 = 32,  // gemv_q4.cuh); Alu4: all four
 };
-
-// One lane's code word (8 codes, 4 bytes) decoded like 4 lookups of the byte table (entry of byte
-// b = code[b >> 4] in the low half, code[b & 15] in the high half), without shared memory: tl/th
-// hold the low/high bytes of the 16 codes' 16-bit patterns (tl[i] byte j = low byte of code 4i+j).
-// Per half-word of 4 nibbles: two PRMT pick a byte among codes 0-7 and 8-15 each, a third by the
-// nibble's bit 3, for the low and the high bytes, and two PRMT interleave them: ~21 ALU
-// instructions per word against 4 PRMT + 4 LDS (1 shared wavefront each) for the table.
-// Measured (H200, 4096x14336 nf4-dq T=1): 1 / 2 / 3 / 4 words per tile 13.42 / 15.53 / 17.73 /
-// 19.94 us against 13.61 with the table: the time grows ~0.12 us per instruction added per tile,
-// so trading shared loads for ALU work does not pay (configurations kept for comparison).
-__device__ __forceinline__ void q4_word_alu(uint32_t w, const uint32_t* tl, const uint32_t* th, uint32_t* fa) {
-  const uint32_t s7 = w & 0x77777777u;                                // byte index within a half table
-  const uint32_t hs = ((w >> 1) & 0x44444444u) | 0x32103210u;          // + 4 where the nibble's bit 3 is set
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t s = h ? s7 >> 16 : s7, m = h ? hs >> 16 : hs;
-    const uint32_t lo = __byte_perm(__byte_perm(tl[0], tl[1], s), __byte_perm(tl[2], tl[3], s), m);
-    const uint32_t hi = __byte_perm(__byte_perm(th[0], th[1], s), __byte_perm(th[2], th[3], s), m);
-    // byte 2h: nibbles 0 (low) and 1 (high) of this half -> [code(n1), code(n0)]; byte 2h+1: n2, n3
-    fa[2 * h] = __byte_perm(lo, hi, 0x4051);
-    fa[2 * h + 1] = __byte_perm(lo, hi, 0x6273);
-  }
-}
-
-// q4_tile_mma_prmt with the first NALU of the lane's 4 code words decoded by q4_word_alu.
-template <typename TA, int NALU>
-__device__ __forceinline__ void q4_tile_mma_mixed(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                                  const uint4& xb, const uint32_t* tl, const uint32_t* th, float* d) {
-  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t fa[4];
-    if (j < NALU) {
-      q4_word_alu(wv[j], tl, th, fa);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t off = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
-        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(fa[k]) : "r"(lut_s + off));
-      }
-    }
-    mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
-  }
-}
 
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
@@ -358,17 +313,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
             if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
             const int src = g + 16 * (uu & 1);
             q4_tile_apply<TA>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
-          } else if constexpr (NALU > 0) {
-            const float sv = q4_scale_decode<DQ>(sb[d][uu], offset, s_nested_code);
-            const float s0 = __shfl_sync(0xffffffffu, sv, g), s8 = __shfl_sync(0xffffffffu, sv, g + 8);
-            float dd[4] = {0.f, 0.f, 0.f, 0.f};
-            q4_tile_mma_mixed<TA, NALU>(lut_s, lane_b, wb[d][uu], xa, xb, tl, th, dd);
-            acc[0] = fmaf(dd[0], s0, acc[0]);
-            acc[1] = fmaf(dd[1], s0, acc[1]);
-            acc[2] = fmaf(dd[2], s8, acc[2]);
-            acc[3] = fmaf(dd[3], s8, acc[3]);
           } else {
-            q4_tile_scaled<TA, DQ>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc);
+            q4_tile_scaled<TA, DQ, NALU>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc,
+                                         tl, th);
           }
         }
       }

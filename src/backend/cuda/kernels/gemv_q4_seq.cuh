@@ -123,13 +123,15 @@ __device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const
 // partial sums of rows g, g + 8 scaled by the absmax held by lanes src0, src8 (sv: each lane's
 // decoded absmax) and added to acc. (Splitting the four mma into two chains measured no faster:
 // H200, ninth session, s8u4d3.)
-template <typename TA>
+// NALU, tl, th: q4_tile_mma_prmt's register-table decode of the first NALU code words.
+template <typename TA, int NALU = 0>
 __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                              const uint4& xb, float sv, int src0, int src8, float* acc) {
+                                              const uint4& xb, float sv, int src0, int src8, float* acc,
+                                              const uint32_t* tl = nullptr, const uint32_t* th = nullptr) {
   const float s0 = __shfl_sync(0xffffffffu, sv, src0);
   const float s8 = __shfl_sync(0xffffffffu, sv, src8);
   float dd[4] = {0.f, 0.f, 0.f, 0.f};
-  q4_tile_mma_prmt<TA, 2>(lut_s, lane_b, wq, xa, xb, dd);
+  q4_tile_mma_prmt<TA, 2, NALU>(lut_s, lane_b, wq, xa, xb, dd, tl, th);
   acc[0] = fmaf(dd[0], s0, acc[0]);
   acc[1] = fmaf(dd[1], s0, acc[1]);
   acc[2] = fmaf(dd[2], s8, acc[2]);
@@ -137,11 +139,13 @@ __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, c
 }
 
 // A tile whose lanes r and r + 16 both loaded row r's absmax (raw).
-template <typename TA, bool DQ>
+template <typename TA, bool DQ, int NALU = 0>
 __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                                const uint4& xb, float2 raw, float offset, const float* s_nested_code,
-                                               int g, float* acc) {
-  q4_tile_apply<TA>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8, acc);
+                                               int g, float* acc, const uint32_t* tl = nullptr,
+                                               const uint32_t* th = nullptr) {
+  q4_tile_apply<TA, NALU>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8, acc,
+                          tl, th);
 }
 
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
