@@ -101,7 +101,17 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   attn_.head_dim = hd;
   attn_.scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
-  // workspace for the first forwards (grown on demand up to max_rows)
+  // the largest row count whose linear_swiglu needs the gate buffer (asked once, from the top: every
+  // count above it was asked and needs none; counts below get the buffer whether they need it or
+  // not), then the workspace for the first forwards (grown on demand up to max_rows)
+  for (int64_t T = max_rows_; T >= 1 && !gtmp_rows_; --T) {
+    for (const LayerWeights& L : layers_) {
+      if (be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) {
+        gtmp_rows_ = T;
+        break;
+      }
+    }
+  }
   ensure_workspace(std::min<int64_t>(max_rows, 512));
 }
 
@@ -120,23 +130,10 @@ Decoder::WsLayout Decoder::ws_layout() const {
   return l;
 }
 
-bool Decoder::swiglu_tmp(int64_t T) const {
-  for (const LayerWeights& L : layers_)
-    if (be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) return true;
-  return false;
-}
-
 int64_t Decoder::gu_elems(int64_t rows) const {
   const int64_t I = cfg_.intermediate_size;
   const int64_t qkv = int64_t{cfg_.n_heads} * cfg_.head_dim + 2 * int64_t{cfg_.n_kv_heads} * cfg_.head_dim;
-  int64_t e = rows * std::max(I, qkv);
-  for (int64_t T = rows; T >= 1; --T) {  // the largest row count that needs the gate buffer
-    if (swiglu_tmp(T)) {
-      e = std::max(e, 2 * T * I);
-      break;  // fewer rows need no more (2 T I grows with T)
-    }
-  }
-  return e + 2 * kWsAlign;
+  return std::max(rows * std::max(I, qkv), 2 * std::min(rows, gtmp_rows_) * I) + 2 * kWsAlign;
 }
 
 size_t Decoder::workspace_bytes(int64_t rows) const {

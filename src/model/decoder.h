@@ -68,7 +68,7 @@ class Decoder {
   WsLayout ws_layout() const;
   // Whether linear_swiglu over T rows needs the gate buffer (the backend may do without it for
   // long prompt chunks), and the gate/up region's elements for forwards of up to `rows` rows.
-  bool swiglu_tmp(int64_t T) const;
+  bool swiglu_tmp(int64_t T) const { return T <= gtmp_rows_; }
   int64_t gu_elems(int64_t rows) const;
   static constexpr int64_t kWsAlign = 64;  // elements: workspace views start on 128+-byte boundaries
   AttnImpl attn_impl() const { return attn_.impl; }
@@ -88,7 +88,8 @@ class Decoder {
   Backend& be_;
   int64_t max_rows_;
   int64_t ws_rows_ = 0, ws_epoch_ = 0;
-  int64_t gu_cap_ = 0;  // elements of b_gu_
+  int64_t gu_cap_ = 0;     // elements of b_gu_
+  int64_t gtmp_rows_ = 0;  // the largest row count (<= max_rows_) whose linear_swiglu needs the gate buffer
   void ensure_workspace(int64_t rows);
   std::unique_ptr<Weight> embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;

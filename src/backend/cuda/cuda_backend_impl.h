@@ -650,6 +650,7 @@ class CudaBackend : public Backend {
   // linear_swiglu without g_tmp (swiglu_sliced): the gate product of one chunk of rows, [T, chunk]
   std::unique_ptr<CudaBuffer> swiglu_tmp_;
   void swiglu_sliced(Act x, const cuda::Q4Device& g, const cuda::Q4Device& u, Act out);
+  void reserve_dequant_scratch(const cuda::Q4Device& d, int64_t T);
   void reserve_scratch(int64_t numel) {
     const size_t need = size_t(numel) * dtype_size(act_);
     if (!scratch_ || scratch_->bytes() < need) {

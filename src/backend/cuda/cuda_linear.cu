@@ -16,19 +16,24 @@ void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out, int6
                             cuda_type(out.dtype), int(out.cols), ct, CUBLAS_GEMM_DEFAULT));
 }
 
+// The dequantize scratch for products of T rows with d (gemm_q4, swiglu_sliced), reserved once for
+// all weights: the largest whole matrix, or (products that chunk) at most the chunk bytes, also
+// when this weight fits in one chunk (q: 4096 x 4096 = 32 MiB). Grows only, outside graph capture.
+void CudaBackend::reserve_dequant_scratch(const cuda::Q4Device& d, int64_t T) {
+  const int64_t chunk = dequant_chunk_rows(d, T);
+  if (scratch_ && scratch_->bytes() >= size_t(chunk * d.cols) * dtype_size(act_)) return;
+  NF4FLASH_CHECK(!capturing_, "linear: the dequantize scratch must be allocated before graph capture");
+  sync();  // products still in flight may read the old scratch
+  const int64_t whole = q4_scratch_numel_;
+  const bool chunked = dequant_chunk_bytes_ > 0 && T >= kDequantChunkMinRows;
+  const int64_t want = chunked ? std::min(whole, dequant_chunk_bytes_ / int64_t(dtype_size(act_))) : whole;
+  reserve_scratch(std::max(want, chunk * d.cols));
+}
+
 // Dequantize a chunk of weight rows into the scratch, multiply it into its output columns, next.
 void CudaBackend::gemm_q4(const cuda::Q4Device& d, Act x, Act out) {
   const int64_t chunk = dequant_chunk_rows(d, x.rows);
-  if (!scratch_ || scratch_->bytes() < size_t(chunk * d.cols) * dtype_size(act_)) {
-    NF4FLASH_CHECK(!capturing_, "linear: the dequantize scratch must be allocated before graph capture");
-    sync();  // products still in flight may read the old scratch
-    // once for all weights: the largest whole matrix, or (products that chunk) at most the chunk
-    // bytes, also when this weight fits in one chunk (q: 4096 x 4096 = 32 MiB)
-    const int64_t whole = q4_scratch_numel_;
-    const bool chunked = dequant_chunk_bytes_ > 0 && x.rows >= kDequantChunkMinRows;
-    const int64_t want = chunked ? std::min(whole, dequant_chunk_bytes_ / int64_t(dtype_size(act_))) : whole;
-    reserve_scratch(std::max(want, chunk * d.cols));
-  }
+  reserve_dequant_scratch(d, x.rows);
   for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, d.rows - n0);
     q4_dequant(d, scratch_->data(), act_, stream_, n0, nc);
@@ -318,15 +323,12 @@ bool CudaBackend::linear_swiglu_needs_tmp(const Weight& gate, const Weight& up, 
 void CudaBackend::swiglu_sliced(Act x, const cuda::Q4Device& g, const cuda::Q4Device& u, Act out) {
   const int64_t T = x.rows, chunk = dequant_chunk_rows(g, T);
   const size_t es = dtype_size(act_);
-  if (!scratch_ || scratch_->bytes() < size_t(chunk * g.cols) * es ||
-      !swiglu_tmp_ || swiglu_tmp_->bytes() < size_t(T * chunk) * es) {
-    NF4FLASH_CHECK(!capturing_, "linear_swiglu: scratch must be allocated before graph capture");
-    sync();  // products still in flight may read the old buffers
-    reserve_scratch(chunk * g.cols);  // grows only
-    if (!swiglu_tmp_ || swiglu_tmp_->bytes() < size_t(T * chunk) * es) {
-      swiglu_tmp_.reset();
-      swiglu_tmp_ = std::make_unique<CudaBuffer>(size_t(T * chunk) * es);
-    }
+  reserve_dequant_scratch(g, T);
+  if (!swiglu_tmp_ || swiglu_tmp_->bytes() < size_t(T * chunk) * es) {
+    NF4FLASH_CHECK(!capturing_, "linear_swiglu: its gate chunk buffer must be allocated before graph capture");
+    sync();  // products still in flight may read the old buffer
+    swiglu_tmp_.reset();
+    swiglu_tmp_ = std::make_unique<CudaBuffer>(size_t(T * chunk) * es);
   }
   for (int64_t n0 = 0; n0 < g.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, g.rows - n0);
