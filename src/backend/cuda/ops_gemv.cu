@@ -388,45 +388,42 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 }
 
 namespace {
-// Dense single-weight decode GEMV: 0 gemv_dense_vec_kernel, 4 the stream kernel with 4 chunks per
-// batch (8 in flight per lane), 8 with 8, k the row-split kernel (one row per block; returned as
-// 1); unset: the row-split kernel for long rows (K >= kDenseSplitMinK) of at most kDenseSplitMaxN
-// rows, else vec. H200 (kernel-bench, bf16, T=1, % of copy): down 4096x14336 vec 81.4, split 86.7,
-// stream4 79.9; o 4096x4096 vec 70.4, split 61.9; gate 14336x4096 vec 85.3, split 71.2. Splitting
-// every weight (o, down, lm_head) measured slower end to end (bf16 decode @512 204 vs 213 tok/s).
+// Dense single-weight decode GEMV kernels (NF4FLASH_DENSE_STREAM: 0 vec, 4 / 8 the stream kernel
+// with 4 / 8 chunks per batch, k the row-split kernel; unset: the row-split kernel for long rows,
+// K >= kDenseSplitMinK, of at most kDenseSplitMaxN rows, else vec). H200 (kernel-bench, bf16,
+// T=1, % of copy): down 4096x14336 vec 81.4, split 86.7, stream4 79.9; o 4096x4096 vec 70.4,
+// split 61.9; gate 14336x4096 vec 85.3, split 71.2. Splitting every weight (o, down, lm_head)
+// measured slower end to end (bf16 decode @512 204 vs 213 tok/s).
+enum class DenseKern { Vec, Stream4, Stream8, Split };
 constexpr int64_t kDenseSplitMinK = 8192, kDenseSplitMaxN = 16384;
-int dense_stream_u(int64_t N, int64_t K) {
+DenseKern dense_kernel(int64_t N, int64_t K) {
   const char* v = std::getenv("NF4FLASH_DENSE_STREAM");
-  if (!v || !*v) return K >= kDenseSplitMinK && N <= kDenseSplitMaxN ? 1 : 0;
+  if (!v || !*v) return K >= kDenseSplitMinK && N <= kDenseSplitMaxN ? DenseKern::Split : DenseKern::Vec;
   const std::string_view s(v);
   NF4FLASH_CHECK(s == "0" || s == "4" || s == "8" || s == "k", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4, 8 or k");
-  return s == "k" ? 1 : s[0] - '0';
+  return s == "k" ? DenseKern::Split : s == "8" ? DenseKern::Stream8 : s == "4" ? DenseKern::Stream4 : DenseKern::Vec;
+}
+
+// Kern over `blocks` blocks of 256 threads, at most as many as are resident at once (each block
+// then walks its rows back to back).
+template <auto Kern>
+void launch_resident(const DenseKernelArgs& a, int64_t blocks, cudaStream_t st) {
+  static const int per_sm = [] {
+    int v = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kern, 256, 0));
+    return std::max(v, 1);
+  }();
+  launch_k(Kern, dim3(unsigned(std::min<int64_t>(blocks, int64_t(per_sm) * num_sms()))), dim3(256), 0, st, a);
 }
 
 template <typename TW, typename TA, int TN>
-void launch_dense_split(const DenseKernelArgs& a, cudaStream_t st) {
-  auto kern = gemv_dense_split_kernel<TW, TA, TN>;
-  static const int per_sm = [&] {
-    int v = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, 256, 0));
-    return std::max(v, 1);
-  }();
-  const int64_t grid = std::min<int64_t>(a.N, int64_t(per_sm) * num_sms());
-  launch_k(kern, dim3(unsigned(grid)), dim3(256), 0, st, a);
-}
-
-// Grid: one block per 8 rows, at most the blocks that are resident at once (each warp then
-// streams its rows back to back).
-template <typename TW, typename TA, int TN, int U>
-void launch_dense_stream(const DenseKernelArgs& a, cudaStream_t st) {
-  auto kern = gemv_dense_stream_kernel<TW, TA, TN, U>;
-  static const int per_sm = [&] {
-    int v = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, 256, 0));
-    return std::max(v, 1);
-  }();
-  const int64_t grid = std::min<int64_t>((a.N + 7) / 8, int64_t(per_sm) * num_sms());
-  launch_k(kern, dim3(unsigned(grid)), dim3(256), 0, st, a);
+void launch_dense_kern(const DenseKernelArgs& a, DenseKern k, unsigned vec_grid, cudaStream_t st) {
+  switch (k) {
+    case DenseKern::Split: return launch_resident<gemv_dense_split_kernel<TW, TA, TN>>(a, a.N, st);
+    case DenseKern::Stream4: return launch_resident<gemv_dense_stream_kernel<TW, TA, TN, 4>>(a, (a.N + 7) / 8, st);
+    case DenseKern::Stream8: return launch_resident<gemv_dense_stream_kernel<TW, TA, TN, 8>>(a, (a.N + 7) / 8, st);
+    case DenseKern::Vec: return launch_k(gemv_dense_vec_kernel<TW, TA, TN>, dim3(vec_grid), dim3(256), 0, st, a);
+  }
 }
 
 template <typename TW, typename TA>
@@ -437,22 +434,12 @@ void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
   constexpr bool vec16 = sizeof(TW) == 2 && sizeof(TA) == 2;
   const bool aligned = (g.K % 8 == 0) && (reinterpret_cast<uintptr_t>(g.w) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(g.x) % 16 == 0);
-  const int su = dense_stream_u(g.N, g.K);
-  if (vec16 && aligned && su == 1 && !g.l2pf) {
-    if (g.T == 1) launch_dense_split<TW, TA, 1>(a, st);
-    else launch_dense_split<TW, TA, kGemvMaxRows>(a, st);
-  } else if (vec16 && aligned && su && !g.l2pf) {
-    if (g.T == 1) {
-      if (su == 8) launch_dense_stream<TW, TA, 1, 8>(a, st);
-      else launch_dense_stream<TW, TA, 1, 4>(a, st);
-    } else {
-      if (su == 8) launch_dense_stream<TW, TA, kGemvMaxRows, 8>(a, st);
-      else launch_dense_stream<TW, TA, kGemvMaxRows, 4>(a, st);
-    }
-  } else if (vec16 && aligned) {
+  if (vec16 && aligned) {
+    // the L2 prefetch (NF4FLASH_L2_PREFETCH_MB) rides on the vec kernel only
+    const DenseKern k = g.l2pf ? DenseKern::Vec : dense_kernel(g.N, g.K);
     a.pf = g.l2pf;
-    if (g.T == 1) launch_k(gemv_dense_vec_kernel<TW, TA, 1>, dim3(grid), dim3(256), 0, st, a);
-    else launch_k(gemv_dense_vec_kernel<TW, TA, kGemvMaxRows>, dim3(grid), dim3(256), 0, st, a);
+    if (g.T == 1) launch_dense_kern<TW, TA, 1>(a, k, grid, st);
+    else launch_dense_kern<TW, TA, kGemvMaxRows>(a, k, grid, st);
   } else {
     launch_k(gemv_dense_scalar_kernel<TW, TA>, dim3(grid), dim3(256), 0, st, a);
   }
