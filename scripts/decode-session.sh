@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device call for a decode session: scripts/gpu-check.sh builds and runs the gpu suite, then
 # the GEMV kernel-bench rows (4-bit lean configurations, dense single-weight kernels), decode
-# @512/@32768 with the defaults and @512 per lean configuration in LEAN_CFGS, bf16 decode per
-# dense kernel in DENSE_STREAMS, peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE)
-# and, with PROFILE=1, the ncu step tables of the NF4 and bf16 models. Each result is packed into
+# rows and decode attention rows, decode @512/@32768 with the defaults and each DECODE_AB setting
+# ("label:ENV=VAL"), @512 per lean configuration in LEAN_CFGS, bf16 decode per dense kernel in
+# DENSE_STREAMS, peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE), with SASS=1 the
+# lean GEMV's SASS and, with PROFILE=1, the ncu step tables of the NF4 and bf16 models. Each result is packed into
 # $OUT/all.tgz as it lands (only 8 files come back one by one, and a timed-out call keeps what was
 # packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash> scripts/decode-session.sh
 set -uo pipefail
@@ -24,9 +25,15 @@ vram p4096
 [ "${VRAM_OLD:-0}" = 1 ] && vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
 grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
 timeout ${KB_TIMEOUT:-150} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
-grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16|size sweep" \
-  $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -48; pack
-bash scripts/decode-bench.sh $B 512,32768 "default:" 2>&1 | tail -1; pack
+grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16|size sweep|attn decode" \
+  $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -60; pack
+# DECODE_AB: extra "label:ENV=VAL" settings decoded at 512 and 32768 beside the defaults
+set -- ${DECODE_AB:-}
+bash scripts/decode-bench.sh $B 512,32768 "default:" "$@" 2>&1 | tail -$(( $# + 1 )); pack
+if [ "${SASS:-0}" = 1 ]; then  # SASS of the 4-bit decode GEMV kernels (lean) for offline reading
+  o=$(find build-gpu -name 'ops_gemv_lean.cu.o' | head -1)
+  [ -n "$o" ] && cuobjdump -sass "$o" 2>/dev/null | gzip > $OUT/lean-sass.txt.gz; ls -la $OUT/lean-sass.txt.gz; pack
+fi
 set -- ${LEAN_CFGS:-}
 [ $# -gt 0 ] && bash scripts/decode-bench.sh $B 512 $(for c in "$@"; do echo "$c:NF4FLASH_GEMV_SEQ_CFG=$c"; done) 2>&1 | tail -$#; pack
 for v in ${DENSE_STREAMS:-0 4}; do  # dense single-weight decode GEMV: 0 = vec kernel (default), 4/8 = stream kernel (U)

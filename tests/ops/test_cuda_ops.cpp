@@ -378,6 +378,13 @@ void run_attention(DType dt, const AttnCase& c) {
                                 << c.pos0 << " T " << c.T;
     }
     unsetenv("NF4FLASH_ATTN_COMBINE");
+    // the K/V ring (default) and the direct register loads (NF4FLASH_DECODE_RING=0) read the same
+    // positions per thread in the same order: identical results
+    setenv("NF4FLASH_DECODE_RING", "0", 1);
+    og.poison();
+    b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()});
+    EXPECT_EQ(og.get(), kern) << "decode ring 0 vs 4, heads " << c.n_heads << " pos0 " << c.pos0 << " T " << c.T;
+    unsetenv("NF4FLASH_DECODE_RING");
   }
 }
 
@@ -386,7 +393,7 @@ TEST(CudaOps, AttentionDecode) {
   for (DType dt : {DType::BF16, DType::F32})
     for (AttnCase c : {AttnCase{8, 2, 128, 0, 1}, AttnCase{8, 2, 64, 50, 1}, AttnCase{32, 8, 128, 3000, 1},
                        AttnCase{14, 2, 64, 700, 1}, AttnCase{4, 4, 128, 33, 3}, AttnCase{16, 1, 64, 257, 4},
-                       AttnCase{12, 2, 128, 1, 2}})
+                       AttnCase{12, 2, 128, 1, 2}, AttnCase{32, 8, 128, 20000, 1}, AttnCase{8, 2, 64, 9001, 3}})
       run_attention(dt, c);
 }
 

@@ -38,6 +38,17 @@ int decode_min_chunk() {
   return v;
 }
 
+// K/V ring depth of the decode kernel (NF4FLASH_DECODE_RING: 0 = loads into registers, one
+// iteration in flight, the kernel before 2026-12-03; 4 = the default). Read per call (tests and
+// kernel-bench switch it).
+int decode_ring() {
+  const char* e = std::getenv("NF4FLASH_DECODE_RING");
+  if (!e || !*e) return 4;
+  const std::string_view v(e);
+  NF4FLASH_CHECK(v == "0" || v == "4", "NF4FLASH_DECODE_RING=", v, ": expected 0 or 4");
+  return v == "0" ? 0 : 4;
+}
+
 template <typename F>
 void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
   NF4FLASH_DISPATCH_ACT(a.act, what, [&] {
@@ -84,7 +95,8 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     AttnArgs k = a;
     if (!attention_combine_fused()) k.counters = nullptr;
     k.dec_min_chunk = decode_min_chunk();
-    launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, k, nsplit, hchunks);
+    if (decode_ring() == 0) launch_k(attn_decode_kernel<TA, TK, HD, 0>, grid, dim3(128), 0, st, k, nsplit, hchunks);
+    else launch_k(attn_decode_kernel<TA, TK, HD, 4>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
     if (!k.counters) {
       launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, k, nsplit, a.T);

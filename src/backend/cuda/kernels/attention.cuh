@@ -7,7 +7,12 @@
 //   A block takes up to 4 q heads sharing one kv head and a contiguous slice of the sequence; the
 //   slice length is max(64, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a captured
 //   graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold one position
-//   (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two steps in flight. Partials (m, l, acc[hd]) go to the
+//   (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two steps per
+//   iteration. RING > 0: each thread's K/V bytes of an iteration go through its own ring of RING
+//   slots in shared memory (cp.async; [RING][2][K|V][chunk][128 threads] x 16 bytes, 32 KB for
+//   bf16 at RING 4, f32 caches use 2 slots), so RING-1 iterations are in flight while one is
+//   summed; RING = 0 loads into registers and waits at once (one iteration in flight). Same
+//   positions per thread in the same order either way: the results are identical. Partials (m, l, acc[hd]) go to the
 //   workspace; attn_combine_kernel merges the splits per (t, head) in a second launch (default), or,
 //   with counters (NF4FLASH_ATTN_COMBINE=fused, measured slower), the last block of each (t, head
 //   group) to finish merges the group's splits with the same arithmetic (counter per group, reset
@@ -19,6 +24,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace nf4flash::cuda {
@@ -36,6 +42,18 @@ __device__ __forceinline__ Raw8<T> load_raw8(const T* p) {
   } else {
     r.a = *reinterpret_cast<const float4*>(p);
     r.b = *reinterpret_cast<const float4*>(p + 4);
+  }
+  return r;
+}
+// The same eight values from their 16-byte copies (the decode kernel's shared-memory ring).
+template <typename T>
+__device__ __forceinline__ Raw8<T> raw8_from_u4(const uint4* c) {
+  Raw8<T> r;
+  if constexpr (sizeof(T) == 2) {
+    r.v = c[0];
+  } else {
+    r.a = make_float4(__uint_as_float(c[0].x), __uint_as_float(c[0].y), __uint_as_float(c[0].z), __uint_as_float(c[0].w));
+    r.b = make_float4(__uint_as_float(c[1].x), __uint_as_float(c[1].y), __uint_as_float(c[1].z), __uint_as_float(c[1].w));
   }
   return r;
 }
@@ -99,11 +117,15 @@ __device__ __forceinline__ void attn_merge_head(const AttnArgs& a, const float* 
 
 constexpr int kDecGT = 4;  // q heads per decode block
 
-template <typename TA, typename TK, int HD>
+template <typename TA, typename TK, int HD, int RING>
 __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
   pdl_trigger();
   pdl_wait();
   constexpr int LP = HD / 8, PW = 32 / LP, NW = 4, GT = kDecGT;
+  constexpr int U = 2;  // positions per lane group and iteration (4 measured slower at ctx 32768, RING 0)
+  constexpr int NCP = sizeof(Raw8<TK>) / 16;  // 16-byte copies per lane, position and K or V
+  constexpr int RS = RING == 0 ? 1 : (NCP == 2 ? 2 : RING);  // ring slots (f32: 2, 32 KB)
+  __shared__ uint4 s_ring[RS][U][2][NCP][128];
   __shared__ float s_acc[NW][GT][HD];
   __shared__ float s_ml[NW][GT][2];
   const int kvh = blockIdx.x / hchunks, hc = blockIdx.x % hchunks;
@@ -131,17 +153,54 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
   const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
 
-  constexpr int U = 2;  // positions in flight per lane group (4 measured slower at ctx 32768)
-  for (int pb = s0 + warp * PW; pb < s1; pb += NW * PW * U) {
+  // iteration j of this warp: positions pb + u * NW * PW + pg, pb = s0 + warp * PW + j * NW * PW * U;
+  // positions past the slice load position s0 (in range) and are masked
+  const int pstart = s0 + warp * PW;
+  const int niter = pstart < s1 ? (s1 - pstart + NW * PW * U - 1) / (NW * PW * U) : 0;
+  auto pos_of = [&](int j, int u) { return pstart + j * (NW * PW * U) + u * NW * PW + pg; };
+  auto issue = [&](int j) {  // RING: iteration j's copies into slot j % RS (empty group past the end)
+    if (j < niter) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int p = pos_of(j, u), pc = p < s1 ? p : s0;
+#pragma unroll
+        for (int c = 0; c < NCP; ++c) {
+          cp_async16(&s_ring[j % RS][u][0][c][threadIdx.x], kb + int64_t(pc) * HD + c * (16 / sizeof(TK)), true);
+          cp_async16(&s_ring[j % RS][u][1][c][threadIdx.x], vb + int64_t(pc) * HD + c * (16 / sizeof(TK)), true);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+  if constexpr (RING > 0) {
+#pragma unroll
+    for (int j = 0; j < RS - 1; ++j) issue(j);
+  }
+  for (int j = 0; j < niter; ++j) {
     Raw8<TK> kr[U], vr[U];
     bool valid[U];
+    if constexpr (RING > 0) {
+      issue(j + RS - 1);  // into the slot iteration j-1 read
+      cp_async_wait<RS - 1>();  // this thread's copies of iteration j have landed
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int p = pb + u * NW * PW + pg;
+      const int p = pos_of(j, u);
       valid[u] = p < s1;
-      const int pc = valid[u] ? p : s0;
-      kr[u] = load_raw8<TK>(kb + int64_t(pc) * HD);
-      vr[u] = load_raw8<TK>(vb + int64_t(pc) * HD);
+      if constexpr (RING > 0) {
+        uint4 raw[2][NCP];
+#pragma unroll
+        for (int c = 0; c < NCP; ++c) {
+          raw[0][c] = s_ring[j % RS][u][0][c][threadIdx.x];
+          raw[1][c] = s_ring[j % RS][u][1][c][threadIdx.x];
+        }
+        kr[u] = raw8_from_u4<TK>(raw[0]);
+        vr[u] = raw8_from_u4<TK>(raw[1]);
+      } else {
+        const int pc = valid[u] ? p : s0;
+        kr[u] = load_raw8<TK>(kb + int64_t(pc) * HD);
+        vr[u] = load_raw8<TK>(vb + int64_t(pc) * HD);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {

@@ -37,6 +37,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/mbarrier.cuh"  // smem_u32
 #include "backend/cuda/kernels/mma.cuh"
+#include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace nf4flash::cuda {
@@ -48,13 +49,6 @@ constexpr int kFlashThreads = 32 * kFlashWarps;
 
 __host__ __device__ constexpr int flash_smem_bytes(int hd, int stages) { return (kFlashBQ + 2 * stages * kFlashBK) * hd * 2; }
 
-// 16-byte async copy global -> shared; src_bytes 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -127,7 +121,7 @@ __device__ __forceinline__ void load_tile(uint32_t s_base, const T* g, int64_t s
     const int r = idx / CPR, c = idx % CPR;
     const bool ok = r < valid;
     const T* src = ok ? g + int64_t(r) * stride + c * 8 : g;
-    cp_async16(s_base + swz<HD>(r, c), src, ok ? 16 : 0);
+    cp_async16_sa(s_base + swz<HD>(r, c), src, ok);
   }
 }
 
