@@ -366,31 +366,37 @@ void run_attention(DType dt, const AttnCase& c) {
   EXPECT_LT(rel_err(og.get(), oc.get()), tol_for(dt)) << "attention heads " << c.n_heads << "/" << c.n_kv
                                                    << " hd " << c.hd << " pos0 " << c.pos0 << " T " << c.T;
   if (c.T <= cuda::kDecodeMaxRows) {
-    // decode: the splits merged by the combine kernel (default) and by their last block
-    // (NF4FLASH_ATTN_COMBINE=fused) agree bit for bit, also on a second fused launch (its counters
-    // reset themselves)
-    const auto kern = og.get();
-    setenv("NF4FLASH_ATTN_COMBINE", "fused", 1);
-    for (int rep = 0; rep < 2; ++rep) {
+    // decode: the default kernel (tensor cores for bf16/f16 caches) was checked above; the CUDA-core
+    // kernel (NF4FLASH_DECODE_KERNEL=simt) against the reference too, and among its variants the
+    // splits merged by the combine kernel vs by their last block (NF4FLASH_ATTN_COMBINE=fused,
+    // twice: its counters reset themselves) and the K/V ring vs register loads
+    // (NF4FLASH_DECODE_RING=0) agree bit for bit
+    auto run = [&] {
       og.poison();
       b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()});
-      EXPECT_EQ(og.get(), kern) << "fused combine (launch " << rep << ") vs kernel, heads " << c.n_heads << " pos0 "
-                                << c.pos0 << " T " << c.T;
-    }
+      return og.get();
+    };
+    const std::string what = cat("heads ", c.n_heads, "/", c.n_kv, " hd ", c.hd, " pos0 ", c.pos0, " T ", c.T);
+    setenv("NF4FLASH_DECODE_KERNEL", "simt", 1);
+    const auto simt = run();
+    EXPECT_LT(rel_err(simt, oc.get()), tol_for(dt)) << "simt decode kernel, " << what;
+    setenv("NF4FLASH_ATTN_COMBINE", "fused", 1);
+    for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(run(), simt) << "fused combine (launch " << rep << ") vs kernel, " << what;
     unsetenv("NF4FLASH_ATTN_COMBINE");
-    // the K/V ring (default) and the direct register loads (NF4FLASH_DECODE_RING=0) read the same
-    // positions per thread in the same order: identical results
     setenv("NF4FLASH_DECODE_RING", "0", 1);
-    og.poison();
-    b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()});
-    EXPECT_EQ(og.get(), kern) << "decode ring 0 vs 4, heads " << c.n_heads << " pos0 " << c.pos0 << " T " << c.T;
+    EXPECT_EQ(run(), simt) << "decode ring 0 vs 4, " << what;
     unsetenv("NF4FLASH_DECODE_RING");
+    unsetenv("NF4FLASH_DECODE_KERNEL");
+    setenv("NF4FLASH_DECODE_KERNEL", "mma", 1);  // the tensor-core kernel by name; f32 caches refused
+    if (dt != DType::F32) EXPECT_LT(rel_err(run(), oc.get()), tol_for(dt)) << "mma decode kernel, " << what;
+    else EXPECT_THROW(b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()}), Error) << what;
+    unsetenv("NF4FLASH_DECODE_KERNEL");
   }
 }
 
 TEST(CudaOps, AttentionDecode) {
   NF4FLASH_REQUIRE_CUDA();
-  for (DType dt : {DType::BF16, DType::F32})
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
     for (AttnCase c : {AttnCase{8, 2, 128, 0, 1}, AttnCase{8, 2, 64, 50, 1}, AttnCase{32, 8, 128, 3000, 1},
                        AttnCase{14, 2, 64, 700, 1}, AttnCase{4, 4, 128, 33, 3}, AttnCase{16, 1, 64, 257, 4},
                        AttnCase{12, 2, 128, 1, 2}, AttnCase{32, 8, 128, 20000, 1}, AttnCase{8, 2, 64, 9001, 3}})

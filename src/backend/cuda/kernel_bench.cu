@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -82,6 +83,47 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     out["attention_prefill_flop_convention"] = "4 * seq^2 / 2 * head_dim * n_heads (causal)";
     out["attention_prefill"] = bench_attention_prefill(*be, std::max(5, o.trials), g);
     return out.dump(2);
+  }
+
+  // ---- decode attention, Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128), bf16 cache,
+  //   split kernel + combine; the bytes are the K/V read (ctx 512's 2 MB stays in L2 across repeats)
+  for (int ctx : {512, 4096, 32768}) {
+    const int nh = 32, nkv = 8, hd = 128;
+    be->kv_allocate({1, nkv, hd, ctx, DType::BF16});
+    auto qb = be->alloc(size_t(nh * hd) * 2), ob = be->alloc(size_t(nh * hd) * 2), pb = be->alloc(4);
+    {  // random K/V for every position and a random q (never time on zeros)
+      std::normal_distribution<float> nd;
+      std::vector<uint16_t> kv(size_t(ctx) * nkv * hd);
+      for (auto& v : kv) v = f32_to_bf16(nd(g));
+      auto kvb = be->alloc(kv.size() * 2);
+      be->upload(kvb->data(), kv.data(), kv.size() * 2);
+      std::vector<uint16_t> qh(size_t(nh * hd));
+      for (auto& v : qh) v = f32_to_bf16(nd(g));
+      be->upload(qb->data(), qh.data(), qh.size() * 2);
+      const int32_t zero = 0;
+      be->upload(pb->data(), &zero, 4);
+      Act kva = kvb->as_act(DType::BF16, ctx, nkv * hd);
+      be->kv_write(0, kva, kva, StepState{static_cast<int32_t*>(pb->data())});
+      be->sync();
+    }
+    const int32_t p0 = ctx - 1;
+    be->upload(pb->data(), &p0, 4);
+    Act q = qb->as_act(DType::BF16, 1, nh * hd), ov = ob->as_act(DType::BF16, 1, nh * hd);
+    StepState st{static_cast<int32_t*>(pb->data())};
+    AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
+    // NF4FLASH_DECODE_KERNEL (mma = tensor cores, the default; simt = CUDA cores) and, for simt,
+    // NF4FLASH_DECODE_RING (K/V ring depth, 0 = register loads)
+    for (auto [kern, ring] : {std::pair{"mma", "4"}, std::pair{"simt", "4"}, std::pair{"simt", "0"}}) {
+      setenv("NF4FLASH_DECODE_KERNEL", kern, 1);
+      setenv("NF4FLASH_DECODE_RING", ring, 1);
+      const double sec = time_graph(*be, [&](int) { be->attention(0, q, ov, ap, st); }, o.reps, o.trials);
+      const std::string v = std::string(kern) == "mma" ? "mma" : cat("simt ring ", ring);
+      report(cat("attn decode ctx=", ctx, " ", v, " (32/8, hd128)"), sec, double(ctx) * nkv * hd * 2 * 2,
+             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"kernel", kern},
+              {"ring", std::atoi(ring)}});
+    }
+    unsetenv("NF4FLASH_DECODE_KERNEL");
+    unsetenv("NF4FLASH_DECODE_RING");
   }
 
   // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
@@ -576,40 +618,6 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_DENSE_STREAM");
   }
 
-  // ---- decode attention, Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128), bf16 cache,
-  //   split kernel + combine; the bytes are the K/V read (ctx 512's 2 MB stays in L2 across repeats)
-  for (int ctx : {512, 4096, 32768}) {
-    const int nh = 32, nkv = 8, hd = 128;
-    be->kv_allocate({1, nkv, hd, ctx, DType::BF16});
-    auto qb = be->alloc(size_t(nh * hd) * 2), ob = be->alloc(size_t(nh * hd) * 2), pb = be->alloc(4);
-    {  // random K/V for every position and a random q (never time on zeros)
-      std::normal_distribution<float> nd;
-      std::vector<uint16_t> kv(size_t(ctx) * nkv * hd);
-      for (auto& v : kv) v = f32_to_bf16(nd(g));
-      auto kvb = be->alloc(kv.size() * 2);
-      be->upload(kvb->data(), kv.data(), kv.size() * 2);
-      std::vector<uint16_t> qh(size_t(nh * hd));
-      for (auto& v : qh) v = f32_to_bf16(nd(g));
-      be->upload(qb->data(), qh.data(), qh.size() * 2);
-      const int32_t zero = 0;
-      be->upload(pb->data(), &zero, 4);
-      Act kva = kvb->as_act(DType::BF16, ctx, nkv * hd);
-      be->kv_write(0, kva, kva, StepState{static_cast<int32_t*>(pb->data())});
-      be->sync();
-    }
-    const int32_t p0 = ctx - 1;
-    be->upload(pb->data(), &p0, 4);
-    Act q = qb->as_act(DType::BF16, 1, nh * hd), ov = ob->as_act(DType::BF16, 1, nh * hd);
-    StepState st{static_cast<int32_t*>(pb->data())};
-    AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
-    for (const char* ring : {"4", "0"}) {  // NF4FLASH_DECODE_RING: K/V ring depth (0 = register loads)
-      setenv("NF4FLASH_DECODE_RING", ring, 1);
-      const double sec = time_graph(*be, [&](int) { be->attention(0, q, ov, ap, st); }, o.reps, o.trials);
-      report(cat("attn decode ctx=", ctx, " ring ", ring, " (32/8, hd128)"), sec, double(ctx) * nkv * hd * 2 * 2,
-             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"ring", std::atoi(ring)}});
-    }
-    unsetenv("NF4FLASH_DECODE_RING");
-  }
   if (o.gemv_only) {
     out["kernels"] = rows;
     return out.dump(2);

@@ -4,17 +4,17 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "backend/cuda/kernels/attention.cuh"
+#include "backend/cuda/kernels/attention_decode_mma.cuh"
 #include "backend/cuda/kernels/attention_eager.cuh"
 #include "backend/cuda/kernels/attention_flash.cuh"
 
 namespace nf4flash::cuda {
 
 namespace {
-int decode_splits(const AttnArgs& a) {
-  const int G = a.n_heads / a.n_kv;
-  const int hchunks = (G + kDecGT - 1) / kDecGT;
+int decode_splits(const AttnArgs& a, int hchunks) {
   const int per_split = a.n_kv * hchunks * a.T;
   // blocks of 4 warps: `waves` blocks per SM (NF4FLASH_DECODE_WAVES, default 4)
   static const int waves = [] {
@@ -79,14 +79,45 @@ int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim) {
   return int64_t(T) * n_heads * kDecodeMaxSplits * (head_dim + 2);
 }
 
+// Which decode kernel runs (NF4FLASH_DECODE_KERNEL, read per call): "mma" (default) = the
+// tensor-core kernel (attention_decode_mma.cuh) where the cache dtype is the compute dtype and that
+// is bf16 or f16; "simt" = the CUDA-core kernel (attention.cuh), which also serves f32 and mixed
+// dtypes and the opt-in fused combine (NF4FLASH_ATTN_COMBINE=fused). mma where it cannot run is
+// an error, never a fallback.
+bool decode_use_mma(const AttnArgs& a) {
+  const char* e = std::getenv("NF4FLASH_DECODE_KERNEL");
+  const std::string_view v = e ? e : "";
+  NF4FLASH_CHECK(v.empty() || v == "auto" || v == "mma" || v == "simt", "NF4FLASH_DECODE_KERNEL=", v,
+                 ": expected auto, mma or simt");
+  const bool servable = a.act == a.kv_dtype && (a.act == DType::BF16 || a.act == DType::F16) && !attention_combine_fused();
+  if (v == "simt") return false;
+  NF4FLASH_CHECK(servable || v != "mma", "NF4FLASH_DECODE_KERNEL=mma: needs a bf16 or f16 KV cache in the compute dtype "
+                 "and the separate combine (cache ", dtype_name(a.kv_dtype), ", compute ", dtype_name(a.act), ")");
+  return servable;
+}
+
+template <typename T, int HD, bool R2>
+void launch_decode_mma(const AttnArgs& k, dim3 grid, int nsplit, int hchunks, cudaStream_t st) {
+  constexpr int smem = attn_decode_mma_smem<HD>();
+  static const bool attr = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(attn_decode_mma_kernel<T, HD, R2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)attr;
+  launch_k(attn_decode_mma_kernel<T, HD, R2>, grid, dim3(128), size_t(smem), st, k, nsplit, hchunks);
+}
+
 void attention_decode(const AttnArgs& a, cudaStream_t st) {
   NF4FLASH_CHECK(a.T >= 1 && a.T <= kDecodeMaxRows, "attention_decode: T=", a.T, " outside 1..", kDecodeMaxRows);
   NF4FLASH_CHECK(a.n_kv > 0 && a.n_heads % a.n_kv == 0, "attention: n_heads ", a.n_heads,
                  " not a multiple of n_kv_heads ", a.n_kv);
-  const int nsplit = decode_splits(a);
+  const int G = a.n_heads / a.n_kv;
+  const bool mma = decode_use_mma(a);
+  const int gh = mma ? (G > 8 ? 16 : 8) : kDecGT;  // q heads per block
+  const int hchunks = (G + gh - 1) / gh;
+  const int nsplit = decode_splits(a, hchunks);
   NF4FLASH_CHECK(int64_t(a.T) * a.n_heads * nsplit * (a.head_dim + 2) <= a.workspace_floats,
                  "attention_decode: workspace too small");
-  const int G = a.n_heads / a.n_kv, hchunks = (G + kDecGT - 1) / kDecGT;
   dispatch_attn(a, "attention (decode)", [&](auto ta, auto tk, auto hd) {
     using TA = decltype(ta);
     using TK = decltype(tk);
@@ -95,6 +126,16 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     AttnArgs k = a;
     if (!attention_combine_fused()) k.counters = nullptr;
     k.dec_min_chunk = decode_min_chunk();
+    if constexpr (std::is_same_v<TA, TK> && !std::is_same_v<TA, float>) {
+      if (mma) {
+        if (G > 8) launch_decode_mma<TA, HD, true>(k, grid, nsplit, hchunks, st);
+        else launch_decode_mma<TA, HD, false>(k, grid, nsplit, hchunks, st);
+        CUDA_CHECK_LAUNCH();
+        launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, k, nsplit, a.T);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
     if (decode_ring() == 0) launch_k(attn_decode_kernel<TA, TK, HD, 0>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     else launch_k(attn_decode_kernel<TA, TK, HD, 4>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
