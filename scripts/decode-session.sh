@@ -21,9 +21,11 @@ vram() {  # label, env...
     --ctx 8000 -n 32 -r 1 --json $OUT/vram-$l.json > $OUT/vram-$l.txt 2>&1
   echo "vram $l: $(grep -E '^peak VRAM' $OUT/vram-$l.txt) | $(grep -E 'TTFT' $OUT/vram-$l.txt | tail -1 | cut -c1-70)"
 }
-vram p4096
-[ "${VRAM_OLD:-0}" = 1 ] && vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
-grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
+if [ "${VRAM:-1}" = 1 ]; then  # VRAM=0 skips the peak-VRAM rows
+  vram p4096
+  [ "${VRAM_OLD:-0}" = 1 ] && vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
+  grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
+fi
 timeout ${KB_TIMEOUT:-150} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
 grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16|size sweep|attn decode" \
   $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -60; pack

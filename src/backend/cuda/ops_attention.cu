@@ -14,13 +14,15 @@
 namespace nf4flash::cuda {
 
 namespace {
-int decode_splits(const AttnArgs& a, int hchunks) {
+int decode_splits(const AttnArgs& a, int hchunks, bool mma) {
   const int per_split = a.n_kv * hchunks * a.T;
-  // blocks of 4 warps: `waves` blocks per SM (NF4FLASH_DECODE_WAVES, default 4)
-  static const int waves = [] {
+  // blocks of 4 warps: `waves` blocks per SM (NF4FLASH_DECODE_WAVES; default 4 for the CUDA-core
+  // kernel, 3 for the tensor-core one: the blocks one SM holds, 64 KB of ring each)
+  static const int env_waves = [] {
     const char* v = std::getenv("NF4FLASH_DECODE_WAVES");
-    return v && *v ? std::clamp(std::atoi(v), 1, 32) : 4;
+    return v && *v ? std::clamp(std::atoi(v), 1, 32) : 0;
   }();
+  const int waves = env_waves ? env_waves : (mma ? 3 : 4);
   return std::clamp((waves * a.num_sms + per_split - 1) / per_split, 1, kDecodeMaxSplits);
 }
 
@@ -115,7 +117,7 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
   const bool mma = decode_use_mma(a);
   const int gh = mma ? (G > 8 ? 16 : 8) : kDecGT;  // q heads per block
   const int hchunks = (G + gh - 1) / gh;
-  const int nsplit = decode_splits(a, hchunks);
+  const int nsplit = decode_splits(a, hchunks, mma);
   NF4FLASH_CHECK(int64_t(a.T) * a.n_heads * nsplit * (a.head_dim + 2) <= a.workspace_floats,
                  "attention_decode: workspace too small");
   dispatch_attn(a, "attention (decode)", [&](auto ta, auto tk, auto hd) {
