@@ -23,7 +23,11 @@ int decode_splits(const AttnArgs& a, int hchunks, bool mma) {
     return v && *v ? std::clamp(std::atoi(v), 1, 32) : 0;
   }();
   const int waves = env_waves ? env_waves : (mma ? 3 : 4);
-  return std::clamp((waves * a.num_sms + per_split - 1) / per_split, 1, kDecodeMaxSplits);
+  // the CUDA-core kernel rounds up (its default fills 4 blocks per SM exactly for 8 kv heads); the
+  // tensor-core one rounds down: its 3 blocks per SM must all be resident at once (H200, run 2 of
+  // 2026-12-03: 50 splits x 8 = 400 blocks for 396 places left 4 blocks to a second wave)
+  const int n = mma ? waves * a.num_sms / per_split : (waves * a.num_sms + per_split - 1) / per_split;
+  return std::clamp(n, 1, kDecodeMaxSplits);
 }
 
 // Fewest cache positions per decode split (NF4FLASH_DECODE_MIN_CHUNK, 16..1024, default 64): fewer
