@@ -366,8 +366,8 @@ void run_attention(DType dt, const AttnCase& c) {
   EXPECT_LT(rel_err(og.get(), oc.get()), tol_for(dt)) << "attention heads " << c.n_heads << "/" << c.n_kv
                                                    << " hd " << c.hd << " pos0 " << c.pos0 << " T " << c.T;
   if (c.T <= cuda::kDecodeMaxRows) {
-    // decode: the default kernel (tensor cores for bf16/f16 caches) was checked above; the CUDA-core
-    // kernel (NF4FLASH_DECODE_KERNEL=simt) against the reference too, and among its variants the
+    // decode: the default kernel was checked above; the CUDA-core kernel (NF4FLASH_DECODE_KERNEL=simt)
+    // and the tensor-core one (=mma) against the reference by name, and among simt's variants the
     // splits merged by the combine kernel vs by their last block (NF4FLASH_ATTN_COMBINE=fused,
     // twice: its counters reset themselves) and the K/V ring vs register loads
     // (NF4FLASH_DECODE_RING=0) agree bit for bit

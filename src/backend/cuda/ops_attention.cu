@@ -85,21 +85,22 @@ int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim) {
   return int64_t(T) * n_heads * kDecodeMaxSplits * (head_dim + 2);
 }
 
-// Which decode kernel runs (NF4FLASH_DECODE_KERNEL, read per call): "mma" (default) = the
-// tensor-core kernel (attention_decode_mma.cuh) where the cache dtype is the compute dtype and that
-// is bf16 or f16; "simt" = the CUDA-core kernel (attention.cuh), which also serves f32 and mixed
-// dtypes and the opt-in fused combine (NF4FLASH_ATTN_COMBINE=fused). mma where it cannot run is
-// an error, never a fallback.
+// Which decode kernel runs (NF4FLASH_DECODE_KERNEL, read per call): "simt" (default, "auto") = the
+// CUDA-core kernel (attention.cuh), every dtype and the opt-in fused combine
+// (NF4FLASH_ATTN_COMBINE=fused); "mma" = the tensor-core kernel (attention_decode_mma.cuh), for a
+// bf16 or f16 cache in the compute dtype. H200, 2026-12-03 (llama3-8b NF4, run 2): mma measured
+// slower, 69.7 vs 62.6 us at ctx 32768 and 232.9 vs 240.7 tok/s decode @32768, so it is opt-in.
+// mma where it cannot run is an error, never a fallback.
 bool decode_use_mma(const AttnArgs& a) {
   const char* e = std::getenv("NF4FLASH_DECODE_KERNEL");
   const std::string_view v = e ? e : "";
   NF4FLASH_CHECK(v.empty() || v == "auto" || v == "mma" || v == "simt", "NF4FLASH_DECODE_KERNEL=", v,
                  ": expected auto, mma or simt");
   const bool servable = a.act == a.kv_dtype && (a.act == DType::BF16 || a.act == DType::F16) && !attention_combine_fused();
-  if (v == "simt") return false;
-  NF4FLASH_CHECK(servable || v != "mma", "NF4FLASH_DECODE_KERNEL=mma: needs a bf16 or f16 KV cache in the compute dtype "
+  if (v != "mma") return false;
+  NF4FLASH_CHECK(servable, "NF4FLASH_DECODE_KERNEL=mma: needs a bf16 or f16 KV cache in the compute dtype "
                  "and the separate combine (cache ", dtype_name(a.kv_dtype), ", compute ", dtype_name(a.act), ")");
-  return servable;
+  return true;
 }
 
 template <typename T, int HD, bool R2>

@@ -3,8 +3,8 @@
 // GQA: q head h reads kv head h / (n_heads/n_kv); K/V are never repeated in memory.
 // Softmax in the log2 domain (q pre-scaled by scale*log2(e)), f32 throughout.
 //
-// attn_decode_kernel (flash-decoding on CUDA cores, T <= 4; for bf16/f16 caches the default is the
-// tensor-core attn_decode_mma_kernel, attention_decode_mma.cuh): grid (n_kv * head_chunks, nsplit, T), 128 threads.
+// attn_decode_kernel (flash-decoding on CUDA cores, T <= 4; the default; the opt-in tensor-core
+// attn_decode_mma_kernel is in attention_decode_mma.cuh): grid (n_kv * head_chunks, nsplit, T), 128 threads.
 //   A block takes up to 4 q heads sharing one kv head and a contiguous slice of the sequence; the
 //   slice length is max(64, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a captured
 //   graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold one position

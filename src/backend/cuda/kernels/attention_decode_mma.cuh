@@ -22,7 +22,11 @@
 //   ([2][16-byte copies per tile: HD/16 K + HD/16 V][128 threads], 64 KB at HD 128): the next
 //   tile is in flight while one is summed. The ring is reused for the warps' merge at the end.
 // Against the CUDA-core kernel (attention.cuh): ~10x fewer instructions per cache byte; the
-// softmax weights P are rounded to T before P V (as in FlashAttention-2).
+// softmax weights P are rounded to T before P V (as in FlashAttention-2). Opt-in
+// (NF4FLASH_DECODE_KERNEL=mma): on the H200 it measured slower than the CUDA-core kernel with its
+// K/V ring (ctx 32768: 69.7 vs 62.6 us per layer; ctx 512: 11.7 vs 9.0 us; docs/performance.md).
+// Each warp has one 8 KB tile in flight while it works through a dependent chain (8 mma for S,
+// the row max across lanes, exp2, 16 mma for P V) with only 12 warps per SM.
 #pragma once
 #include "backend/cuda/kernels/attention.cuh"
 #include "backend/cuda/kernels/mma.cuh"
