@@ -74,6 +74,26 @@ __host__ __device__ __forceinline__ int decode_chunk(int L, int nsplit, int min_
   return c < min_chunk ? min_chunk : c;
 }
 
+// The work of one decode block: q heads h0 .. h0+nh-1 (at most `per_block`, all of kv head kvh) of
+// token t over the cache slice [s0, s1) of split `split` (slices of `chunk` positions); active =
+// s0 < L (idle splits exit).
+struct DecodeBlock {
+  int kvh, h0, nh, t, split, L, chunk, s0, s1;
+  __device__ bool active() const { return s0 < L; }
+};
+__device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nsplit, int hchunks, int per_block) {
+  DecodeBlock b;
+  const int hc = blockIdx.x % hchunks, G = a.n_heads / a.n_kv;
+  b.kvh = blockIdx.x / hchunks;
+  b.h0 = b.kvh * G + hc * per_block;
+  b.nh = min(per_block, G - hc * per_block);
+  b.t = blockIdx.z, b.split = blockIdx.y;
+  b.L = a.pos0[0] + b.t + 1;
+  b.chunk = decode_chunk(b.L, nsplit, a.dec_min_chunk);
+  b.s0 = b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
+  return b;
+}
+
 // Merge online-softmax state (m2, l2, acc2) into (m, l, acc).
 __device__ __forceinline__ void softmax_merge(float& m, float& l, float* acc, float m2, float l2, const float* acc2, int n) {
   const float M = fmaxf(m, m2);
@@ -129,14 +149,10 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   __shared__ uint4 s_ring[RS][U][2][NCP][128];
   __shared__ float s_acc[NW][GT][HD];
   __shared__ float s_ml[NW][GT][2];
-  const int kvh = blockIdx.x / hchunks, hc = blockIdx.x % hchunks;
-  const int G = a.n_heads / a.n_kv;
-  const int h0 = kvh * G + hc * GT, nh = min(GT, G - hc * GT);
-  const int t = blockIdx.z, split = blockIdx.y;
-  const int L = a.pos0[0] + t + 1;
-  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
-  const int s0 = split * chunk, s1 = min(L, s0 + chunk);
-  if (s0 >= L) return;  // inactive split (whole block)
+  const DecodeBlock db = decode_block(a, nsplit, hchunks, GT);
+  if (!db.active()) return;  // inactive split (whole block)
+  const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split, L = db.L, chunk = db.chunk;
+  const int s0 = db.s0, s1 = db.s1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pg = lane / LP, li = lane % LP;
   const float qs = a.scale * kLog2e;
 

@@ -59,14 +59,9 @@ __global__ void __launch_bounds__(128, 3) attn_decode_mma_kernel(const AttnArgs 
   constexpr int NC = 2 * KM + 4 * VM;  // copies per thread and tile
   constexpr int RS = 2;
   extern __shared__ uint4 dsm[];
-  const int kvh = blockIdx.x / hchunks, hc = blockIdx.x % hchunks;
-  const int G = a.n_heads / a.n_kv;
-  const int h0 = kvh * G + hc * GH, nh = min(GH, G - hc * GH);
-  const int t = blockIdx.z, split = blockIdx.y;
-  const int L = a.pos0[0] + t + 1;
-  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
-  const int s0 = split * chunk, s1 = min(L, s0 + chunk);
-  if (s0 >= L) return;  // inactive split (whole block)
+  const DecodeBlock db = decode_block(a, nsplit, hchunks, GH);
+  if (!db.active()) return;  // inactive split (whole block)
+  const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split, s0 = db.s0, s1 = db.s1;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const float qs = a.scale * kLog2e;
 
