@@ -59,6 +59,19 @@ __device__ __forceinline__ void dense_chunk(const DenseKernelArgs& a, const uint
   }
 }
 
+// One batch of a row's chunks: the B chunks c0 + S u (u < B, those below K8) of row wr all loaded
+// (streaming), then summed in u order (dense_chunk).
+template <typename TW, typename TA, int TN, int B, int S>
+__device__ __forceinline__ void dense_batch(const DenseKernelArgs& a, const uint4* wr, int64_t c0, int64_t K8, float* acc) {
+  uint4 wv[B];
+#pragma unroll
+  for (int u = 0; u < B; ++u)
+    if (c0 + S * u < K8) wv[u] = ld_stream_u4(wr + c0 + S * u);
+#pragma unroll
+  for (int u = 0; u < B; ++u)
+    if (c0 + S * u < K8) dense_chunk<TW, TA, TN>(a, wv[u], c0 + S * u, acc);
+}
+
 template <typename TW, typename TA, int TN>
 __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelArgs a) {
   __shared__ __align__(16) L2PfLaunch s_pf[kPfLook];
@@ -76,17 +89,7 @@ __global__ void __launch_bounds__(256) gemv_dense_vec_kernel(const DenseKernelAr
     float acc[TN];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n] = 0.f;
-    for (int64_t c0 = lane; c0 < K8; c0 += 32 * 4) {
-      uint4 wv[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (c0 + 32 * u < K8) wv[u] = ld_stream_u4(wr + c0 + 32 * u);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int64_t c = c0 + 32 * u;
-        if (c < K8) dense_chunk<TW, TA, TN>(a, wv[u], c, acc);
-      }
-    }
+    for (int64_t c0 = lane; c0 < K8; c0 += 32 * 4) dense_batch<TW, TA, TN, 4, 32>(a, wr, c0, K8, acc);
 #pragma unroll
     for (int n = 0; n < TN; ++n) {
       if (n < a.T) {
@@ -179,17 +182,7 @@ __global__ void __launch_bounds__(256) gemv_dense_split_kernel(const DenseKernel
     float acc[TN];
 #pragma unroll
     for (int n = 0; n < TN; ++n) acc[n] = 0.f;
-    for (int64_t c0 = threadIdx.x; c0 < K8; c0 += 256 * 8) {
-      uint4 wv[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        if (c0 + 256 * u < K8) wv[u] = ld_stream_u4(wr + c0 + 256 * u);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int64_t c = c0 + 256 * u;
-        if (c < K8) dense_chunk<TW, TA, TN>(a, wv[u], c, acc);
-      }
-    }
+    for (int64_t c0 = threadIdx.x; c0 < K8; c0 += 256 * 8) dense_batch<TW, TA, TN, 8, 256>(a, wr, c0, K8, acc);
 #pragma unroll
     for (int n = 0; n < TN; ++n) {
       const float v = warp_sum(acc[n]);
