@@ -640,6 +640,7 @@ class CudaBackend : public Backend {
     return std::clamp<int64_t>(r, 16, d.rows);
   }
   void gemm_q4(const cuda::Q4Device& d, Act x, Act out);
+  void gemm_q4_rows(const cuda::Q4Device& d, int64_t n0, int64_t nc, Act x, Act out, int64_t c0);
   bool gemm_q4_multi_args(Act x, const Weight* const* ws, int n, cuda::GemmQ4MultiArgs& a) const;
   std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
   // Eager attention: the score buffer is sized outside graph capture (for this call and for a

@@ -30,15 +30,18 @@ void CudaBackend::reserve_dequant_scratch(const cuda::Q4Device& d, int64_t T) {
   reserve_scratch(std::max(want, chunk * d.cols));
 }
 
+// out[T, c0 : c0+nc] = x * W[n0 : n0+nc]^T: those weight rows dequantized into the scratch
+// (reserved by the caller: reserve_dequant_scratch), then one cuBLAS product.
+void CudaBackend::gemm_q4_rows(const cuda::Q4Device& d, int64_t n0, int64_t nc, Act x, Act out, int64_t c0) {
+  q4_dequant(d, scratch_->data(), act_, stream_, n0, nc);
+  gemm(scratch_->data(), nc, d.cols, x, out, c0);
+}
+
 // Dequantize a chunk of weight rows into the scratch, multiply it into its output columns, next.
 void CudaBackend::gemm_q4(const cuda::Q4Device& d, Act x, Act out) {
   const int64_t chunk = dequant_chunk_rows(d, x.rows);
   reserve_dequant_scratch(d, x.rows);
-  for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) {
-    const int64_t nc = std::min(chunk, d.rows - n0);
-    q4_dequant(d, scratch_->data(), act_, stream_, n0, nc);
-    gemm(scratch_->data(), nc, d.cols, x, out, n0);
-  }
+  for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) gemm_q4_rows(d, n0, std::min(chunk, d.rows - n0), x, out, n0);
 }
 
 void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
@@ -333,10 +336,8 @@ void CudaBackend::swiglu_sliced(Act x, const cuda::Q4Device& g, const cuda::Q4De
   for (int64_t n0 = 0; n0 < g.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, g.rows - n0);
     const Act gt{swiglu_tmp_->data(), act_, T, nc};
-    q4_dequant(g, scratch_->data(), act_, stream_, n0, nc);
-    gemm(scratch_->data(), nc, g.cols, x, gt, 0);
-    q4_dequant(u, scratch_->data(), act_, stream_, n0, nc);
-    gemm(scratch_->data(), nc, u.cols, x, out, n0);
+    gemm_q4_rows(g, n0, nc, x, gt, 0);
+    gemm_q4_rows(u, n0, nc, x, out, n0);
     silu_mul_cols(gt.data, nc, static_cast<char*>(out.data) + size_t(n0) * es, out.cols, T, nc, act_, stream_);
   }
 }
