@@ -96,8 +96,8 @@ bool decode_use_mma(const AttnArgs& a) {
   const std::string_view v = e ? e : "";
   NF4FLASH_CHECK(v.empty() || v == "auto" || v == "mma" || v == "simt", "NF4FLASH_DECODE_KERNEL=", v,
                  ": expected auto, mma or simt");
-  const bool servable = a.act == a.kv_dtype && (a.act == DType::BF16 || a.act == DType::F16) && !attention_combine_fused();
   if (v != "mma") return false;
+  const bool servable = a.act == a.kv_dtype && (a.act == DType::BF16 || a.act == DType::F16) && !attention_combine_fused();
   NF4FLASH_CHECK(servable, "NF4FLASH_DECODE_KERNEL=mma: needs a bf16 or f16 KV cache in the compute dtype "
                  "and the separate combine (cache ", dtype_name(a.kv_dtype), ", compute ", dtype_name(a.act), ")");
   return true;
