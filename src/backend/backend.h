@@ -206,6 +206,14 @@ class Backend {
     kv_write(layer, k, v, s);
   }
 
+  // rope_kv_write(layer, q, k, v) then attention(layer, q, out): one decode layer's attention. A
+  // backend that fuses them may leave q and k unrotated (nothing reads them after).
+  virtual void rope_kv_attention(int layer, Act q, Act k, Act v, Act out, const RopeParams& rp, const AttnParams& ap,
+                                 const StepState& s) {
+    rope_kv_write(layer, q, k, v, rp, s);
+    attention(layer, q, out, ap, s);
+  }
+
   // ---- KV cache -----------------------------------------------------------------------------
   virtual void kv_allocate(const KVCacheDesc& d) = 0;
   virtual const KVCacheDesc& kv_desc() const = 0;

@@ -209,8 +209,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
       be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
       be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
     }
-    be_.rope_kv_write(i, q, k, v, rope_, s);
-    be_.attention(i, q, att, attn_, s);
+    be_.rope_kv_attention(i, q, k, v, att, rope_, attn_, s);
     if (fused) {
       be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
       be_.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);

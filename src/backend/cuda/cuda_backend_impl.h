@@ -294,6 +294,39 @@ class CudaBackend : public Backend {
     cuda::kv_write(kv_write_args(layer, k, v, s), stream_);
   }
   void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) override {
+    AttnArgs a = attn_args(layer, q, out, p, s);
+    const AttnImpl impl = resolve_attn(p.impl);
+    if (impl == AttnImpl::Eager) {
+      attention_eager_run(a, capturing_ ? -1 : s.pos0_host);
+    } else if (a.T <= kDecodeMaxRows) {
+      attention_decode(a, stream_);
+    } else if (impl == AttnImpl::Flash) {
+      attention_flash(a, stream_);
+    } else {
+      attention_prefill(a, stream_);
+    }
+  }
+  // One token's rope + cache write + decode attention in one launch (attention_decode_rope) where
+  // it applies; else the two ops. q and k stay unrotated in the fused launch.
+  void rope_kv_attention(int layer, Act q, Act k, Act v, Act out, const RopeParams& rp, const AttnParams& ap,
+                         const StepState& s) override {
+    if (q.rows == 1 && resolve_attn(ap.impl) != AttnImpl::Eager) {
+      const KvWriteArgs kv = kv_write_args(layer, k, v, s);  // the shape checks of the unfused ops
+      NF4FLASH_CHECK(rp.head_dim == ap.head_dim, "rope_kv_attention: rope head_dim ", rp.head_dim,
+                     " != attention head_dim ", ap.head_dim);
+      AttnArgs a = attn_args(layer, q, out, ap, s);
+      a.k_new = kv.k;
+      a.v_new = kv.v;
+      a.inv_freq = rp.inv_freq;
+      if (attention_decode_rope_unsupported(a).empty()) {
+        attention_decode_rope(a, stream_);
+        return;
+      }
+    }
+    Backend::rope_kv_attention(layer, q, k, v, out, rp, ap, s);
+  }
+  // The arguments of every attention kernel; decode's split workspace and merge counters attached.
+  AttnArgs attn_args(int layer, const Act& q, const Act& out, const AttnParams& p, const StepState& s) {
     check_layer(layer);
     check_act(q, "attention");
     check_act(out, "attention");
@@ -320,10 +353,7 @@ class CudaBackend : public Backend {
     a.scale = p.scale;
     a.pos0 = s.pos0;
     a.num_sms = props_.multiProcessorCount;
-    const AttnImpl impl = resolve_attn(p.impl);
-    if (impl == AttnImpl::Eager) {
-      attention_eager_run(a, capturing_ ? -1 : s.pos0_host);
-    } else if (a.T <= kDecodeMaxRows) {
+    if (a.T <= kDecodeMaxRows) {
       const int64_t need = attention_decode_workspace_floats(kDecodeMaxRows, p.n_heads, p.head_dim);
       if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
         NF4FLASH_CHECK(!capturing_, "attention: decode workspace must be sized before graph capture");
@@ -331,15 +361,11 @@ class CudaBackend : public Backend {
       }
       a.workspace = static_cast<float*>(attn_ws_->data());
       a.workspace_floats = need;
-      // the fused merge's counters (kv_allocate zeroes them once; each launch leaves them zero)
+      // the merge counters (kv_allocate zeroes them once; each launch leaves them zero)
       NF4FLASH_CHECK(int64_t(a.T) * a.n_heads <= kDecodeCounters, "attention: ", a.n_heads, " heads exceed the decode counters");
       a.counters = static_cast<int*>(attn_cnt_->data());
-      attention_decode(a, stream_);
-    } else if (impl == AttnImpl::Flash) {
-      attention_flash(a, stream_);
-    } else {
-      attention_prefill(a, stream_);
     }
+    return a;
   }
   void add_rms_norm(Act x, Act delta, const Weight& w, float eps, Act out) override {
     check_act(x, "add_rms_norm");

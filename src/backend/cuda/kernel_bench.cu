@@ -124,6 +124,30 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
     unsetenv("NF4FLASH_DECODE_KERNEL");
     unsetenv("NF4FLASH_DECODE_RING");
+    // a decode layer's whole attention: rope + cache write + attention (+ combine), fused in one
+    // launch (the default) or as rope_kv_write + the split kernel + the combine
+    // (NF4FLASH_DECODE_FUSED=0); k and v of this step: random, rows of the q buffer's kind
+    auto kn = be->alloc(size_t(nkv * hd) * 2), inv = be->alloc(size_t(hd / 2) * 4);
+    {
+      std::normal_distribution<float> nd;
+      std::vector<uint16_t> kh(size_t(nkv * hd));
+      for (auto& v : kh) v = f32_to_bf16(nd(g));
+      be->upload(kn->data(), kh.data(), kh.size() * 2);
+      std::vector<float> fh(size_t(hd / 2));
+      for (int i = 0; i < hd / 2; ++i) fh[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
+      be->upload(inv->data(), fh.data(), fh.size() * 4);
+    }
+    Act ka = kn->as_act(DType::BF16, 1, nkv * hd);
+    RopeParams rp{hd, static_cast<const float*>(inv->data())};
+    for (const char* fused : {"1", "0"}) {
+      setenv("NF4FLASH_DECODE_FUSED", fused, 1);
+      const double sec =
+          time_graph(*be, [&](int) { be->rope_kv_attention(0, q, ka, ka, ov, rp, ap, st); }, o.reps, o.trials);
+      report(cat("attn+rope decode ctx=", ctx, fused[0] == '1' ? " fused" : " unfused", " (32/8, hd128)"), sec,
+             double(ctx) * nkv * hd * 2 * 2,
+             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"fused", fused[0] == '1'}});
+    }
+    unsetenv("NF4FLASH_DECODE_FUSED");
   }
 
   // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:

@@ -269,11 +269,24 @@ struct AttnArgs {
   int* counters = nullptr;  // decode: >= T * n_heads zeroed ints (the fused combine; null: combine kernel)
   int num_sms = 132;
   int dec_min_chunk = 64;  // decode: fewest positions per split (attention_decode sets it)
+  // attention_decode_rope (T = 1): this step's k and v rows [n_kv*hd], unrotated like q, and the
+  // rope frequencies [hd/2]; dec_cluster: splits per thread-block cluster (the launcher sets it)
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  const float* inv_freq = nullptr;
+  int dec_cluster = 0;
 };
 // Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
 void attention_decode(const AttnArgs& a, cudaStream_t st);
 constexpr int kDecodeMaxRows = 4;
 constexpr int kDecodeMaxSplits = 128;
+// rope(q, k) + kv_write(k, v) + attention_decode for one token (T = 1) in one launch: q, k_new
+// and v_new unrotated (left so: the kernel keeps the rotated values to itself), k and v written to
+// the cache at pos0. Splits merged in a thread-block cluster (or, past one cluster's reach, by the
+// last cluster). Where attention_decode_rope_unsupported(a) is non-empty (why), the caller runs
+// rope_kv_write + attention_decode instead.
+void attention_decode_rope(const AttnArgs& a, cudaStream_t st);
+std::string attention_decode_rope_unsupported(const AttnArgs& a);
 // Whether decode attention merges its splits in the last split block (NF4FLASH_ATTN_COMBINE).
 bool attention_combine_fused();
 constexpr int kDecodeCounters = 4096;  // ints the caller zeroes once: T * n_heads <= this

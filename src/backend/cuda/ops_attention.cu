@@ -143,13 +143,76 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
         return;
       }
     }
-    if (decode_ring() == 0) launch_k(attn_decode_kernel<TA, TK, HD, 0>, grid, dim3(128), 0, st, k, nsplit, hchunks);
-    else launch_k(attn_decode_kernel<TA, TK, HD, 4>, grid, dim3(128), 0, st, k, nsplit, hchunks);
+    if (decode_ring() == 0) launch_k(attn_decode_kernel<TA, TK, HD, 0, false>, grid, dim3(128), 0, st, k, nsplit, hchunks);
+    else launch_k(attn_decode_kernel<TA, TK, HD, 4, false>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
     if (!k.counters) {
       launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, k, nsplit, a.T);
       CUDA_CHECK_LAUNCH();
     }
+  });
+}
+
+// NF4FLASH_DECODE_FUSED: unset/"1" = attention_decode_rope where it applies (the default), "0" =
+// rope_kv_write + attention_decode (+ the combine launch), for comparison. Read per call.
+bool decode_fused_enabled() {
+  const char* e = std::getenv("NF4FLASH_DECODE_FUSED");
+  if (!e || !*e) return true;
+  const std::string_view v(e);
+  NF4FLASH_CHECK(v == "0" || v == "1", "NF4FLASH_DECODE_FUSED=", v, ": expected 0 or 1");
+  return v == "1";
+}
+
+std::string attention_decode_rope_unsupported(const AttnArgs& a) {
+  static const int cc_major = [] {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major;
+  }();
+  if (!decode_fused_enabled()) return "turned off (NF4FLASH_DECODE_FUSED=0)";
+  if (a.T != 1) return cat("one token per step only (T=", a.T, ")");
+  if (cc_major < 9) return "thread-block clusters need compute capability 9.0";
+  if (!a.inv_freq || !a.k_new || !a.v_new) return "no rope frequencies or k/v rows";
+  if (decode_use_mma(a)) return "the tensor-core decode kernel was asked for (NF4FLASH_DECODE_KERNEL=mma)";
+  if (attention_combine_fused()) return "the split kernel's own merge was asked for (NF4FLASH_ATTN_COMBINE=fused)";
+  if (decode_ring() == 0) return "the register-load decode kernel was asked for (NF4FLASH_DECODE_RING=0)";
+  if (!a.counters) return "no merge counters";
+  return "";
+}
+
+void attention_decode_rope(const AttnArgs& a, cudaStream_t st) {
+  const std::string why = attention_decode_rope_unsupported(a);
+  NF4FLASH_CHECK(why.empty(), "attention_decode_rope: ", why);
+  NF4FLASH_CHECK(a.n_kv > 0 && a.n_heads % a.n_kv == 0, "attention: n_heads ", a.n_heads,
+                 " not a multiple of n_kv_heads ", a.n_kv);
+  const int G = a.n_heads / a.n_kv, hchunks = (G + kDecGT - 1) / kDecGT;
+  // splits: the split kernel's count rounded down to whole clusters of up to 8 (portable size)
+  const int base = decode_splits(a, hchunks, false);
+  int C = 8;
+  while (C > base) C /= 2;
+  const int nsplit = base / C * C;
+  NF4FLASH_CHECK(int64_t(a.n_heads) * nsplit * (a.head_dim + 2) <= a.workspace_floats,
+                 "attention_decode_rope: workspace too small");
+  NF4FLASH_CHECK(int64_t(a.n_kv) * hchunks <= kDecodeCounters, "attention_decode_rope: too many heads for the counters");
+  dispatch_attn(a, "attention (decode, rope fused)", [&](auto ta, auto tk, auto hd) {
+    using TA = decltype(ta);
+    using TK = decltype(tk);
+    constexpr int HD = decltype(hd)::value;
+    AttnArgs k = a;
+    k.dec_min_chunk = decode_min_chunk();
+    k.dec_cluster = C;
+    cudaLaunchAttribute attrs[2];
+    cudaLaunchConfig_t cfg = pdl_launch_config(dim3(unsigned(a.n_kv * hchunks), unsigned(nsplit), 1u), dim3(128), 0,
+                                               st, &attrs[0]);
+    attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[cfg.numAttrs].val.clusterDim.x = 1;
+    attrs[cfg.numAttrs].val.clusterDim.y = unsigned(C);
+    attrs[cfg.numAttrs].val.clusterDim.z = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs += 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode_kernel<TA, TK, HD, 4, true>, k, nsplit, hchunks));
+    CUDA_CHECK_LAUNCH();
   });
 }
 

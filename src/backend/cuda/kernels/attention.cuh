@@ -22,10 +22,14 @@
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
 //   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
 #pragma once
+#include <cooperative_groups.h>
+
 #include <cmath>
+#include <cstring>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/cp_async.cuh"
+#include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace nf4flash::cuda {
@@ -104,33 +108,49 @@ __device__ __forceinline__ void softmax_merge(float& m, float& l, float* acc, fl
   m = M;
 }
 
+// The split weights of one (token, head) from the splits' (m, l), one warp, lane-strided: s_c[s] =
+// 2^(m_s - M) and the returned 1 / sum_s s_c[s] l_s (valid in every lane). get_m / get_l read split
+// s's state (the workspace, or another block's shared memory in the fused kernel's cluster).
+template <typename GetM, typename GetL>
+__device__ __forceinline__ float merge_weights(int lane, int nact, GetM get_m, GetL get_l, float* s_c) {
+  float M = -INFINITY;
+  for (int s = lane; s < nact; s += 32) M = fmaxf(M, get_m(s));
+  M = warp_max(M);
+  float lsum = 0.f;
+  for (int s = lane; s < nact; s += 32) {
+    const float ms = get_m(s);
+    const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
+    s_c[s] = c;
+    lsum += c * get_l(s);
+  }
+  lsum = warp_sum(lsum);
+  return 1.f / lsum;
+}
+// One output dim: sum_s s_c[s] * acc_s in split order (independent loads, unrolled).
+template <typename GetAcc>
+__device__ __forceinline__ float merge_dim(int nact, const float* s_c, GetAcc get_acc) {
+  float acc = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], get_acc(s), acc);
+  return acc;
+}
+
 // Merge the active splits [0, nact) of one (token t, head h) from the workspace partials into the
 // output (all threads of the block call it; ends with a barrier): warp 0 turns the splits' (m, l)
-// into weights, then every thread sums its dims over the splits (independent loads, unrolled).
-// Shared by attn_combine_kernel and the fused merge of attn_decode_kernel: one arithmetic.
+// into weights, then every thread sums its dims over the splits. Shared by attn_combine_kernel and
+// the fused merges of attn_decode_kernel: one arithmetic (merge_weights, merge_dim).
 template <typename TA>
 __device__ __forceinline__ void attn_merge_head(const AttnArgs& a, const float* ws_ml, const float* ws_acc, int64_t base,
                                                 int nact, int HD, int t, int h, float* s_c, float& s_inv_l) {
   if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float M = -INFINITY;
-    for (int s = lane; s < nact; s += 32) M = fmaxf(M, __ldcg(ws_ml + (base + s) * 2));
-    M = warp_max(M);
-    float lsum = 0.f;
-    for (int s = lane; s < nact; s += 32) {
-      const float ms = __ldcg(ws_ml + (base + s) * 2);
-      const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
-      s_c[s] = c;
-      lsum += c * __ldcg(ws_ml + (base + s) * 2 + 1);
-    }
-    lsum = warp_sum(lsum);
-    if (lane == 0) s_inv_l = 1.f / lsum;
+    const float inv = merge_weights(
+        threadIdx.x, nact, [&](int s) { return __ldcg(ws_ml + (base + s) * 2); },
+        [&](int s) { return __ldcg(ws_ml + (base + s) * 2 + 1); }, s_c);
+    if (threadIdx.x == 0) s_inv_l = inv;
   }
   __syncthreads();
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float acc = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], __ldcg(ws_acc + (base + s) * HD + d), acc);
+    const float acc = merge_dim(nact, s_c, [&](int s) { return __ldcg(ws_acc + (base + s) * HD + d); });
     static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(acc * s_inv_l);
   }
   __syncthreads();
@@ -138,10 +158,42 @@ __device__ __forceinline__ void attn_merge_head(const AttnArgs& a, const float* 
 
 constexpr int kDecGT = 4;  // q heads per decode block
 
-template <typename TA, typename TK, int HD, int RING>
+// The fused kernel's merge of its cluster's splits (FUSED below): warp g < nh turns head g's split
+// states into weights, then the cluster's blocks share the nh*HD outputs (block `rank` takes
+// outputs rank*128 + tid, + C*128, ...). get_ml(s, g, which) / get_acc(s, g, d) read split s.
+template <typename TA, int HD, int GT, typename GetMl, typename GetAcc>
+__device__ __forceinline__ void decode_cluster_merge(const AttnArgs& a, int nact, int nh, int h0, int rank, int C,
+                                                     GetMl get_ml, GetAcc get_acc, float (*s_c)[kDecodeMaxSplits],
+                                                     float* s_inv) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp < nh) {
+    const float inv = merge_weights(
+        lane, nact, [&](int s) { return get_ml(s, warp, 0); }, [&](int s) { return get_ml(s, warp, 1); }, s_c[warp]);
+    if (lane == 0) s_inv[warp] = inv;
+  }
+  __syncthreads();
+  for (int i = rank * blockDim.x + threadIdx.x; i < nh * HD; i += C * blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    const float acc = merge_dim(nact, s_c[g], [&](int s) { return get_acc(s, g, d); });
+    static_cast<TA*>(a.out)[int64_t(h0 + g) * HD + d] = from_f32<TA>(acc * s_inv[g]);
+  }
+}
+
+// FUSED (attention_decode_rope, T = 1, RING > 0; launched in clusters of a.dec_cluster splits along
+// grid y): this step's q, k, v arrive unrotated (a.q, a.k_new, a.v_new); each block rotates its q
+// heads (rope_lo/rope_hi, the rope kernels' arithmetic, rounded to the compute dtype), the block
+// holding position pos = L-1 rotates k and puts this step's k and v (rounded as the cache holds them)
+// into its ring in place of a cache load, and its first head chunk writes them to the cache. The
+// ring's first RING-1 iterations go out before the PDL wait: they read positions < pos, written by
+// earlier steps (the engine completes a step before the next). Splits merge without a second
+// launch: one active cluster (L <= C slices) merges in distributed shared memory; more clusters
+// write their partials to the workspace and the last cluster to count in (counter per block
+// column, reset by it) merges them all. Same arithmetic as rope_kv + the split kernel + combine.
+template <typename TA, typename TK, int HD, int RING, bool FUSED>
 __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
+  static_assert(!FUSED || RING > 0, "the fused kernel puts this step's K/V into its ring");
   pdl_trigger();
-  pdl_wait();
+  if constexpr (!FUSED) pdl_wait();
   constexpr int LP = HD / 8, PW = 32 / LP, NW = 4, GT = kDecGT;
   constexpr int U = 2;  // positions per lane group and iteration (4 measured slower at ctx 32768, RING 0)
   constexpr int NCP = sizeof(Raw8<TK>) / 16;  // 16-byte copies per lane, position and K or V
@@ -150,7 +202,13 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   __shared__ float s_acc[NW][GT][HD];
   __shared__ float s_ml[NW][GT][2];
   const DecodeBlock db = decode_block(a, nsplit, hchunks, GT);
-  if (!db.active()) return;  // inactive split (whole block)
+  if constexpr (FUSED) {
+    // a cluster whose first split is idle leaves as a whole; idle splits of an active cluster stay
+    // (no loads: their slice is empty) for the cluster's barriers
+    if ((db.split - db.split % a.dec_cluster) * db.chunk >= db.L) return;
+  } else {
+    if (!db.active()) return;  // inactive split (whole block)
+  }
   const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split, L = db.L, chunk = db.chunk;
   const int s0 = db.s0, s1 = db.s1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pg = lane / LP, li = lane % LP;
@@ -159,13 +217,18 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   float q[GT][8], m[GT], l[GT], acc[GT][8];
 #pragma unroll
   for (int g = 0; g < GT; ++g) {
-    const TA* qp = static_cast<const TA*>(a.q) + int64_t(t) * a.q_stride + int64_t(h0 + min(g, nh - 1)) * HD + 8 * li;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[g][i] = to_f32<TA>(qp[i]) * qs;
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
+  }
+  if constexpr (!FUSED) {
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      const TA* qp = static_cast<const TA*>(a.q) + int64_t(t) * a.q_stride + int64_t(h0 + min(g, nh - 1)) * HD + 8 * li;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[g][i] = to_f32<TA>(qp[i]) * qs;
+    }
   }
   const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
   const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
@@ -175,11 +238,31 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   const int pstart = s0 + warp * PW;
   const int niter = pstart < s1 ? (s1 - pstart + NW * PW * U - 1) / (NW * PW * U) : 0;
   auto pos_of = [&](int j, int u) { return pstart + j * (NW * PW * U) + u * NW * PW + pg; };
+  // FUSED: this step's position, the (iteration, unit) where this thread meets it (jp < 0: never)
+  // and its k/v once computed (after the PDL wait)
+  const int pnew = L - 1;
+  int jp = -1, up = 0;
+  if constexpr (FUSED) {
+    const int dlt = pnew - pstart - pg;
+    if (s1 == L && dlt >= 0 && dlt % (NW * PW) == 0) jp = dlt / (NW * PW) / U, up = dlt / (NW * PW) % U;
+  }
+  uint4 kn[NCP], vn[NCP];
+  bool fresh = false;
   auto issue = [&](int j) {  // RING: iteration j's copies into slot j % RS (empty group past the end)
     if (j < niter) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int p = pos_of(j, u), pc = p < s1 ? p : s0;
+        if (FUSED && j == jp && u == up) {  // this step's k/v: stored once known
+          if (fresh) {
+#pragma unroll
+            for (int c = 0; c < NCP; ++c) {
+              s_ring[j % RS][u][0][c][threadIdx.x] = kn[c];
+              s_ring[j % RS][u][1][c][threadIdx.x] = vn[c];
+            }
+          }
+          continue;
+        }
 #pragma unroll
         for (int c = 0; c < NCP; ++c) {
           cp_async16(&s_ring[j % RS][u][0][c][threadIdx.x], kb + int64_t(pc) * HD + c * (16 / sizeof(TK)), true);
@@ -192,6 +275,60 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   if constexpr (RING > 0) {
 #pragma unroll
     for (int j = 0; j < RS - 1; ++j) issue(j);
+  }
+  if constexpr (FUSED) {
+    pdl_wait();
+    // rotate this lane's 8 dims (e = 8 li + i) of q (and k where this thread meets pnew): the
+    // lower half pairs with e + HD/2, the upper with e - HD/2 (frequency e mod HD/2)
+    constexpr int HALF = HD / 2;
+    const bool lo = 8 * li < HALF;
+    const int pd = lo ? 8 * li + HALF : 8 * li - HALF;  // partner dims
+    float sn[8], cs[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) rope_angle(pnew, a.inv_freq, (lo ? 8 * li : pd) + i, sn[i], cs[i]);
+    auto rotate = [&](const TA* row, float* y) {  // y = the rotated values rounded to TA
+      float x[8], xp[8];
+      unpack_raw8<TA>(load_raw8<TA>(row + 8 * li), x);
+      unpack_raw8<TA>(load_raw8<TA>(row + pd), xp);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        y[i] = to_f32<TA>(from_f32<TA>(lo ? rope_lo(x[i], xp[i], cs[i], sn[i]) : rope_hi(xp[i], x[i], cs[i], sn[i])));
+    };
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      float y[8];
+      rotate(static_cast<const TA*>(a.q) + int64_t(h0 + min(g, nh - 1)) * HD, y);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[g][i] = y[i] * qs;
+    }
+    if (jp >= 0) {
+      float y[8], v[8];
+      rotate(static_cast<const TA*>(a.k_new) + int64_t(kvh) * HD, y);
+      unpack_raw8<TA>(load_raw8<TA>(static_cast<const TA*>(a.v_new) + int64_t(kvh) * HD + 8 * li), v);
+      TK kt[8], vt[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) kt[i] = from_f32<TK>(y[i]), vt[i] = from_f32<TK>(v[i]);
+      static_assert(sizeof(kt) == 16 * NCP, "8 cache values per 16-byte copy group");
+      memcpy(kn, kt, sizeof(kt));
+      memcpy(vn, vt, sizeof(vt));
+      fresh = true;
+      if (jp < RS - 1) {  // its slot was issued before the wait
+#pragma unroll
+        for (int c = 0; c < NCP; ++c) {
+          s_ring[jp % RS][up][0][c][threadIdx.x] = kn[c];
+          s_ring[jp % RS][up][1][c][threadIdx.x] = vn[c];
+        }
+      }
+      if (blockIdx.x % hchunks == 0 && pnew < a.capacity) {  // the cache write (one block per kv head)
+        TK* kd = static_cast<TK*>(const_cast<void*>(a.k_cache)) + (int64_t(kvh) * a.capacity + pnew) * HD + 8 * li;
+        TK* vd = static_cast<TK*>(const_cast<void*>(a.v_cache)) + (int64_t(kvh) * a.capacity + pnew) * HD + 8 * li;
+#pragma unroll
+        for (int c = 0; c < NCP; ++c) {
+          reinterpret_cast<uint4*>(kd)[c] = kn[c];
+          reinterpret_cast<uint4*>(vd)[c] = vn[c];
+        }
+      }
+    }
   }
   for (int j = 0; j < niter; ++j) {
     Raw8<TK> kr[U], vr[U];
@@ -263,7 +400,9 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     }
   }
   __syncthreads();
-  // merge warps; write the split's partial
+  // merge warps; write the split's partial (FUSED: also kept in shared memory for the cluster)
+  __shared__ float s_pacc[FUSED ? GT : 1][HD];
+  __shared__ float s_pml[FUSED ? GT : 1][2];
   const int64_t n_heads = a.n_heads;
   float* ws_ml = a.workspace;
   float* ws_acc = a.workspace + int64_t(gridDim.z) * n_heads * nsplit * 2;
@@ -280,11 +419,58 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     const int64_t pi = (int64_t(t) * n_heads + h0 + g) * nsplit + split;
     ws_acc[pi * HD + d] = asum;
     if (d == 0) { ws_ml[pi * 2] = M; ws_ml[pi * 2 + 1] = lsum; }
+    if constexpr (FUSED) {
+      s_pacc[g][d] = asum;
+      if (d == 0) { s_pml[g][0] = M; s_pml[g][1] = lsum; }
+    }
+  }
+  __shared__ float s_c[FUSED ? GT : 1][kDecodeMaxSplits];
+  __shared__ float s_inv[FUSED ? GT : 1];
+  if constexpr (FUSED) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cl = cg::this_cluster();
+    const int C = a.dec_cluster, rank = int(cl.block_rank());
+    const int nact = min(nsplit, (L + chunk - 1) / chunk);
+    if (nact <= C) {  // one active cluster: splits s = ranks s
+      cl.sync();
+      decode_cluster_merge<TA, HD, GT>(
+          a, nact, nh, h0, rank, C,
+          [&](int s, int g, int which) { return cl.map_shared_rank(&s_pml[0][0], s)[g * 2 + which]; },
+          [&](int s, int g, int d) { return cl.map_shared_rank(&s_pacc[0][0], s)[g * HD + d]; }, s_c, s_inv);
+      cl.sync();  // no block leaves while the others read its shared memory
+    } else {
+      __shared__ int s_last;
+      __threadfence();  // this block's partial visible GPU-wide before its cluster counts in
+      cl.sync();
+      if (rank == 0 && threadIdx.x == 0) {
+        const int ncl = (nact + C - 1) / C;
+        int* cnt = a.counters + blockIdx.x;
+        const int done = atomicAdd(cnt, 1) + 1;
+        s_last = done == ncl;
+        if (done == ncl) *cnt = 0;  // ready for the next step (graph replay)
+        __threadfence();
+      }
+      cl.sync();
+      if (*cl.map_shared_rank(&s_last, 0)) {
+        const int64_t base = int64_t(h0) * nsplit;  // t = 0
+        decode_cluster_merge<TA, HD, GT>(
+            a, nact, nh, h0, rank, C,
+            [&](int s, int g, int which) { return __ldcg(ws_ml + (base + int64_t(g) * nsplit + s) * 2 + which); },
+            [&](int s, int g, int d) { return __ldcg(ws_acc + (base + int64_t(g) * nsplit + s) * HD + d); }, s_c,
+            s_inv);
+      }
+      cl.sync();  // rank 0's flag read by all before it leaves
+    }
+#else
+    __trap();  // clusters need sm_90 (the host launches FUSED only there)
+#endif
+    return;
   }
   if (!a.counters) return;
   // fused combine: the group's last active split merges all of them (threadFenceReduction pattern)
   __shared__ int s_last;
-  __shared__ float s_c[kDecodeMaxSplits];
+  __shared__ float s_cc[kDecodeMaxSplits];
   __shared__ float s_inv_l;
   __threadfence();
   __syncthreads();
@@ -300,7 +486,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   __threadfence();
   const int nact = min(nsplit, (L + chunk - 1) / chunk);
   for (int g = 0; g < nh; ++g)
-    attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h0 + g) * nsplit, nact, HD, t, h0 + g, s_c, s_inv_l);
+    attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h0 + g) * nsplit, nact, HD, t, h0 + g, s_cc, s_inv_l);
 }
 
 // One block per (head, t): attn_merge_head.

@@ -162,6 +162,16 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(TA* __restrict__ x, c
   }
 }
 
+// The rotate-half pair of rope at one frequency: (x1, x2) = (x[d], x[d + hd/2]) ->
+// (x1 c - x2 s, x2 c + x1 s). Rounded explicitly (no contraction left to the compiler), so every
+// kernel that rotates (rope, rope_kv, the fused decode attention) gets the same bits.
+__device__ __forceinline__ float rope_lo(float x1, float x2, float c, float s) { return __fmaf_rn(x1, c, -__fmul_rn(x2, s)); }
+__device__ __forceinline__ float rope_hi(float x1, float x2, float c, float s) { return __fmaf_rn(x2, c, __fmul_rn(x1, s)); }
+// The angle of frequency f at position pos: sincosf(float(pos) * inv_freq[f]).
+__device__ __forceinline__ void rope_angle(int64_t pos, const float* inv_freq, int f, float& s, float& c) {
+  sincosf(float(pos) * inv_freq[f], &s, &c);
+}
+
 template <typename TA>
 __global__ void rope_kernel(const RopeArgs a) {
   const int half = a.head_dim / 2;
@@ -173,12 +183,11 @@ __global__ void rope_kernel(const RopeArgs a) {
     const int64_t t = i / (int64_t(half) * heads);
     TA* base = h < a.n_q_heads ? static_cast<TA*>(a.q) + t * a.q_stride + int64_t(h) * a.head_dim
                                : static_cast<TA*>(a.k) + t * a.k_stride + int64_t(h - a.n_q_heads) * a.head_dim;
-    const float pos = float(a.pos0[0] + t);
     float sn, cs;
-    sincosf(pos * a.inv_freq[d], &sn, &cs);
+    rope_angle(a.pos0[0] + t, a.inv_freq, d, sn, cs);
     const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
-    base[d] = from_f32<TA>(x1 * cs - x2 * sn);
-    base[d + half] = from_f32<TA>(x2 * cs + x1 * sn);
+    base[d] = from_f32<TA>(rope_lo(x1, x2, cs, sn));
+    base[d + half] = from_f32<TA>(rope_hi(x1, x2, cs, sn));
   }
 }
 
@@ -280,9 +289,9 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * r.head_dim
                          : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * r.head_dim;
         float sn, cs;
-        sincosf(float(pos) * r.inv_freq[d], &sn, &cs);
+        rope_angle(pos, r.inv_freq, d, sn, cs);
         const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
-        const TA y1 = from_f32<TA>(x1 * cs - x2 * sn), y2 = from_f32<TA>(x2 * cs + x1 * sn);
+        const TA y1 = from_f32<TA>(rope_lo(x1, x2, cs, sn)), y2 = from_f32<TA>(rope_hi(x1, x2, cs, sn));
         base[d] = y1;
         base[d + half] = y2;
         if (is_k && cached) {

@@ -1,0 +1,192 @@
+// The fused decode attention (rope_kv_attention on CUDA: rope + cache write + split attention +
+// the splits' merge in one launch, attention_decode_rope) against the CPU f32 reference and
+// against the unfused GPU ops on fresh random inputs: GQA 8/2, 32/8, 14/2 (two head chunks, the
+// second short), 16/1, 8/8; head_dim 64 and 128; bf16, f16 and f32; one cluster of splits (short
+// contexts, merged in distributed shared memory) and several (merged by the last cluster, twice in
+// a row: its counters reset themselves); the cache entry it writes; a captured graph replayed as
+// the position grows; the switch NF4FLASH_DECODE_FUSED.
+#include <cmath>
+#include <cstdlib>
+
+#include "backend/cuda/launchers.h"
+#include "core/error.h"
+#include "ops/cuda_test_util.h"
+#include "quant/blockwise.h"
+
+namespace nf4flash::test {
+namespace {
+
+struct RopeAttnCase {
+  int n_heads, n_kv, hd, pos0;
+};
+
+std::vector<float> inv_freqs(int hd) {
+  std::vector<float> inv(size_t(hd / 2));
+  for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
+  return inv;
+}
+
+// One backend with a 2-layer cache whose layer 1 holds random K/V at positions [0, pos0), and this
+// step's unrotated q, k, v.
+struct RopeSide {
+  Backend& be;
+  DevAct q, k, v, out, inv;
+  DevInts pos;
+  RopeSide(Backend& b, const RopeAttnCase& c, DType kv_dtype, const std::vector<float>& Kc, const std::vector<float>& Vc,
+           const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V)
+      : be(b), q(b, 1, int64_t(c.n_heads) * c.hd), k(b, 1, int64_t(c.n_kv) * c.hd), v(b, 1, int64_t(c.n_kv) * c.hd),
+        out(b, 1, int64_t(c.n_heads) * c.hd), inv(b, 1, c.hd / 2, DType::F32), pos(b, {c.pos0}) {
+    const int64_t kvw = int64_t(c.n_kv) * c.hd;
+    b.kv_allocate({2, c.n_kv, c.hd, c.pos0 + 9, kv_dtype});
+    if (c.pos0 > 0) {
+      DevAct kc(b, c.pos0, kvw), vc(b, c.pos0, kvw);
+      kc.set(Kc);
+      vc.set(Vc);
+      DevInts p0(b, {0});
+      b.kv_write(1, kc.act, vc.act, StepState{p0.ptr()});
+    }
+    inv.set(inv_freqs(c.hd));
+    reset(Q, K, V);
+  }
+  void reset(const std::vector<float>& Q, const std::vector<float>& K, const std::vector<float>& V) {
+    q.set(Q);
+    k.set(K);
+    v.set(V);
+  }
+  RopeParams rope(int hd) const { return RopeParams{hd, static_cast<const float*>(inv.act.data)}; }
+  std::vector<float> run(const RopeAttnCase& c) {
+    out.poison();
+    AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
+    be.rope_kv_attention(1, q.act, k.act, v.act, out.act, rope(c.hd), p, StepState{pos.ptr()});
+    return out.get();
+  }
+};
+
+void run_rope_attention(DType dt, const RopeAttnCase& c) {
+  const int64_t kvw = int64_t(c.n_kv) * c.hd, qw = int64_t(c.n_heads) * c.hd;
+  const auto Kc = rounded(randn(size_t(c.pos0 * kvw)), dt), Vc = rounded(randn(size_t(c.pos0 * kvw)), dt);
+  const auto Q = rounded(randn(size_t(qw), 2.f), dt), K = rounded(randn(size_t(kvw)), dt), V = rounded(randn(size_t(kvw)), dt);
+  const std::string what = cat(dtype_name(dt), " heads ", c.n_heads, "/", c.n_kv, " hd ", c.hd, " pos0 ", c.pos0);
+  Backends b(dt);
+  RopeSide cpu(*b.cpu, c, DType::F32, Kc, Vc, Q, K, V), gpu(*b.gpu, c, dt, Kc, Vc, Q, K, V);
+  const auto ref = cpu.run(c);
+  const auto fused = gpu.run(c);  // the default: one launch
+  EXPECT_LT(rel_err(fused, ref), tol_for(dt)) << "fused rope + attention, " << what;
+  // again (several clusters: the merge counters were left zero)
+  gpu.reset(Q, K, V);
+  EXPECT_EQ(gpu.run(c), fused) << "fused, second launch, " << what;
+  // the unfused ops on the GPU (rope_kv_write, then attention reading the cache) give the same bits
+  // where both cut the sequence alike: chunks of the minimum 64 positions (L <= 64 x the splits)
+  // or the same split count (the fused count is rounded down to whole clusters of 8; on the H200's
+  // 132 SMs the two differ for 8 kv-head columns only: 66 vs 64)
+  const int L = c.pos0 + 1;
+  const bool same_chunks = L <= 64 * 64 || c.n_kv * ((c.n_heads / c.n_kv + 3) / 4) != 8;
+  // the cache entry the fused launch wrote, read back by the plain attention with q rotated apart
+  {
+    DevAct q2(*b.gpu, 1, qw), k2(*b.gpu, 1, kvw);
+    q2.set(Q);
+    k2.set(K);
+    b.gpu->rope(q2.act, k2.act, gpu.rope(c.hd), StepState{gpu.pos.ptr()});
+    DevAct o2(*b.gpu, 1, qw);
+    o2.poison();
+    setenv("NF4FLASH_DECODE_FUSED", "0", 1);
+    AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
+    b.gpu->attention(1, q2.act, o2.act, p, StepState{gpu.pos.ptr()});
+    const auto plain = o2.get();
+    EXPECT_LT(rel_err(plain, ref), tol_for(dt)) << "attention over the fused launch's cache entry, " << what;
+    if (same_chunks) EXPECT_EQ(plain, fused) << "fused vs rope + attention over its cache entry, " << what;
+    // the unfused pair end to end (it rewrites the entry with the same values)
+    gpu.reset(Q, K, V);
+    const auto unfused = gpu.run(c);
+    unsetenv("NF4FLASH_DECODE_FUSED");
+    EXPECT_LT(rel_err(unfused, ref), tol_for(dt)) << "unfused rope_kv_write + attention, " << what;
+    if (same_chunks) EXPECT_EQ(unfused, fused) << "fused vs unfused, " << what;
+  }
+}
+
+TEST(CudaOps, RopeAttentionDecodeFused) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (RopeAttnCase c : {RopeAttnCase{8, 2, 128, 0}, RopeAttnCase{8, 2, 64, 50}, RopeAttnCase{32, 8, 128, 511},
+                           RopeAttnCase{32, 8, 128, 512}, RopeAttnCase{32, 8, 128, 3000}, RopeAttnCase{14, 2, 64, 700},
+                           RopeAttnCase{16, 1, 64, 257}, RopeAttnCase{8, 8, 64, 1000}, RopeAttnCase{32, 8, 128, 9000}})
+      run_rope_attention(dt, c);
+}
+
+TEST(CudaOps, RopeAttentionDecodeSwitch) {
+  NF4FLASH_REQUIRE_CUDA();
+  const RopeAttnCase c{8, 2, 64, 10};
+  const auto Q = rounded(randn(size_t(8 * 64)), DType::BF16), K = rounded(randn(size_t(2 * 64)), DType::BF16);
+  Backends b;
+  RopeSide gpu(*b.gpu, c, DType::BF16, rounded(randn(size_t(10 * 128)), DType::BF16),
+               rounded(randn(size_t(10 * 128)), DType::BF16), Q, K, K);
+  setenv("NF4FLASH_DECODE_FUSED", "yes", 1);
+  EXPECT_THROW(gpu.run(c), Error) << "a bad NF4FLASH_DECODE_FUSED is refused by name";
+  unsetenv("NF4FLASH_DECODE_FUSED");
+  // T = 2 takes the unfused ops (the fused kernel is one token per step)
+  cuda::AttnArgs a;
+  a.T = 2;
+  a.k_new = a.v_new = &a;
+  a.inv_freq = reinterpret_cast<const float*>(&a);
+  EXPECT_NE(cuda::attention_decode_rope_unsupported(a).find("T=2"), std::string::npos);
+}
+
+// A captured decode step (norm -> 4-bit q and k -> fused rope + attention -> add) replayed at
+// growing positions gives what running it eagerly there gives; positions past one cluster's reach
+// (the counters of the last-cluster merge reset between replays).
+TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  auto& g = *b.gpu;
+  const int64_t H = 256, hd = 64, nh = 4, nkv = 2, P = 700;
+  g.kv_allocate({1, int(nkv), int(hd), P + 16, DType::BF16});
+  {  // the existing context
+    DevAct kc(g, P, nkv * hd), vc(g, P, nkv * hd);
+    kc.set(rounded(randn(size_t(P * nkv * hd)), DType::BF16));
+    vc.set(rounded(randn(size_t(P * nkv * hd)), DType::BF16));
+    DevInts p0(g, {0});
+    g.kv_write(0, kc.act, vc.act, StepState{p0.ptr()});
+  }
+  auto Wq = randn(size_t(nh * hd * H), 0.05f), Wk = randn(size_t(nkv * hd * H), 0.05f), Nw = randn(size_t(H));
+  auto qq = std::make_shared<Quant4Tensor>(quantize_4bit(Wq.data(), DType::F32, nh * hd, H, QuantType::NF4, 64, true));
+  auto qk = std::make_shared<Quant4Tensor>(quantize_4bit(Wk.data(), DType::F32, nkv * hd, H, QuantType::NF4, 64, true));
+  auto wq = g.upload_quant4(qq), wk = g.upload_quant4(qk);
+  auto nw = g.upload_dense(f32_tensor(Nw, {H}), DType::BF16);
+  DevAct invd(g, 1, hd / 2, DType::F32), x(g, 1, H), xn(g, 1, H), q(g, 1, nh * hd), k(g, 1, nkv * hd), o(g, 1, nh * hd);
+  invd.set(inv_freqs(int(hd)));
+  DevInts pos(g, {0});
+  StepState s{pos.ptr()};
+  RopeParams rp{int(hd), static_cast<const float*>(invd.act.data)};
+  AttnParams ap{int(nh), int(nkv), int(hd), 0.125f, AttnImpl::Auto};
+  auto step = [&] {
+    g.rms_norm(x.act, *nw, 1e-6f, xn.act);
+    g.linear(xn.act, *wq, nullptr, q.act);
+    g.linear(xn.act, *wk, nullptr, k.act);
+    g.rope_kv_attention(0, q.act, k.act, k.act, o.act, rp, ap, s);
+    g.add(o.act, x.act, o.act);
+  };
+  std::vector<std::vector<float>> xs, eager;
+  for (int p = int(P); p < int(P) + 4; ++p) {
+    g.upload(pos.ptr(), &p, 4);
+    xs.push_back(rounded(randn(size_t(H)), DType::BF16));
+    x.set(xs.back());
+    step();
+    eager.push_back(o.get());
+  }
+  int p = int(P);
+  g.upload(pos.ptr(), &p, 4);
+  x.set(xs[0]);
+  g.capture_begin();
+  step();
+  const int id = g.capture_end();
+  for (p = int(P); p < int(P) + 4; ++p) {
+    g.upload(pos.ptr(), &p, 4);
+    x.set(xs[size_t(p - P)]);
+    g.replay(id);
+    g.sync();
+    EXPECT_EQ(o.get(), eager[size_t(p - P)]) << "graph replay of the fused decode attention at position " << p;
+  }
+}
+
+}  // namespace
+}  // namespace nf4flash::test
