@@ -145,7 +145,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
           time_graph(*be, [&](int) { be->rope_kv_attention(0, q, ka, ka, ov, rp, ap, st); }, o.reps, o.trials);
       report(cat("attn+rope decode ctx=", ctx, fused[0] == '1' ? " fused" : " unfused", " (32/8, hd128)"), sec,
              double(ctx) * nkv * hd * 2 * 2,
-             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"fused", fused[0] == '1'}});
+             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"fused", fused[0] == '1'},
+              {"resident_clusters_of_8", cuda::decode_rope_resident_clusters(8)}});
     }
     unsetenv("NF4FLASH_DECODE_FUSED");
   }
@@ -611,6 +612,59 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
     unsetenv("NF4FLASH_L2_PREFETCH_MB");
     unsetenv("NF4FLASH_GEMV_Q4");
+    // One whole decode layer in the decoder's fused order (norm + q/k/v; rope + cache write +
+    // attention at ctx 512; o + residual; norm + gate/up + SiLU; down + residual), layers rotated
+    // over the copies (one cache layer each): against "decode layer GEMVs", what the layer's
+    // attention costs inside the chain. Variants: NF4FLASH_DECODE_FUSED (one attention launch or
+    // three) x NF4FLASH_GEMV_TAIL (the lean GEMV's tail split).
+    {
+      const int nh = 32, nkv = 8, hd = 128, ctx = 512;
+      be->kv_allocate({copies, nkv, hd, ctx + 8, DType::BF16});
+      std::vector<uint16_t> kvh(size_t(ctx) * nkv * hd), nwh(static_cast<size_t>(H), uint16_t{0});
+      for (auto& v : kvh) v = f32_to_bf16(nd(g));
+      for (auto& v : nwh) v = f32_to_bf16(1.f + 0.1f * nd(g));
+      auto kvb = be->alloc(kvh.size() * 2), pb = be->alloc(4), inv = be->alloc(size_t(hd / 2) * 4);
+      auto xnb = be->alloc(size_t(H) * 2), atb = be->alloc(size_t(H) * 2);
+      be->upload(kvb->data(), kvh.data(), kvh.size() * 2);
+      std::vector<float> fh(size_t(hd / 2));
+      for (int i = 0; i < hd / 2; ++i) fh[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
+      be->upload(inv->data(), fh.data(), fh.size() * 4);
+      const int32_t zero = 0, pos = ctx;
+      be->upload(pb->data(), &zero, 4);
+      StepState ss{static_cast<int32_t*>(pb->data())};
+      for (int c = 0; c < copies; ++c) {
+        Act kva = kvb->as_act(DType::BF16, ctx, nkv * hd);
+        be->kv_write(c, kva, kva, ss);
+      }
+      be->upload(pb->data(), &pos, 4);
+      be->sync();
+      auto nw = be->upload_dense(bf16_tensor("norm", 1, H, nwh), DType::BF16);
+      Act xn = xnb->as_act(DType::BF16, 1, H), att = atb->as_act(DType::BF16, 1, H);
+      const RopeParams rp{hd, static_cast<const float*>(inv->data())};
+      const AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
+      auto full = [&](int i) {
+        Set& st = sets[size_t(i % copies)];
+        const Backend::LinearOut outs[3] = {{st.q.get(), nullptr, qa}, {st.k.get(), nullptr, ka}, {st.v.get(), nullptr, va}};
+        be->rms_norm_linear_multi(ra, *nw, 1e-5f, xn, outs, 3);
+        be->rope_kv_attention(i % copies, qa, ka, va, att, rp, ap, ss);
+        be->linear_residual(att, *st.o, nullptr, oa, ra);
+        be->rms_norm_linear_swiglu(ra, *nw, 1e-5f, xn, *st.gate, nullptr, *st.up, nullptr, ga, ua);
+        be->linear_residual(ua, *st.down, nullptr, oa, ra);
+      };
+      const double kv_bytes = double(ctx) * nkv * hd * 2 * 2;
+      for (const char* tail : {"1", "0"})
+        for (const char* fused : {"1", "0"}) {
+          setenv("NF4FLASH_GEMV_TAIL", tail, 1);
+          setenv("NF4FLASH_DECODE_FUSED", fused, 1);
+          const double sec = time_graph(*be, full, o.reps, o.trials);
+          report(cat("decode layer full nf4-dq T=1 ctx=", ctx, fused[0] == '1' ? " attn fused" : " attn unfused",
+                     tail[0] == '1' ? " tail split" : " no tail split"),
+                 sec, layer_bytes + kv_bytes,
+                 {{"ctx", ctx}, {"attn_fused", fused[0] == '1'}, {"tail_split", tail[0] == '1'}, {"copies", copies}});
+        }
+      unsetenv("NF4FLASH_GEMV_TAIL");
+      unsetenv("NF4FLASH_DECODE_FUSED");
+    }
   }
 
   // ---- dense bf16 decode GEMV, single weights of the Llama-3-8B layer (o, down, gate), T=1, per

@@ -92,6 +92,10 @@ struct GemvQ4MultiArgs {
   int* counters = nullptr;        // zeroed, >= units (sum of row tiles; SwiGLU: gate row tiles)
   int64_t counters_len = 0;
   const L2PfLaunch* l2pf = nullptr;  // gemv_q4_seq: this launch's prefetch descriptor or null
+  // gemv_q4_seq (lean kernel): the tail split's partials (>= kLeanTailUnits * 512 floats) and
+  // counters (>= kLeanTailUnits ints, zero); null: no tail split
+  float* tail_ws = nullptr;
+  int* tail_cnt = nullptr;
   // gemv_q4_seq with gemv_q4_norm_fusable(T, cols): x is normalized first (rms_norm with this f32
   // weight [cols], bit for bit what rms_norm gives); null: x is used as it is
   const float* norm_w = nullptr;
@@ -109,6 +113,7 @@ std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_
 bool gemv_q4_norm_fusable(int64_t T, int64_t cols);
 
 int64_t gemv_q4_stream_partials_floats();
+constexpr int kLeanTailUnits = 1024;  // most units one lean GEMV launch splits in K halves
 // Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected
 // (NF4FLASH_GEMV_Q4 "stream" or "streamk"); gemv_q4_seq_enabled: the in-order kernel is
 // (NF4FLASH_GEMV_Q4 unset, "auto" or "seq"); callers use gemv_q4 + elementwise ops otherwise.
@@ -287,6 +292,8 @@ constexpr int kDecodeMaxSplits = 128;
 // rope_kv_write + attention_decode instead.
 void attention_decode_rope(const AttnArgs& a, cudaStream_t st);
 std::string attention_decode_rope_unsupported(const AttnArgs& a);
+// Clusters of C (<= 8) fused decode blocks this GPU holds at once (cudaOccupancyMaxActiveClusters).
+int decode_rope_resident_clusters(int C);
 // Whether decode attention merges its splits in the last split block (NF4FLASH_ATTN_COMBINE).
 bool attention_combine_fused();
 constexpr int kDecodeCounters = 4096;  // ints the caller zeroes once: T * n_heads <= this
