@@ -4,7 +4,7 @@
 // second short), 16/1, 8/8; head_dim 64 and 128; bf16, f16 and f32; one cluster of splits (short
 // contexts, merged in distributed shared memory) and several (merged by the last cluster, twice in
 // a row: its counters reset themselves); the cache entry it writes; a captured graph replayed as
-// the position grows; the switch NF4FLASH_DECODE_FUSED.
+// the position grows; the switch NF4FLASH_DECODE_FUSED (opt-in: =1).
 #include <cmath>
 #include <cstdlib>
 
@@ -70,7 +70,8 @@ void run_rope_attention(DType dt, const RopeAttnCase& c) {
   Backends b(dt);
   RopeSide cpu(*b.cpu, c, DType::F32, Kc, Vc, Q, K, V), gpu(*b.gpu, c, dt, Kc, Vc, Q, K, V);
   const auto ref = cpu.run(c);
-  const auto fused = gpu.run(c);  // the default: one launch
+  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
+  const auto fused = gpu.run(c);  // one launch
   EXPECT_LT(rel_err(fused, ref), tol_for(dt)) << "fused rope + attention, " << what;
   // again (several clusters: the merge counters were left zero)
   gpu.reset(Q, K, V);
@@ -123,12 +124,18 @@ TEST(CudaOps, RopeAttentionDecodeSwitch) {
   setenv("NF4FLASH_DECODE_FUSED", "yes", 1);
   EXPECT_THROW(gpu.run(c), Error) << "a bad NF4FLASH_DECODE_FUSED is refused by name";
   unsetenv("NF4FLASH_DECODE_FUSED");
-  // T = 2 takes the unfused ops (the fused kernel is one token per step)
+  // off by default; T = 2 takes the unfused ops (the fused kernel is one token per step)
   cuda::AttnArgs a;
+  a.T = 1;
+  a.k_new = a.v_new = &a;
+  a.inv_freq = reinterpret_cast<const float*>(&a);
+  EXPECT_NE(cuda::attention_decode_rope_unsupported(a).find("NF4FLASH_DECODE_FUSED=1"), std::string::npos);
+  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
   a.T = 2;
   a.k_new = a.v_new = &a;
   a.inv_freq = reinterpret_cast<const float*>(&a);
   EXPECT_NE(cuda::attention_decode_rope_unsupported(a).find("T=2"), std::string::npos);
+  unsetenv("NF4FLASH_DECODE_FUSED");
 }
 
 // A captured decode step (norm -> 4-bit q and k -> fused rope + attention -> add) replayed at
@@ -138,6 +145,7 @@ TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
   NF4FLASH_REQUIRE_CUDA();
   Backends b;
   auto& g = *b.gpu;
+  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
   const int64_t H = 256, hd = 64, nh = 4, nkv = 2, P = 700;
   g.kv_allocate({1, int(nkv), int(hd), P + 16, DType::BF16});
   {  // the existing context
@@ -186,6 +194,7 @@ TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
     g.sync();
     EXPECT_EQ(o.get(), eager[size_t(p - P)]) << "graph replay of the fused decode attention at position " << p;
   }
+  unsetenv("NF4FLASH_DECODE_FUSED");
 }
 
 }  // namespace

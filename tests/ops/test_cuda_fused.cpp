@@ -215,32 +215,6 @@ TEST(CudaFused, NormLinear) {
   }
 }
 
-// The lean kernel's tail split (Q4SeqArgs::split_units; NF4FLASH_GEMV_TAIL=0 turns it off): launches
-// whose last round would hold at most half the blocks (on the H200's 132 SMs x 2 blocks: q/k/v of
-// Llama-3-8B, 384 row tiles = 264 + 120; 5000 + 37 rows, 316 = 264 + 52; 4500 rows at K = 8192,
-// 4 batches per item; SwiGLU of 5000 rows; the residual epilogue; the norm folded in) against the
-// CPU, each launched twice bit for bit (the counters reset themselves), on and off.
-TEST(CudaFused, LeanTailSplit) {
-  NF4FLASH_REQUIRE_CUDA();
-  for (const char* tail : {"1", "0"}) {
-    setenv("NF4FLASH_GEMV_TAIL", tail, 1);
-    SCOPED_TRACE(cat("NF4FLASH_GEMV_TAIL=", tail));
-    for (DType dt : {DType::BF16, DType::F16}) {
-      for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 1},
-                                 MultiCase{QuantType::NF4, false, 4096, {5000, 37}, 3},
-                                 MultiCase{QuantType::FP4, true, 8192, {4500}, 2}})
-        run_multi(dt, c);
-      run_swiglu(dt, QuantType::NF4, true, 5000, 4096, 2, true);
-      run_residual(dt, QuantType::NF4, true, 5000, 4096, 1, true);
-      run_norm_linear(dt, 4096, {4096, 1024, 1024}, 1, 5000, true);
-    }
-  }
-  setenv("NF4FLASH_GEMV_TAIL", "on", 1);
-  EXPECT_THROW(run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 1}), Error)
-      << "a bad NF4FLASH_GEMV_TAIL is refused by name";
-  unsetenv("NF4FLASH_GEMV_TAIL");
-}
-
 // Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG; l.../a...: the lean kernel) on
 // the fused forms: units crossing items and blocks, batches that run past the last column tile
 // (K = 3072, 192, 512: KT not a multiple of the batch), several units per block, T = 1..5, and

@@ -92,11 +92,6 @@ class CudaBackend : public Backend {
       CUDA_CHECK(cudaMemsetAsync(qs_counters_->data(), 0, qs_counters_->bytes(), stream_));
       sync();
     }
-    // the lean GEMV's tail split (partials, zeroed counters; 2 MB)
-    lean_tail_ws_ = std::make_unique<CudaBuffer>(size_t(kLeanTailUnits) * 512 * 4);
-    lean_tail_cnt_ = std::make_unique<CudaBuffer>(size_t(kLeanTailUnits) * 4);
-    CUDA_CHECK(cudaMemsetAsync(lean_tail_cnt_->data(), 0, lean_tail_cnt_->bytes(), stream_));
-    sync();
     CUDA_CHECK(cudaMallocHost(&host_id_, sizeof(int32_t)));
   }
   ~CudaBackend() override {
@@ -617,8 +612,6 @@ class CudaBackend : public Backend {
     a.partials = qs_partials_ ? static_cast<float*>(qs_partials_->data()) : nullptr;
     a.counters = qs_counters_ ? static_cast<int*>(qs_counters_->data()) : nullptr;
     a.counters_len = kQsCounters;
-    a.tail_ws = static_cast<float*>(lean_tail_ws_->data());
-    a.tail_cnt = static_cast<int*>(lean_tail_cnt_->data());
     return a;
   }
   static constexpr int64_t kQsCounters = 1 << 16;
@@ -675,7 +668,7 @@ class CudaBackend : public Backend {
   void gemm_q4(const cuda::Q4Device& d, Act x, Act out);
   void gemm_q4_rows(const cuda::Q4Device& d, int64_t n0, int64_t nc, Act x, Act out, int64_t c0);
   bool gemm_q4_multi_args(Act x, const Weight* const* ws, int n, cuda::GemmQ4MultiArgs& a) const;
-  std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_, lean_tail_ws_, lean_tail_cnt_;
+  std::unique_ptr<CudaBuffer> qs_partials_, qs_counters_;
   // Eager attention: the score buffer is sized outside graph capture (for this call and for a
   // captured decode step over the whole cache), never inside it.
   void attention_eager_run(const AttnArgs& a, int64_t pos0_host) {

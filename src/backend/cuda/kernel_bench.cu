@@ -615,8 +615,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     // One whole decode layer in the decoder's fused order (norm + q/k/v; rope + cache write +
     // attention at ctx 512; o + residual; norm + gate/up + SiLU; down + residual), layers rotated
     // over the copies (one cache layer each): against "decode layer GEMVs", what the layer's
-    // attention costs inside the chain. Variants: NF4FLASH_DECODE_FUSED (one attention launch or
-    // three) x NF4FLASH_GEMV_TAIL (the lean GEMV's tail split).
+    // attention costs inside the chain. Variants: the attention in three launches (default), in
+    // one (NF4FLASH_DECODE_FUSED=1), left out (the norm-folded GEMVs alone).
     {
       const int nh = 32, nkv = 8, hd = 128, ctx = 512;
       be->kv_allocate({copies, nkv, hd, ctx + 8, DType::BF16});
@@ -642,27 +642,23 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       Act xn = xnb->as_act(DType::BF16, 1, H), att = atb->as_act(DType::BF16, 1, H);
       const RopeParams rp{hd, static_cast<const float*>(inv->data())};
       const AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
-      auto full = [&](int i) {
+      auto full = [&](int i, bool attn) {
         Set& st = sets[size_t(i % copies)];
         const Backend::LinearOut outs[3] = {{st.q.get(), nullptr, qa}, {st.k.get(), nullptr, ka}, {st.v.get(), nullptr, va}};
         be->rms_norm_linear_multi(ra, *nw, 1e-5f, xn, outs, 3);
-        be->rope_kv_attention(i % copies, qa, ka, va, att, rp, ap, ss);
+        if (attn) be->rope_kv_attention(i % copies, qa, ka, va, att, rp, ap, ss);
         be->linear_residual(att, *st.o, nullptr, oa, ra);
         be->rms_norm_linear_swiglu(ra, *nw, 1e-5f, xn, *st.gate, nullptr, *st.up, nullptr, ga, ua);
         be->linear_residual(ua, *st.down, nullptr, oa, ra);
       };
       const double kv_bytes = double(ctx) * nkv * hd * 2 * 2;
-      for (const char* tail : {"1", "0"})
-        for (const char* fused : {"1", "0"}) {
-          setenv("NF4FLASH_GEMV_TAIL", tail, 1);
-          setenv("NF4FLASH_DECODE_FUSED", fused, 1);
-          const double sec = time_graph(*be, full, o.reps, o.trials);
-          report(cat("decode layer full nf4-dq T=1 ctx=", ctx, fused[0] == '1' ? " attn fused" : " attn unfused",
-                     tail[0] == '1' ? " tail split" : " no tail split"),
-                 sec, layer_bytes + kv_bytes,
-                 {{"ctx", ctx}, {"attn_fused", fused[0] == '1'}, {"tail_split", tail[0] == '1'}, {"copies", copies}});
-        }
-      unsetenv("NF4FLASH_GEMV_TAIL");
+      for (const char* v : {"unfused", "fused", "none"}) {  // the attention: 3 launches, 1, left out
+        const std::string m = v;
+        setenv("NF4FLASH_DECODE_FUSED", m == "fused" ? "1" : "0", 1);
+        const double sec = time_graph(*be, [&](int i) { full(i, m != "none"); }, o.reps, o.trials);
+        report(cat("decode layer full nf4-dq T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (m != "none" ? kv_bytes : 0.0),
+               {{"ctx", ctx}, {"attention", v}, {"copies", copies}});
+      }
       unsetenv("NF4FLASH_DECODE_FUSED");
     }
   }

@@ -92,10 +92,6 @@ struct GemvQ4MultiArgs {
   int* counters = nullptr;        // zeroed, >= units (sum of row tiles; SwiGLU: gate row tiles)
   int64_t counters_len = 0;
   const L2PfLaunch* l2pf = nullptr;  // gemv_q4_seq: this launch's prefetch descriptor or null
-  // gemv_q4_seq (lean kernel): the tail split's partials (>= kLeanTailUnits * 512 floats) and
-  // counters (>= kLeanTailUnits ints, zero); null: no tail split
-  float* tail_ws = nullptr;
-  int* tail_cnt = nullptr;
   // gemv_q4_seq with gemv_q4_norm_fusable(T, cols): x is normalized first (rms_norm with this f32
   // weight [cols], bit for bit what rms_norm gives); null: x is used as it is
   const float* norm_w = nullptr;
@@ -113,7 +109,6 @@ std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_
 bool gemv_q4_norm_fusable(int64_t T, int64_t cols);
 
 int64_t gemv_q4_stream_partials_floats();
-constexpr int kLeanTailUnits = 1024;  // most units one lean GEMV launch splits in K halves
 // Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected
 // (NF4FLASH_GEMV_Q4 "stream" or "streamk"); gemv_q4_seq_enabled: the in-order kernel is
 // (NF4FLASH_GEMV_Q4 unset, "auto" or "seq"); callers use gemv_q4 + elementwise ops otherwise.
@@ -288,8 +283,9 @@ constexpr int kDecodeMaxSplits = 128;
 // rope(q, k) + kv_write(k, v) + attention_decode for one token (T = 1) in one launch: q, k_new
 // and v_new unrotated (left so: the kernel keeps the rotated values to itself), k and v written to
 // the cache at pos0. Splits merged in a thread-block cluster (or, past one cluster's reach, by the
-// last cluster). Where attention_decode_rope_unsupported(a) is non-empty (why), the caller runs
-// rope_kv_write + attention_decode instead.
+// last cluster). Opt-in (NF4FLASH_DECODE_FUSED=1: measured slower end to end); where
+// attention_decode_rope_unsupported(a) is non-empty (why), the caller runs rope_kv_write +
+// attention_decode instead.
 void attention_decode_rope(const AttnArgs& a, cudaStream_t st);
 std::string attention_decode_rope_unsupported(const AttnArgs& a);
 // Clusters of C (<= 8) fused decode blocks this GPU holds at once (cudaOccupancyMaxActiveClusters).

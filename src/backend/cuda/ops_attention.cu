@@ -153,11 +153,14 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
   });
 }
 
-// NF4FLASH_DECODE_FUSED: unset/"1" = attention_decode_rope where it applies (the default), "0" =
-// rope_kv_write + attention_decode (+ the combine launch), for comparison. Read per call.
+// NF4FLASH_DECODE_FUSED: "1" = attention_decode_rope where it applies; unset/"0" = rope_kv_write +
+// attention_decode + the combine launch (the default). Read per call. H200, 2026-12-04 (llama3-8b
+// NF4-dq, b3964cf): kernel-bench faster alone (ctx 512 9.66 vs 10.67 us, 4096 19.20 vs 22.12) but
+// slower at 32768 (73.57 vs 64.31) and end to end (decode @512 376.3 vs 378.4 tok/s, @32768 177.7
+// vs 236.4; in a captured layer chain at ctx 512 72.73 vs 72.65 us), so it is opt-in.
 bool decode_fused_enabled() {
   const char* e = std::getenv("NF4FLASH_DECODE_FUSED");
-  if (!e || !*e) return true;
+  if (!e || !*e) return false;
   const std::string_view v(e);
   NF4FLASH_CHECK(v == "0" || v == "1", "NF4FLASH_DECODE_FUSED=", v, ": expected 0 or 1");
   return v == "1";
@@ -193,7 +196,7 @@ std::string attention_decode_rope_unsupported(const AttnArgs& a) {
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     return major;
   }();
-  if (!decode_fused_enabled()) return "turned off (NF4FLASH_DECODE_FUSED=0)";
+  if (!decode_fused_enabled()) return "not asked for (NF4FLASH_DECODE_FUSED=1 turns it on)";
   if (a.T != 1) return cat("one token per step only (T=", a.T, ")");
   if (cc_major < 9) return "thread-block clusters need compute capability 9.0";
   if (!a.inv_freq || !a.k_new || !a.v_new) return "no rope frequencies or k/v rows";

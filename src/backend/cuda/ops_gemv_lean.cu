@@ -14,22 +14,6 @@ namespace nf4flash::cuda {
 namespace {
 constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 
-// The tail split (Q4SeqArgs::split_units): the last round's units as K halves where they are at
-// most half the blocks and every item has an even number of batches; 0 where not, without the
-// workspace, or with NF4FLASH_GEMV_TAIL=0 (read per call).
-int lean_tail_split(const Q4SeqArgs& k, int grid, int tiles_per_batch) {
-  const char* e = std::getenv("NF4FLASH_GEMV_TAIL");
-  if (e && *e) {
-    const std::string_view v(e);
-    NF4FLASH_CHECK(v == "0" || v == "1", "NF4FLASH_GEMV_TAIL=", v, ": expected 0 or 1");
-    if (v == "0") return 0;
-  }
-  if (!k.split_ws || !k.split_cnt || k.units <= grid) return 0;
-  const int64_t nb = (k.KT + tiles_per_batch - 1) / tiles_per_batch, rem = k.units % grid;
-  if (nb % 2 != 0 || rem == 0 || 2 * rem > grid || rem > kLeanTailUnits) return 0;
-  return int(rem);
-}
-
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
 void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
   constexpr int lut = q4_lut_bytes(2);
@@ -43,8 +27,6 @@ void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
   k.x_stride = seq_x_stride(k.cols);
   const int smem = lut + k.T * k.x_stride;
   const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * gemv_num_sms()));
-  k.split_units = 0;
-  if constexpr (!(FLAGS & kLeanAsync)) k.split_units = lean_tail_split(k, grid, W * U);
   launch_k(kern, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, k);
   CUDA_CHECK_LAUNCH();
 }

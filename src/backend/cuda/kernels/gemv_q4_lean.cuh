@@ -10,9 +10,7 @@
 // rms_norm(x) * norm_w in shared memory (256-thread configurations: rms_norm's exact arithmetic).
 //
 // Work: unit = one row tile of the concatenated segments (SwiGLU: the gate row tile, then the same
-// up row tile, one "item" each); block b takes units b, b + G, ...; where the last round would
-// occupy at most half the blocks, its units go as two K halves to twice as many blocks (tail
-// split, Q4SeqArgs::split_units: merged by the half that finishes second); inside an item warp w takes
+// up row tile, one "item" each); block b takes units b, b + G, ...; inside an item warp w takes
 // column tiles w + W*i in batches of U (stride W), keeping D-1 batches of weights in flight in a
 // register ring across item and unit boundaries.
 // What the lean loop does differently (ncu on gemv_q4_seq, H200: 154 instructions and 28 shared
@@ -60,7 +58,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   __shared__ float gate_v[128];
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
-  __shared__ int s_cnt[2], s_ready[2], s_flag;
+  __shared__ int s_cnt[2], s_ready[2];
   __shared__ float s_part[kGemvMaxRows][8];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, r = lane & 15;
@@ -72,21 +70,8 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   const uint32_t cols = uint32_t(a.cols);
   const int nsh = a.log2_blocksize + a.log2_nested;
 
-  // Pieces of work: units blockIdx.x, + G, ... below nfull whole (batches [0, NB) of each item),
-  // then, on blocks below 2 * split_units, one K half of unit nfull + blockIdx.x / 2 (batches
-  // [hb0, hb0 + NB/2) of each of its items; Q4SeqArgs::split_units, seq_half_epilogue).
-  const int nfull = units - a.split_units;
-  const int hb0 = int(blockIdx.x & 1) * (NB / 2);
-  auto next_unit = [&](int u) {
-    if (u >= nfull) return units;  // after the half piece
-    u += G;
-    if (u < nfull) return u;
-    return int(blockIdx.x) < 2 * a.split_units ? nfull + int(blockIdx.x >> 1) : units;
-  };
-  auto batch0 = [&](int u) { return u < nfull ? 0 : hb0; };
-  auto batch_end = [&](int u) { return u < nfull ? NB : hb0 + NB / 2; };
   // load cursor: (unit, sub, batch) and the running offsets of the item it is in
-  int lu = blockIdx.x, lsub = 0, lb = batch0(lu), lend = batch_end(lu);
+  int lu = blockIdx.x, lsub = 0, lb = 0;
   const uint4* lw = nullptr;  // this lane's 16 bytes of the warp's first tile of the batch
   const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
   const float* lnest = nullptr;
@@ -95,22 +80,21 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   auto start_item = [&]() {
     int rt;
     const Q4StreamSeg& sg = a.seg[item_of(lu, lsub, rt)];
-    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT) + uint32_t(lb * WU + warp);
+    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT) + uint32_t(warp);
     lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
     la = static_cast<const uint8_t*>(sg.absmax) + (size_t(tile0) * 16 + r) * (DQ ? 1 : 4);
     lnest = sg.nested_absmax;
     int row = rt * 16 + r;
     row = row < int(sg.rows) ? row : int(sg.rows) - 1;
-    lo = uint32_t(row) * cols + 64u * uint32_t(lb * WU + warp);
+    lo = uint32_t(row) * cols + 64u * uint32_t(warp);
   };
   auto advance_load = [&]() {
-    if (++lb == lend) {
+    if (++lb == NB) {
+      lb = 0;
       if (++lsub == a.nsub) {
         lsub = 0;
-        lu = next_unit(lu);
+        lu += G;
       }
-      lb = batch0(lu);
-      lend = batch_end(lu);
       if (lu < units) start_item();
     } else {
       lw += WU * 32;
@@ -150,9 +134,6 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
 
   pdl_trigger();
   if (int(blockIdx.x) >= units) return;
-  if constexpr (ASYNC) {
-    if (a.split_units) __trap();  // the host splits units for the barrier configurations only
-  }
   // Loads of what no previous kernel writes and the prologue waits for go out first, before the
   // weight stream they would otherwise queue behind (ncu, p8u4d3 q/k/v at T=1: the nested code
   // table's load was 16% of the launch's stall samples, the norm weights' another 6%): the nested
@@ -251,7 +232,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
 
   // compute cursor
-  int cu = blockIdx.x, csub = 0, cb = batch0(cu), cend = batch_end(cu), crt = 0;
+  int cu = blockIdx.x, csub = 0, cb = 0, crt = 0;
   int ck = item_of(cu, 0, crt);
   float offset = a.seg[ck].offset;
   int item = 0;  // items finished by this block (ASYNC: buffer item & 1, its use item >> 1)
@@ -259,8 +240,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
 
   auto finish_item = [&]() {
     if constexpr (!ASYNC) {
-      if (cu >= nfull) seq_half_epilogue<TA, W>(a, red[0], gate_v, acc, ck, crt, csub, cu - nfull, int(blockIdx.x & 1), &s_flag);
-      else seq_item_epilogue<TA, W>(a, red[0], gate_v, acc, ck, crt, csub);
+      seq_item_epilogue<TA, W>(a, red[0], gate_v, acc, ck, crt, csub);
     } else {
       const int buf = item & 1, use = item >> 1;
       // the buffer's previous use must have been summed (its last warp frees it)
@@ -339,20 +319,19 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
           }
         }
       }
-      if (++cb == cend) {
+      if (++cb == NB) {
         finish_item();
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+        cb = 0;
         if (++csub == a.nsub) {
           csub = 0;
-          cu = next_unit(cu);
+          cu += G;
         }
         if (cu >= units) {  // block-uniform
           more = false;
           break;
         }
-        cb = batch0(cu);
-        cend = batch_end(cu);
         ck = item_of(cu, csub, crt);
         offset = a.seg[ck].offset;
       }

@@ -44,13 +44,6 @@ struct Q4SeqArgs {
   const L2PfLaunch* pf;  // null: no prefetch
   const float* norm_w;   // lean kernel only: x = rms_norm(x) * norm_w first (f32 [cols]); null: none
   float norm_eps;
-  // lean kernel only: the last split_units units (the last round's, when at most half the blocks
-  // would run it) go as two K halves to blocks 0 .. 2*split_units-1; the half that finishes second
-  // adds the two partial sums (half 0 + half 1) and runs the epilogue. Partials: split_ws
-  // [split_units][2][nsub][128] floats; split_cnt [split_units] ints, zero (left zero).
-  int split_units;
-  float* split_ws;
-  int* split_cnt;
 };
 
 // Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
@@ -82,30 +75,6 @@ __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) 
   }
 }
 
-// The epilogue of one output (row tile rt of segment k, sub, thread tid < 128 = row tid/8 x token
-// tid%8) given its sum y: bias, then store / residual add / SwiGLU (sub 0 keeps the gate value in
-// gate_v[tid] for the same thread's sub 1).
-template <typename TA>
-__device__ __forceinline__ void seq_store_y(const Q4SeqArgs& a, float* gate_v, int k, int64_t rt, int sub, int tid,
-                                            float y) {
-  const Q4StreamSeg& sg = a.seg[k];
-  const int r = tid >> 3, n = tid & 7;
-  const int64_t row = rt * 16 + r;
-  if (n < a.T && row < sg.rows) {
-    if (sg.bias) y += sg.bias[row];
-    if (a.ep == int(GemvEpilogue::SwiGLU)) {
-      const float yr = to_f32<TA>(from_f32<TA>(y));
-      if (sub == 0) {
-        gate_v[tid] = yr;
-      } else {
-        q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[tid], yr);
-      }
-    } else {
-      q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
-    }
-  }
-}
-
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
 // accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
 // 8 tokens) run the epilogue. Ends with a barrier (red and gate_v may be reused).
@@ -119,53 +88,23 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
   red[warp][g + 8][2 * t + 1] = acc[3];
   __syncthreads();
   if (tid < 128) {
-    float y = 0.f;
+    const Q4StreamSeg& sg = a.seg[k];
+    const int r = tid >> 3, n = tid & 7;
+    const int64_t row = rt * 16 + r;
+    if (n < a.T && row < sg.rows) {
+      float y = 0.f;
 #pragma unroll
-    for (int w = 0; w < W; ++w) y += red[w][tid >> 3][tid & 7];
-    seq_store_y<TA>(a, gate_v, k, rt, sub, tid, y);
-  }
-  __syncthreads();
-}
-
-// The end of one K half of split unit su (Q4SeqArgs::split_units): the warps' sums as in
-// seq_item_epilogue, stored to the half's partials; after the unit's last sub, the block counts
-// itself in and the second of the two halves adds half 0 + half 1 (this order whoever finishes
-// last) and runs the epilogue of every sub. Ends with a barrier. s_flag: a shared int.
-template <typename TA, int W>
-__device__ __forceinline__ void seq_half_epilogue(const Q4SeqArgs& a, float (&red)[W][16][8], float* gate_v,
-                                                  const float* acc, int k, int64_t rt, int sub, int su, int half,
-                                                  int* s_flag) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  red[warp][g][2 * t] = acc[0];
-  red[warp][g][2 * t + 1] = acc[1];
-  red[warp][g + 8][2 * t] = acc[2];
-  red[warp][g + 8][2 * t + 1] = acc[3];
-  __syncthreads();
-  float* ws = a.split_ws + int64_t(su) * 2 * a.nsub * 128;  // [half][sub][128]
-  if (tid < 128) {
-    float y = 0.f;
-#pragma unroll
-    for (int w = 0; w < W; ++w) y += red[w][tid >> 3][tid & 7];
-    __stcg(ws + (half * a.nsub + sub) * 128 + tid, y);
-  }
-  if (sub + 1 < a.nsub) {  // the gate half: the up half follows in this block
-    __syncthreads();
-    return;
-  }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int prev = atomicAdd(a.split_cnt + su, 1);
-    *s_flag = prev == 1;
-    if (prev == 1) a.split_cnt[su] = 0;  // ready for the next launch
-  }
-  __syncthreads();
-  if (*s_flag) {
-    __threadfence();
-    if (tid < 128) {
-      for (int s = 0; s < a.nsub; ++s) {
-        const float y = __ldcg(ws + s * 128 + tid) + __ldcg(ws + (a.nsub + s) * 128 + tid);
-        seq_store_y<TA>(a, gate_v, a.nsub == 2 ? s : k, rt, s, tid, y);
+      for (int w = 0; w < W; ++w) y += red[w][r][n];
+      if (sg.bias) y += sg.bias[row];
+      if (a.ep == int(GemvEpilogue::SwiGLU)) {
+        const float yr = to_f32<TA>(from_f32<TA>(y));
+        if (sub == 0) {
+          gate_v[tid] = yr;
+        } else {
+          q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[tid], yr);
+        }
+      } else {
+        q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
       }
     }
   }
