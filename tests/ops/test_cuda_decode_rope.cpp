@@ -80,8 +80,10 @@ void run_rope_attention(DType dt, const RopeAttnCase& c) {
   // where both cut the sequence alike: chunks of the minimum 64 positions (L <= 64 x the splits)
   // or the same split count (the fused count is rounded down to whole clusters of 8; on the H200's
   // 132 SMs the two differ for 8 kv-head columns only: 66 vs 64)
+  // (plain blocks, NF4FLASH_DECODE_CLUSTER=1, keep the split kernel's count)
   const int L = c.pos0 + 1;
-  const bool same_chunks = L <= 64 * 64 || c.n_kv * ((c.n_heads / c.n_kv + 3) / 4) != 8;
+  const char* cl = std::getenv("NF4FLASH_DECODE_CLUSTER");
+  const bool same_chunks = L <= 64 * 64 || c.n_kv * ((c.n_heads / c.n_kv + 3) / 4) != 8 || (cl && *cl == '1');
   // the cache entry the fused launch wrote, read back by the plain attention with q rotated apart
   {
     DevAct q2(*b.gpu, 1, qw), k2(*b.gpu, 1, kvw);
@@ -107,11 +109,16 @@ void run_rope_attention(DType dt, const RopeAttnCase& c) {
 
 TEST(CudaOps, RopeAttentionDecodeFused) {
   NF4FLASH_REQUIRE_CUDA();
+  for (const char* cl : {"8", "1"}) {  // clusters of 8 splits; plain blocks (the last block merges)
+  setenv("NF4FLASH_DECODE_CLUSTER", cl, 1);
+  SCOPED_TRACE(cat("NF4FLASH_DECODE_CLUSTER=", cl));
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
     for (RopeAttnCase c : {RopeAttnCase{8, 2, 128, 0}, RopeAttnCase{8, 2, 64, 50}, RopeAttnCase{32, 8, 128, 511},
                            RopeAttnCase{32, 8, 128, 512}, RopeAttnCase{32, 8, 128, 3000}, RopeAttnCase{14, 2, 64, 700},
                            RopeAttnCase{16, 1, 64, 257}, RopeAttnCase{8, 8, 64, 1000}, RopeAttnCase{32, 8, 128, 9000}})
       run_rope_attention(dt, c);
+  }
+  unsetenv("NF4FLASH_DECODE_CLUSTER");
 }
 
 TEST(CudaOps, RopeAttentionDecodeSwitch) {
@@ -123,6 +130,10 @@ TEST(CudaOps, RopeAttentionDecodeSwitch) {
                rounded(randn(size_t(10 * 128)), DType::BF16), Q, K, K);
   setenv("NF4FLASH_DECODE_FUSED", "yes", 1);
   EXPECT_THROW(gpu.run(c), Error) << "a bad NF4FLASH_DECODE_FUSED is refused by name";
+  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
+  setenv("NF4FLASH_DECODE_CLUSTER", "3", 1);
+  EXPECT_THROW(gpu.run(c), Error) << "a bad NF4FLASH_DECODE_CLUSTER is refused by name";
+  unsetenv("NF4FLASH_DECODE_CLUSTER");
   unsetenv("NF4FLASH_DECODE_FUSED");
   // off by default; T = 2 takes the unfused ops (the fused kernel is one token per step)
   cuda::AttnArgs a;
@@ -141,8 +152,7 @@ TEST(CudaOps, RopeAttentionDecodeSwitch) {
 // A captured decode step (norm -> 4-bit q and k -> fused rope + attention -> add) replayed at
 // growing positions gives what running it eagerly there gives; positions past one cluster's reach
 // (the counters of the last-cluster merge reset between replays).
-TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
-  NF4FLASH_REQUIRE_CUDA();
+void graph_replay_case() {
   Backends b;
   auto& g = *b.gpu;
   setenv("NF4FLASH_DECODE_FUSED", "1", 1);
@@ -195,6 +205,16 @@ TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
     EXPECT_EQ(o.get(), eager[size_t(p - P)]) << "graph replay of the fused decode attention at position " << p;
   }
   unsetenv("NF4FLASH_DECODE_FUSED");
+}
+
+TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (const char* cl : {"8", "1"}) {
+    setenv("NF4FLASH_DECODE_CLUSTER", cl, 1);
+    SCOPED_TRACE(cat("NF4FLASH_DECODE_CLUSTER=", cl));
+    graph_replay_case();
+  }
+  unsetenv("NF4FLASH_DECODE_CLUSTER");
 }
 
 }  // namespace

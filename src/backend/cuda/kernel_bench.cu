@@ -139,16 +139,19 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
     Act ka = kn->as_act(DType::BF16, 1, nkv * hd);
     RopeParams rp{hd, static_cast<const float*>(inv->data())};
-    for (const char* fused : {"1", "0"}) {
-      setenv("NF4FLASH_DECODE_FUSED", fused, 1);
+    // (fused: in clusters of 8 splits, or plain blocks, NF4FLASH_DECODE_CLUSTER=1)
+    for (const char* v : {"fused", "fused c1", "unfused"}) {
+      const std::string m = v;
+      setenv("NF4FLASH_DECODE_FUSED", m == "unfused" ? "0" : "1", 1);
+      setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
       const double sec =
           time_graph(*be, [&](int) { be->rope_kv_attention(0, q, ka, ka, ov, rp, ap, st); }, o.reps, o.trials);
-      report(cat("attn+rope decode ctx=", ctx, fused[0] == '1' ? " fused" : " unfused", " (32/8, hd128)"), sec,
-             double(ctx) * nkv * hd * 2 * 2,
-             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"fused", fused[0] == '1'},
+      report(cat("attn+rope decode ctx=", ctx, " ", v, " (32/8, hd128)"), sec, double(ctx) * nkv * hd * 2 * 2,
+             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"variant", v},
               {"resident_clusters_of_8", cuda::decode_rope_resident_clusters(8)}});
     }
     unsetenv("NF4FLASH_DECODE_FUSED");
+    unsetenv("NF4FLASH_DECODE_CLUSTER");
   }
 
   // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
@@ -652,14 +655,17 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         be->linear_residual(ua, *st.down, nullptr, oa, ra);
       };
       const double kv_bytes = double(ctx) * nkv * hd * 2 * 2;
-      for (const char* v : {"unfused", "fused", "none"}) {  // the attention: 3 launches, 1, left out
+      // the attention: 3 launches, 1 (clusters of 8 or plain blocks), left out
+      for (const char* v : {"unfused", "fused", "fused c1", "none"}) {
         const std::string m = v;
-        setenv("NF4FLASH_DECODE_FUSED", m == "fused" ? "1" : "0", 1);
+        setenv("NF4FLASH_DECODE_FUSED", m.rfind("fused", 0) == 0 ? "1" : "0", 1);
+        setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
         const double sec = time_graph(*be, [&](int i) { full(i, m != "none"); }, o.reps, o.trials);
         report(cat("decode layer full nf4-dq T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (m != "none" ? kv_bytes : 0.0),
                {{"ctx", ctx}, {"attention", v}, {"copies", copies}});
       }
       unsetenv("NF4FLASH_DECODE_FUSED");
+      unsetenv("NF4FLASH_DECODE_CLUSTER");
     }
   }
 

@@ -170,8 +170,15 @@ bool decode_fused_enabled() {
 // others use the same block size and about the same registers and shared memory).
 int decode_rope_resident_clusters(int C) {
   static int cached[9] = {};
+  auto kern = attn_decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 4, true>;
+  if (C == 1 && !cached[1]) {  // plain blocks
+    int per_sm = 0, dev = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 128, 0));
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cached[1] = std::max(per_sm * sms, 1);
+  }
   if (!cached[C]) {
-    auto kern = attn_decode_kernel<__nv_bfloat16, __nv_bfloat16, 128, 4, true>;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(1, unsigned(C), 1);
     cfg.blockDim = dim3(128);
@@ -187,6 +194,16 @@ int decode_rope_resident_clusters(int C) {
     cached[C] = std::max(n, 1);
   }
   return cached[C];
+}
+
+// Splits per thread-block cluster of the fused decode kernel (NF4FLASH_DECODE_CLUSTER: 1, 2, 4 or 8;
+// default 8; 1 = plain blocks merged by the last block of each head column). Read per call.
+int decode_rope_cluster() {
+  const char* e = std::getenv("NF4FLASH_DECODE_CLUSTER");
+  if (!e || !*e) return 8;
+  const std::string_view v(e);
+  NF4FLASH_CHECK(v == "1" || v == "2" || v == "4" || v == "8", "NF4FLASH_DECODE_CLUSTER=", v, ": expected 1, 2, 4 or 8");
+  return std::atoi(e);
 }
 
 std::string attention_decode_rope_unsupported(const AttnArgs& a) {
@@ -218,7 +235,7 @@ void attention_decode_rope(const AttnArgs& a, cudaStream_t st) {
   // of 8 ran at ctx 32768 in 99 us against 64 us for the split kernel's 66 x 8 without clusters: a
   // second wave of clusters)
   const int base = decode_splits(a, hchunks, false);
-  int C = 8;
+  int C = decode_rope_cluster();
   while (C > base) C /= 2;
   const int cols = a.n_kv * hchunks;
   const int resident = decode_rope_resident_clusters(C);
@@ -237,12 +254,14 @@ void attention_decode_rope(const AttnArgs& a, cudaStream_t st) {
     cudaLaunchAttribute attrs[2];
     cudaLaunchConfig_t cfg = pdl_launch_config(dim3(unsigned(a.n_kv * hchunks), unsigned(nsplit), 1u), dim3(128), 0,
                                                st, &attrs[0]);
-    attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
-    attrs[cfg.numAttrs].val.clusterDim.x = 1;
-    attrs[cfg.numAttrs].val.clusterDim.y = unsigned(C);
-    attrs[cfg.numAttrs].val.clusterDim.z = 1;
-    cfg.attrs = attrs;
-    cfg.numAttrs += 1;
+    if (C > 1) {  // C = 1: plain blocks (no cluster attribute)
+      attrs[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attrs[cfg.numAttrs].val.clusterDim.x = 1;
+      attrs[cfg.numAttrs].val.clusterDim.y = unsigned(C);
+      attrs[cfg.numAttrs].val.clusterDim.z = 1;
+      cfg.attrs = attrs;
+      cfg.numAttrs += 1;
+    }
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, attn_decode_kernel<TA, TK, HD, 4, true>, k, nsplit, hchunks));
     CUDA_CHECK_LAUNCH();
   });

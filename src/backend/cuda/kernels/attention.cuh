@@ -160,7 +160,9 @@ constexpr int kDecGT = 4;  // q heads per decode block
 
 // The fused kernel's merge of its cluster's splits (FUSED below): warp g < nh turns head g's split
 // states into weights, then the cluster's blocks share the nh*HD outputs (block `rank` takes
-// outputs rank*128 + tid, + C*128, ...). get_ml(s, g, which) / get_acc(s, g, d) read split s.
+// outputs rank*128 + tid, + C*128, ...; up to GT*HD/128 per thread, their loads issued together
+// split by split; per output the sum of merge_dim in its order). get_ml(s, g, which) /
+// get_acc(s, g, d) read split s.
 template <typename TA, int HD, int GT, typename GetMl, typename GetAcc>
 __device__ __forceinline__ void decode_cluster_merge(const AttnArgs& a, int nact, int nh, int h0, int rank, int C,
                                                      GetMl get_ml, GetAcc get_acc, float (*s_c)[kDecodeMaxSplits],
@@ -172,11 +174,25 @@ __device__ __forceinline__ void decode_cluster_merge(const AttnArgs& a, int nact
     if (lane == 0) s_inv[warp] = inv;
   }
   __syncthreads();
-  for (int i = rank * blockDim.x + threadIdx.x; i < nh * HD; i += C * blockDim.x) {
-    const int g = i / HD, d = i % HD;
-    const float acc = merge_dim(nact, s_c[g], [&](int s) { return get_acc(s, g, d); });
-    static_cast<TA*>(a.out)[int64_t(h0 + g) * HD + d] = from_f32<TA>(acc * s_inv[g]);
+  constexpr int MO = (GT * HD + 127) / 128;  // outputs per thread at C = 1 (128 threads)
+  float o[MO];
+  int gi[MO], di[MO];
+#pragma unroll
+  for (int j = 0; j < MO; ++j) {
+    const int i = rank * 128 + int(threadIdx.x) + j * C * 128;
+    gi[j] = i < nh * HD ? i / HD : -1;
+    di[j] = i % HD;
+    o[j] = 0.f;
   }
+#pragma unroll 8
+  for (int s = 0; s < nact; ++s) {
+#pragma unroll
+    for (int j = 0; j < MO; ++j)
+      if (gi[j] >= 0) o[j] = fmaf(s_c[gi[j]][s], get_acc(s, gi[j], di[j]), o[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < MO; ++j)
+    if (gi[j] >= 0) static_cast<TA*>(a.out)[int64_t(h0 + gi[j]) * HD + di[j]] = from_f32<TA>(o[j] * s_inv[gi[j]]);
 }
 
 // FUSED (attention_decode_rope, T = 1, RING > 0; launched in clusters of a.dec_cluster splits along
@@ -188,7 +204,8 @@ __device__ __forceinline__ void decode_cluster_merge(const AttnArgs& a, int nact
 // earlier steps (the engine completes a step before the next). Splits merge without a second
 // launch: one active cluster (L <= C slices) merges in distributed shared memory; more clusters
 // write their partials to the workspace and the last cluster to count in (counter per block
-// column, reset by it) merges them all. Same arithmetic as rope_kv + the split kernel + combine.
+// column, reset by it) merges them all (C = 1: plain blocks, the last block of a column merges).
+// Same arithmetic as rope_kv + the split kernel + combine.
 template <typename TA, typename TK, int HD, int RING, bool FUSED>
 __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
   static_assert(!FUSED || RING > 0, "the fused kernel puts this step's K/V into its ring");
