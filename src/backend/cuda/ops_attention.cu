@@ -157,7 +157,10 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
 // attention_decode + the combine launch (the default). Read per call. H200, 2026-12-04 (llama3-8b
 // NF4-dq, b3964cf): kernel-bench faster alone (ctx 512 9.66 vs 10.67 us, 4096 19.20 vs 22.12) but
 // slower at 32768 (73.57 vs 64.31) and end to end (decode @512 376.3 vs 378.4 tok/s, @32768 177.7
-// vs 236.4; in a captured layer chain at ctx 512 72.73 vs 72.65 us), so it is opt-in.
+// vs 236.4; in a captured layer chain at ctx 512 72.73 vs 72.65 us), so it is opt-in. In plain
+// blocks (NF4FLASH_DECODE_CLUSTER=1, 1ab13e7): ctx 512 11.42 vs 10.58 us, 4096 17.29 vs 22.18,
+// 32768 64.22 vs 64.19; layer chain 71.96 vs 70.24 us; decode @512 381.1 vs 388.0, @32768 239.4
+// vs 241.8.
 bool decode_fused_enabled() {
   const char* e = std::getenv("NF4FLASH_DECODE_FUSED");
   if (!e || !*e) return false;
