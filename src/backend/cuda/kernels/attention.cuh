@@ -17,7 +17,9 @@
 //   workspace; attn_combine_kernel merges the splits per (t, head) in a second launch (default), or,
 //   with counters (NF4FLASH_ATTN_COMBINE=fused, measured slower), the last block of each (t, head
 //   group) to finish merges the group's splits with the same arithmetic (counter per group, reset
-//   by that block).
+//   by that block). FUSED = true (attention_decode_rope, opt-in NF4FLASH_DECODE_FUSED=1; T = 1):
+//   rope and the cache write in the same launch, the splits merged in a thread-block cluster or by
+//   the last block (see the comment at the kernel).
 // attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
 //   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
