@@ -310,7 +310,7 @@ class CudaBackend : public Backend {
   // it applies; else the two ops. q and k stay unrotated in the fused launch.
   void rope_kv_attention(int layer, Act q, Act k, Act v, Act out, const RopeParams& rp, const AttnParams& ap,
                          const StepState& s) override {
-    if (q.rows == 1 && resolve_attn(ap.impl) != AttnImpl::Eager) {
+    if (q.rows == 1 && attention_decode_rope_enabled() && resolve_attn(ap.impl) != AttnImpl::Eager) {
       const KvWriteArgs kv = kv_write_args(layer, k, v, s);  // the shape checks of the unfused ops
       NF4FLASH_CHECK(rp.head_dim == ap.head_dim, "rope_kv_attention: rope head_dim ", rp.head_dim,
                      " != attention head_dim ", ap.head_dim);

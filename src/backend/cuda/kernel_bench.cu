@@ -127,16 +127,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     // a decode layer's whole attention: rope + cache write + attention (+ combine), fused in one
     // launch (the default) or as rope_kv_write + the split kernel + the combine
     // (NF4FLASH_DECODE_FUSED=0); k and v of this step: random, rows of the q buffer's kind
-    auto kn = be->alloc(size_t(nkv * hd) * 2), inv = be->alloc(size_t(hd / 2) * 4);
-    {
-      std::normal_distribution<float> nd;
-      std::vector<uint16_t> kh(size_t(nkv * hd));
-      for (auto& v : kh) v = f32_to_bf16(nd(g));
-      be->upload(kn->data(), kh.data(), kh.size() * 2);
-      std::vector<float> fh(size_t(hd / 2));
-      for (int i = 0; i < hd / 2; ++i) fh[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
-      be->upload(inv->data(), fh.data(), fh.size() * 4);
-    }
+    auto kn = upload_randn_bf16(*be, size_t(nkv * hd), g), inv = upload_rope_freqs(*be, hd, 500000.f);
     Act ka = kn->as_act(DType::BF16, 1, nkv * hd);
     RopeParams rp{hd, static_cast<const float*>(inv->data())};
     // (fused: in clusters of 8 splits, or plain blocks, NF4FLASH_DECODE_CLUSTER=1)
@@ -623,15 +614,10 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     {
       const int nh = 32, nkv = 8, hd = 128, ctx = 512;
       be->kv_allocate({copies, nkv, hd, ctx + 8, DType::BF16});
-      std::vector<uint16_t> kvh(size_t(ctx) * nkv * hd), nwh(static_cast<size_t>(H), uint16_t{0});
-      for (auto& v : kvh) v = f32_to_bf16(nd(g));
+      std::vector<uint16_t> nwh(static_cast<size_t>(H), uint16_t{0});
       for (auto& v : nwh) v = f32_to_bf16(1.f + 0.1f * nd(g));
-      auto kvb = be->alloc(kvh.size() * 2), pb = be->alloc(4), inv = be->alloc(size_t(hd / 2) * 4);
-      auto xnb = be->alloc(size_t(H) * 2), atb = be->alloc(size_t(H) * 2);
-      be->upload(kvb->data(), kvh.data(), kvh.size() * 2);
-      std::vector<float> fh(size_t(hd / 2));
-      for (int i = 0; i < hd / 2; ++i) fh[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
-      be->upload(inv->data(), fh.data(), fh.size() * 4);
+      auto kvb = upload_randn_bf16(*be, size_t(ctx) * nkv * hd, g), inv = upload_rope_freqs(*be, hd, 500000.f);
+      auto pb = be->alloc(4), xnb = be->alloc(size_t(H) * 2), atb = be->alloc(size_t(H) * 2);
       const int32_t zero = 0, pos = ctx;
       be->upload(pb->data(), &zero, 4);
       StepState ss{static_cast<int32_t*>(pb->data())};

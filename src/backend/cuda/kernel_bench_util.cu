@@ -1,6 +1,7 @@
 // Helpers of kernel-bench (kernel_bench.cu): the read-only streaming reference kernel, graph-replay
 // timing, host tensors of random 4-bit and bf16 weights, and the prefill attention rows.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <functional>
 #include <random>
@@ -69,6 +70,23 @@ TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::
   ti.data = reinterpret_cast<const uint8_t*>(bits.data());
   ti.nbytes = bits.size() * 2;
   return ti;
+}
+
+std::unique_ptr<Buffer> upload_rope_freqs(Backend& be, int hd, float theta) {
+  std::vector<float> f(size_t(hd / 2));
+  for (int i = 0; i < hd / 2; ++i) f[size_t(i)] = std::pow(theta, -2.f * i / hd);
+  auto b = be.alloc(f.size() * 4);
+  be.upload(b->data(), f.data(), f.size() * 4);
+  return b;
+}
+
+std::unique_ptr<Buffer> upload_randn_bf16(Backend& be, size_t n, std::mt19937& g) {
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> h(n);
+  for (auto& v : h) v = f32_to_bf16(nd(g));
+  auto b = be.alloc(n * 2);
+  be.upload(b->data(), h.data(), n * 2);
+  return b;
 }
 
 std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std::mt19937& g) {

@@ -25,6 +25,9 @@ double median(std::vector<double> v);
 double time_graph(Backend& be, const std::function<void(int)>& body, int reps, int trials);
 // A [rows, cols] bf16 tensor view of host bits (for upload_dense).
 TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits);
+// Device buffers: rope frequencies [hd/2] (f32, theta^(-2i/hd)); n random normal bf16 values.
+std::unique_ptr<Buffer> upload_rope_freqs(Backend& be, int hd, float theta);
+std::unique_ptr<Buffer> upload_randn_bf16(Backend& be, size_t n, std::mt19937& g);
 // Random NF4 weights (random code bytes and absmax; double quant with a nested table when dq).
 std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std::mt19937& g);
 // Prefill attention kernels alone (flash / sdpa / eager), Llama-3-8B layer shape.

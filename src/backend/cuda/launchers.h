@@ -288,6 +288,9 @@ constexpr int kDecodeMaxSplits = 128;
 // attention_decode instead.
 void attention_decode_rope(const AttnArgs& a, cudaStream_t st);
 std::string attention_decode_rope_unsupported(const AttnArgs& a);
+// Whether the fused form is asked for (NF4FLASH_DECODE_FUSED=1; a bad value is refused by name):
+// callers test it before building arguments, so the default path does no work for it.
+bool attention_decode_rope_enabled();
 // Clusters of C (<= 8) fused decode blocks this GPU holds at once (cudaOccupancyMaxActiveClusters).
 int decode_rope_resident_clusters(int C);
 // Whether decode attention merges its splits in the last split block (NF4FLASH_ATTN_COMBINE).

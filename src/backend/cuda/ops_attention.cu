@@ -161,7 +161,7 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
 // blocks (NF4FLASH_DECODE_CLUSTER=1, 1ab13e7): ctx 512 11.42 vs 10.58 us, 4096 17.29 vs 22.18,
 // 32768 64.22 vs 64.19; layer chain 71.96 vs 70.24 us; decode @512 381.1 vs 388.0, @32768 239.4
 // vs 241.8.
-bool decode_fused_enabled() {
+bool attention_decode_rope_enabled() {
   const char* e = std::getenv("NF4FLASH_DECODE_FUSED");
   if (!e || !*e) return false;
   const std::string_view v(e);
@@ -216,7 +216,7 @@ std::string attention_decode_rope_unsupported(const AttnArgs& a) {
     CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     return major;
   }();
-  if (!decode_fused_enabled()) return "not asked for (NF4FLASH_DECODE_FUSED=1 turns it on)";
+  if (!attention_decode_rope_enabled()) return "not asked for (NF4FLASH_DECODE_FUSED=1 turns it on)";
   if (a.T != 1) return cat("one token per step only (T=", a.T, ")");
   if (cc_major < 9) return "thread-block clusters need compute capability 9.0";
   if (!a.inv_freq || !a.k_new || !a.v_new) return "no rope frequencies or k/v rows";
