@@ -196,6 +196,41 @@ class Backend {
     rms_norm(x, norm_w, eps, xn);
     linear_swiglu(xn, gate, bg, up, bu, g_tmp, out);
   }
+  // One GEMV of a chain (linear_chain): what linear_residual, rms_norm_linear_multi or
+  // rms_norm_linear_swiglu take, by kind.
+  struct ChainStage {
+    enum class Kind { Residual, NormMulti, NormSwiGLU };
+    Kind kind = Kind::Residual;
+    Act x;                          // the input (Norm*: the rows normalized first)
+    const Weight* norm = nullptr;   // Norm*: the norm weight, eps, scratch xn
+    float eps = 0.f;
+    Act xn;
+    LinearOut outs[3];              // Residual: {w, bias, tmp}; NormMulti: n outputs;
+    int n = 1;                      // NormSwiGLU: {gate, bg, g_tmp}, {up, bu, out}
+    Act resid;                      // Residual: resid += x W^T + b
+  };
+  // Stages run in order, each reading what the ones before wrote (a decode step's o + residual,
+  // norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v). A backend may run them
+  // as one launch; the results are those of the ops one by one.
+  virtual void linear_chain(const ChainStage* st, int n) {
+    for (int i = 0; i < n; ++i) {
+      const ChainStage& c = st[i];
+      switch (c.kind) {
+        case ChainStage::Kind::Residual:
+          linear_residual(c.x, *c.outs[0].w, c.outs[0].bias, c.outs[0].out, c.resid);
+          break;
+        case ChainStage::Kind::NormMulti:
+          rms_norm_linear_multi(c.x, *c.norm, c.eps, c.xn, c.outs, c.n);
+          break;
+        case ChainStage::Kind::NormSwiGLU:
+          rms_norm_linear_swiglu(c.x, *c.norm, c.eps, c.xn, *c.outs[0].w, c.outs[0].bias, *c.outs[1].w,
+                                 c.outs[1].bias, c.outs[0].out, c.outs[1].out);
+          break;
+      }
+    }
+  }
+  // Whether linear_chain runs these stages as one launch.
+  virtual bool chain_is_one_launch(const ChainStage* /*st*/, int /*n*/) const { return false; }
   // Whether rms_norm_*_linear_* with weight w at `rows` rows runs as one fused launch (and
   // linear_residual fuses its add): the decoder then orders a layer as norm+linear, residual-adding
   // linears; otherwise as add_rms_norm + linear (one pass for the add and the next norm).

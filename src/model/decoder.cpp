@@ -191,15 +191,22 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   // output o is added to the residual x by the next norm (add_rms_norm: one pass). Decode steps
   // where the backend folds the norm into the GEMV (fuses_norm_linear): the o and down GEMVs add
   // their output to x in their epilogue and the next GEMV normalizes x in its prologue, two
-  // launches per layer fewer.
+  // launches per layer fewer; and from a layer's o GEMV to the next layer's q/k/v the GEMVs go to
+  // the backend as one chain (linear_chain: one launch where the backend can).
   const bool fused = be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
+  using Stage = Backend::ChainStage;
+  auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* o) {
+    o[0] = {L.wq.get(), L.bq.get(), q};
+    o[1] = {L.wk.get(), L.bk.get(), k};
+    o[2] = {L.wv.get(), L.bv.get(), v};
+  };
   be_.embed(*embed_, ids, x);
   for (int i = 0; i < cfg_.n_layers; ++i) {
     const LayerWeights& L = layers_[i];
-    const Backend::LinearOut qkv[3] = {{L.wq.get(), L.bq.get(), q}, {L.wk.get(), L.bk.get(), k},
-                                       {L.wv.get(), L.bv.get(), v}};
+    Backend::LinearOut qkv[3];
+    qkv_of(L, qkv);
     if (fused) {
-      be_.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);
+      if (i == 0) be_.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);  // later: the previous chain's
     } else {
       if (i == 0) be_.rms_norm(x, *L.attn_norm, eps, xn);
       else be_.add_rms_norm(x, o, *L.attn_norm, eps, xn);
@@ -211,9 +218,20 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     }
     be_.rope_kv_attention(i, q, k, v, att, rope_, attn_, s);
     if (fused) {
-      be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
-      be_.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
-      be_.linear_residual(u, *L.down, L.b_down.get(), o, x);
+      // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
+      Stage ch[4];
+      ch[0].kind = Stage::Kind::Residual, ch[0].x = att, ch[0].outs[0] = {L.wo.get(), L.bo.get(), o}, ch[0].resid = x;
+      ch[1].kind = Stage::Kind::NormSwiGLU, ch[1].x = x, ch[1].norm = L.mlp_norm.get(), ch[1].eps = eps, ch[1].xn = xn;
+      ch[1].outs[0] = {L.gate.get(), L.b_gate.get(), g}, ch[1].outs[1] = {L.up.get(), L.b_up.get(), u};
+      ch[2].kind = Stage::Kind::Residual, ch[2].x = u, ch[2].outs[0] = {L.down.get(), L.b_down.get(), o}, ch[2].resid = x;
+      int n = 3;
+      if (i + 1 < cfg_.n_layers) {
+        const LayerWeights& N = layers_[i + 1];
+        Stage& c = ch[n++];
+        c.kind = Stage::Kind::NormMulti, c.x = x, c.norm = N.attn_norm.get(), c.eps = eps, c.xn = xn, c.n = 3;
+        qkv_of(N, c.outs);
+      }
+      be_.linear_chain(ch, n);
     } else {
       be_.linear(att, *L.wo, L.bo.get(), o);
       be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);

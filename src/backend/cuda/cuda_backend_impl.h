@@ -86,6 +86,8 @@ class CudaBackend : public Backend {
     }
     if (!q4_gemm_fused_) q4_fused_max_rows_ = 0;
     if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SWIGLU"); v && *v) q4_fused_swiglu_ = std::atoi(v) != 0;
+    chain_cnt_ = std::make_unique<CudaBuffer>(size_t(kGemvChainMaxStages + 1) * 4);
+    CUDA_CHECK(cudaMemsetAsync(chain_cnt_->data(), 0, chain_cnt_->bytes(), stream_));
     if (stream_gemv_) {
       qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
       qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
@@ -281,6 +283,8 @@ class CudaBackend : public Backend {
                               const Weight& up, const Weight* bu, Act g_tmp, Act out) override;
   bool fuses_norm_linear(const Weight& w, int64_t rows) const override;
   void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) override;
+  void linear_chain(const ChainStage* st, int n) override;
+  bool chain_is_one_launch(const ChainStage* st, int n) const override { return chain_launch(st, n, false); }
   void linear_swiglu(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp,
                      Act out) override;
   bool linear_swiglu_needs_tmp(const Weight& gate, const Weight& up, int64_t rows, bool bias) const override;
@@ -600,6 +604,15 @@ class CudaBackend : public Backend {
            a.nested_code_host == b.nested_code_host;
   }
   bool gemv_multi_args(Act x, const LinearOut* outs, int n, bool seq, GemvQ4MultiArgs& a) const;
+  // The in-order GEMV's arguments of rms_norm_linear_multi / rms_norm_linear_swiglu /
+  // linear_residual where one lean launch serves them (false: the op's other paths), and of a chain
+  // stage (cuda_linear.cu).
+  bool norm_multi_args(Act x, const Weight& norm_w, float eps, const LinearOut* outs, int n, GemvQ4MultiArgs& a) const;
+  bool norm_swiglu_args(Act x, const Weight& norm_w, float eps, const Weight& gate, const Weight* bg, const Weight& up,
+                        const Weight* bu, Act out, GemvQ4MultiArgs& a) const;
+  bool seq_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4MultiArgs& a) const;
+  bool chain_stage_args(const ChainStage& c, GemvQ4MultiArgs& a, const CudaQ4*& q0) const;
+  bool chain_launch(const ChainStage* st, int n, bool launch) const;  // false: not one launch
   bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out);
   bool gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act out,
                         bool seq, GemvQ4MultiArgs& a) const;
@@ -693,6 +706,7 @@ class CudaBackend : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, attn_cnt_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
+  std::unique_ptr<CudaBuffer> chain_cnt_;  // linear_chain's stage counters (zero between launches)
   std::unique_ptr<CudaBuffer> sample_hist_;  // device copy of the sampling history (grown as needed)
   int64_t sample_vocab_ = -1;  // the vocabulary the sampling workspace is laid out for
   int32_t* host_id_ = nullptr;

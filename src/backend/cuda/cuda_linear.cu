@@ -272,37 +272,95 @@ bool CudaBackend::fuses_norm_linear(const Weight& w, int64_t rows) const {
 
 // q/k/v with the norm of x in the GEMV's prologue (the lean in-order kernel), when it applies;
 // else rms_norm into xn + linear_multi.
-void CudaBackend::rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) {
-  GemvQ4MultiArgs a;
-  if (x.dtype != act_ || !gemv_q4_norm_fusable(x.rows, x.cols) || !gemv_multi_args(x, outs, n, true, a))
-    return Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
+bool CudaBackend::norm_multi_args(Act x, const Weight& norm_w, float eps, const LinearOut* outs, int n,
+                                  GemvQ4MultiArgs& a) const {
+  if (x.dtype != act_ || !gemv_q4_norm_fusable(x.rows, x.cols) || !gemv_multi_args(x, outs, n, true, a)) return false;
   a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
   a.norm_eps = eps;
+  return true;
+}
+
+void CudaBackend::rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) {
+  GemvQ4MultiArgs a;
+  if (!norm_multi_args(x, norm_w, eps, outs, n, a)) return Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
   seq_gemv(a);
+}
+
+bool CudaBackend::norm_swiglu_args(Act x, const Weight& norm_w, float eps, const Weight& gate, const Weight* bg,
+                                   const Weight& up, const Weight* bu, Act out, GemvQ4MultiArgs& a) const {
+  if (x.dtype != act_ || !gemv_q4_norm_fusable(x.rows, x.cols) || !gemv_swiglu_args(x, gate, bg, up, bu, out, true, a))
+    return false;
+  a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
+  a.norm_eps = eps;
+  return true;
 }
 
 void CudaBackend::rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps, Act xn, const Weight& gate,
                                          const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp, Act out) {
   GemvQ4MultiArgs a;
-  if (x.dtype != act_ || !gemv_q4_norm_fusable(x.rows, x.cols) || !gemv_swiglu_args(x, gate, bg, up, bu, out, true, a))
+  if (!norm_swiglu_args(x, norm_w, eps, gate, bg, up, bu, out, a))
     return Backend::rms_norm_linear_swiglu(x, norm_w, eps, xn, gate, bg, up, bu, g_tmp, out);
-  a.norm_w = vec_f32(norm_w, x.cols, "rms_norm weight");
-  a.norm_eps = eps;
   seq_gemv(a);
 }
 
-void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
-  const CudaQ4* qs = seq_q4(w, x.rows);
-  const CudaQ4* q = qs ? qs : stream_q4(w, x.rows, true);
-  if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
+bool CudaBackend::seq_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4MultiArgs& a) const {
+  const CudaQ4* q = seq_q4(w, x.rows);
+  if (!q || resid.dtype != act_) return false;
   check_linear(x, w, resid);
-  GemvQ4MultiArgs a = multi_args(x);
+  a = multi_args(x);
   a.ep = GemvEpilogue::Residual;
   a.w[0] = &q->dev;
   a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
   a.out[0] = resid.data;
-  if (qs) seq_gemv(a);
-  else gemv_q4_multi(a, stream_);
+  return true;
+}
+
+void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
+  GemvQ4MultiArgs a;
+  if (seq_residual_args(x, w, bias, resid, a)) return seq_gemv(a);
+  const CudaQ4* q = stream_q4(w, x.rows, true);
+  if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
+  check_linear(x, w, resid);
+  a = multi_args(x);
+  a.ep = GemvEpilogue::Residual;
+  a.w[0] = &q->dev;
+  a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
+  a.out[0] = resid.data;
+  gemv_q4_multi(a, stream_);
+}
+
+// One stage's in-order GEMV arguments, its weights quantized as the chain's first (q0) ones.
+bool CudaBackend::chain_stage_args(const ChainStage& c, GemvQ4MultiArgs& a, const CudaQ4*& q0) const {
+  bool ok = false;
+  switch (c.kind) {
+    case ChainStage::Kind::Residual: ok = seq_residual_args(c.x, *c.outs[0].w, c.outs[0].bias, c.resid, a); break;
+    case ChainStage::Kind::NormMulti: ok = norm_multi_args(c.x, *c.norm, c.eps, c.outs, c.n, a); break;
+    case ChainStage::Kind::NormSwiGLU:
+      ok = norm_swiglu_args(c.x, *c.norm, c.eps, *c.outs[0].w, c.outs[0].bias, *c.outs[1].w, c.outs[1].bias,
+                            c.outs[1].out, a);
+      break;
+  }
+  if (!ok) return false;
+  const auto* q = dynamic_cast<const CudaQ4*>(c.outs[0].w);
+  if (!q0) q0 = q;
+  const Q4Device &x = q0->dev, &y = q->dev;  // as same_q4_params, cols aside
+  return x.double_quant == y.double_quant && x.log2_blocksize == y.log2_blocksize && x.log2_nested == y.log2_nested &&
+         std::equal(x.code, x.code + 16, y.code) && q0->nested_code_host == q->nested_code_host;
+}
+
+// The stages in one launch of the lean kernel when all of them take it (NF4FLASH_GEMV_CHAIN=0: one
+// launch each, for comparison; no L2 prefetch plan: the chain issues none), else one by one.
+bool CudaBackend::chain_launch(const ChainStage* st, int n, bool launch) const {
+  bool ok = gemv_q4_chain_enabled() && n >= 2 && n <= kGemvChainMaxStages &&
+            L2PrefetchPlan::configured_bytes(props_.l2CacheSize) == 0;
+  GemvQ4MultiArgs a[kGemvChainMaxStages];
+  const CudaQ4* q0 = nullptr;
+  for (int i = 0; ok && i < n; ++i) ok = chain_stage_args(st[i], a[i], q0);
+  return ok && gemv_q4_chain(a, n, static_cast<unsigned*>(chain_cnt_->data()), stream_, launch);
+}
+
+void CudaBackend::linear_chain(const ChainStage* st, int n) {
+  if (!chain_launch(st, n, true)) Backend::linear_chain(st, n);
 }
 
 // Prompt chunks that take dequantize + cuBLAS in row chunks (gemm_q4) need no [T, I] buffer for the
@@ -389,6 +447,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     if (seq_q4(w, rows))
       return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused",
+                 gemv_q4_chain_enabled() && pf_mib <= 0 ? "; a layer's GEMVs from o to the next q/k/v in one launch" : "",
                  pf_mib <= 0 ? std::string()
                  : gemv_q4_seq_cfg()[0] == 'w' ? cat("; captured steps prefetch ", pf_mib, " MiB ahead into L2")
                                                : std::string("; the lean kernel issues no L2 prefetch"),

@@ -519,7 +519,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   //   two GEMVs + silu_mul;  down + residual: 4096x14336 with the add vs GEMV + add
   {
     const int64_t H = 4096, I = 14336, KV = 1024;
-    struct Set { std::unique_ptr<Weight> q, k, v, o, gate, up, down; };
+    using Set = LayerSet;
     const int64_t set_bytes = (2 * H * H + 2 * KV * H + 3 * I * H) / 2;
     const int copies = copies_for(set_bytes / 3);
     std::vector<Set> sets(static_cast<size_t>(copies));
@@ -606,53 +606,10 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
     unsetenv("NF4FLASH_L2_PREFETCH_MB");
     unsetenv("NF4FLASH_GEMV_Q4");
-    // One whole decode layer in the decoder's fused order (norm + q/k/v; rope + cache write +
-    // attention at ctx 512; o + residual; norm + gate/up + SiLU; down + residual), layers rotated
-    // over the copies (one cache layer each): against "decode layer GEMVs", what the layer's
-    // attention costs inside the chain. Variants: the attention in three launches (default), in
-    // one (NF4FLASH_DECODE_FUSED=1), left out (the norm-folded GEMVs alone).
-    {
-      const int nh = 32, nkv = 8, hd = 128, ctx = 512;
-      be->kv_allocate({copies, nkv, hd, ctx + 8, DType::BF16});
-      std::vector<uint16_t> nwh(static_cast<size_t>(H), uint16_t{0});
-      for (auto& v : nwh) v = f32_to_bf16(1.f + 0.1f * nd(g));
-      auto kvb = upload_randn_bf16(*be, size_t(ctx) * nkv * hd, g), inv = upload_rope_freqs(*be, hd, 500000.f);
-      auto pb = be->alloc(4), xnb = be->alloc(size_t(H) * 2), atb = be->alloc(size_t(H) * 2);
-      const int32_t zero = 0, pos = ctx;
-      be->upload(pb->data(), &zero, 4);
-      StepState ss{static_cast<int32_t*>(pb->data())};
-      for (int c = 0; c < copies; ++c) {
-        Act kva = kvb->as_act(DType::BF16, ctx, nkv * hd);
-        be->kv_write(c, kva, kva, ss);
-      }
-      be->upload(pb->data(), &pos, 4);
-      be->sync();
-      auto nw = be->upload_dense(bf16_tensor("norm", 1, H, nwh), DType::BF16);
-      Act xn = xnb->as_act(DType::BF16, 1, H), att = atb->as_act(DType::BF16, 1, H);
-      const RopeParams rp{hd, static_cast<const float*>(inv->data())};
-      const AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
-      auto full = [&](int i, bool attn) {
-        Set& st = sets[size_t(i % copies)];
-        const Backend::LinearOut outs[3] = {{st.q.get(), nullptr, qa}, {st.k.get(), nullptr, ka}, {st.v.get(), nullptr, va}};
-        be->rms_norm_linear_multi(ra, *nw, 1e-5f, xn, outs, 3);
-        if (attn) be->rope_kv_attention(i % copies, qa, ka, va, att, rp, ap, ss);
-        be->linear_residual(att, *st.o, nullptr, oa, ra);
-        be->rms_norm_linear_swiglu(ra, *nw, 1e-5f, xn, *st.gate, nullptr, *st.up, nullptr, ga, ua);
-        be->linear_residual(ua, *st.down, nullptr, oa, ra);
-      };
-      const double kv_bytes = double(ctx) * nkv * hd * 2 * 2;
-      // the attention: 3 launches, 1 (clusters of 8 or plain blocks), left out
-      for (const char* v : {"unfused", "fused", "fused c1", "none"}) {
-        const std::string m = v;
-        setenv("NF4FLASH_DECODE_FUSED", m.rfind("fused", 0) == 0 ? "1" : "0", 1);
-        setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
-        const double sec = time_graph(*be, [&](int i) { full(i, m != "none"); }, o.reps, o.trials);
-        report(cat("decode layer full nf4-dq T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (m != "none" ? kv_bytes : 0.0),
-               {{"ctx", ctx}, {"attention", v}, {"copies", copies}});
-      }
-      unsetenv("NF4FLASH_DECODE_FUSED");
-      unsetenv("NF4FLASH_DECODE_CLUSTER");
-    }
+    // One whole decode layer in the decoder's fused order, attention and chain variants
+    // (kernel_bench_layer.cu)
+    const LayerActs acts{x, qa, ka, va, ga, ua, ra, oa};
+    bench_decode_layer_full(*be, sets, acts, layer_bytes, o.reps, o.trials, g, report);
   }
 
   // ---- dense bf16 decode GEMV, single weights of the Llama-3-8B layer (o, down, gate), T=1, per

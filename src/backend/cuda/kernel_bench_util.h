@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -30,6 +31,19 @@ std::unique_ptr<Buffer> upload_rope_freqs(Backend& be, int hd, float theta);
 std::unique_ptr<Buffer> upload_randn_bf16(Backend& be, size_t n, std::mt19937& g);
 // Random NF4 weights (random code bytes and absmax; double quant with a nested table when dq).
 std::shared_ptr<Quant4Tensor> random_q4(int64_t rows, int64_t cols, bool dq, std::mt19937& g);
+// One decode layer's nf4-dq weights (Llama-3-8B shapes) and the T = 1 activations of its chains.
+struct LayerSet {
+  std::unique_ptr<Weight> q, k, v, o, gate, up, down;
+};
+struct LayerActs {
+  Act x, q, k, v, g, u, resid, tmp;
+};
+using ReportFn = std::function<void(const std::string&, double, double, nlohmann::json)>;
+// One whole decode layer in the decoder's fused order at ctx 512, layers rotated over the sets:
+// the attention in three launches / one / left out, and the GEMVs one launch each or chained
+// (kernel_bench_layer.cu). layer_bytes: the layer's weight and activation bytes.
+void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const LayerActs& a, double layer_bytes,
+                             int reps, int trials, std::mt19937& g, const ReportFn& report);
 // Prefill attention kernels alone (flash / sdpa / eager), Llama-3-8B layer shape.
 nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g);
 

@@ -104,6 +104,17 @@ void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
 // prefetch needs sm_90.
 void gemv_q4_seq(const GemvQ4MultiArgs& a, cudaStream_t st);
 std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
+// Dependent in-order GEMVs (stage s reads what stage s-1 wrote; each stage as gemv_q4_seq takes
+// it, with its norm) in one persistent launch of the lean kernel, when they qualify: 2..
+// kGemvChainMaxStages stages with the same quantization (cols may differ), T and compute dtype.
+// counters: kGemvChainMaxStages + 1 device words, zero (the launch leaves them zero). false:
+// nothing launched (the caller runs the stages one launch each). launch = false: only whether it
+// would.
+constexpr int kGemvChainMaxStages = 4;
+bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStream_t s, bool launch = true);
+// Whether chains run as one launch at all: NF4FLASH_GEMV_CHAIN is not "0" and the in-order GEMV's
+// configuration is one the chain is built for.
+bool gemv_q4_chain_enabled();
 // Whether gemv_q4_seq can fold an rms_norm of its input into its prologue for T tokens of cols
 // columns (the lean kernel with 256-thread blocks, x staged in shared memory).
 bool gemv_q4_norm_fusable(int64_t T, int64_t cols);

@@ -364,6 +364,25 @@ void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
   }
 }
 
+bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStream_t s, bool launch) {
+  if (n < 2 || n > kGemvChainMaxStages || !gemv_q4_seq_enabled() || st[0].act == DType::F32) return false;
+  Q4SeqArgs k[kGemvChainMaxStages] = {};
+  const Q4Device& w0 = *st[0].w[0];
+  for (int i = 0; i < n; ++i) {
+    const GemvQ4MultiArgs& g = st[i];
+    const Q4Device& w = *g.w[0];
+    if (g.act != st[0].act || w.double_quant != w0.double_quant || !std::equal(w.code, w.code + 16, w0.code))
+      return false;
+    fill_multi_args(g, k[i], "gemv_q4_chain");
+    if (g.norm_w) {
+      if (!gemv_q4_norm_fusable(g.T, k[i].cols)) return false;
+      k[i].norm_w = g.norm_w;
+      k[i].norm_eps = g.norm_eps;
+    }
+  }
+  return gemv_q4_lean_chain(k, n, counters, st[0].act == DType::BF16, w0.double_quant, s, launch);
+}
+
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0, int64_t nrows) {
   if (nrows < 0) nrows = w.rows - row0;
   NF4FLASH_CHECK(row0 >= 0 && row0 + nrows <= w.rows, "q4_dequant: rows [", row0, ", ", row0 + nrows,

@@ -14,21 +14,39 @@ namespace nf4flash::cuda {
 namespace {
 constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 
-template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
-void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
+// One launch of the lean kernel over c.nst stages (NS = 1: one GEMV, at most one block per unit;
+// chained stages: every block the GPU holds at once, as the stage counters need them all resident).
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS>
+void launch_lean_cfg(Q4LeanArgs<NS>& c, cudaStream_t st) {
   constexpr int lut = q4_lut_bytes(2);
-  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB>;
+  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB, NS>;
   static const int per_sm = [&] {
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, lut + kLeanXMax));
     int v = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, W * 32, lut + kLeanXMax));
-    return std::max(v, 1);
+    return v;
   }();
-  k.x_stride = seq_x_stride(k.cols);
-  const int smem = lut + k.T * k.x_stride;
-  const int grid = int(std::min<int64_t>(k.units, int64_t(per_sm) * gemv_num_sms()));
-  launch_k(kern, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, k);
+  int xb = 0;
+  for (int s = 0; s < c.nst; ++s) {
+    c.st[s].x_stride = seq_x_stride(c.st[s].cols);
+    xb = std::max(xb, c.st[s].T * c.st[s].x_stride);
+  }
+  const int smem = lut + xb;
+  int64_t grid = int64_t(std::max(per_sm, 1)) * gemv_num_sms();
+  if constexpr (NS == 1) {
+    grid = std::min<int64_t>(c.st[0].units, grid);
+  } else {
+    NF4FLASH_CHECK(per_sm >= 1, "gemv_q4 chain: no block of the kernel fits on a multiprocessor");
+  }
+  launch_k(kern, dim3(unsigned(grid)), dim3(W * 32), size_t(smem), st, c);
   CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
+void launch_lean_cfg(Q4SeqArgs& k, cudaStream_t st) {
+  Q4LeanArgs<1> c;
+  c.st[0] = k;
+  launch_lean_cfg<TA, DQ, FULL, FLAGS, W, U, D, MINB, 1>(c, st);
 }
 
 template <typename TA, bool DQ, int FLAGS, int W, int U, int D, int MINB>
@@ -90,6 +108,39 @@ bool gemv_q4_lean_applies(const Q4SeqArgs& k) {
   if (k.units > (int64_t(1) << 30) || k.KT > (int64_t(1) << 24)) return false;
   for (int s = 0; s < k.nseg; ++s)  // 32-bit row * cols (nested absmax index)
     if (uint64_t(k.seg[s].rows) * uint64_t(k.cols) >= (uint64_t(1) << 32)) return false;
+  return true;
+}
+
+static_assert(kGemvChainMaxStages == kChainMaxStages);
+
+bool gemv_q4_chain_cfg(std::string_view cfg) { return cfg == "h8u4d3"; }
+
+bool gemv_q4_chain_enabled() {
+  const char* env = std::getenv("NF4FLASH_GEMV_CHAIN");  // "0": one launch per stage (comparison)
+  return !(env && std::string_view(env) == "0") && gemv_q4_seq_enabled() && gemv_q4_chain_cfg(gemv_q4_seq_cfg());
+}
+
+bool gemv_q4_lean_chain(Q4SeqArgs* st, int n, unsigned* counters, bool bf16, bool dq, cudaStream_t stream, bool launch) {
+  if (n < 2 || n > kChainMaxStages || !gemv_q4_chain_enabled()) return false;
+  for (int s = 0; s < n; ++s) {
+    const Q4SeqArgs& k = st[s];
+    if (!gemv_q4_lean_applies(k) || k.KT % 32 || k.T != st[0].T || k.log2_blocksize != st[0].log2_blocksize ||
+        k.log2_nested != st[0].log2_nested)
+      return false;
+  }
+  if (!launch) return true;
+  Q4LeanArgs<kChainMaxStages> c;
+  for (int s = 0; s < n; ++s) c.st[s] = st[s];
+  c.nst = n;
+  c.cnt = counters;
+  constexpr int F = kLeanXPred | kLeanHalf;  // h8u4d3
+  if (bf16) {
+    if (dq) launch_lean_cfg<__nv_bfloat16, true, true, F, 8, 4, 3, 2, kChainMaxStages>(c, stream);
+    else launch_lean_cfg<__nv_bfloat16, false, true, F, 8, 4, 3, 2, kChainMaxStages>(c, stream);
+  } else {
+    if (dq) launch_lean_cfg<__half, true, true, F, 8, 4, 3, 2, kChainMaxStages>(c, stream);
+    else launch_lean_cfg<__half, false, true, F, 8, 4, 3, 2, kChainMaxStages>(c, stream);
+  }
   return true;
 }
 

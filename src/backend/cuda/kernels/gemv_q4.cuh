@@ -157,8 +157,10 @@ __device__ __forceinline__ void q4_store_y(void* out, int64_t o, float y, int ou
   if (out_f32) {
     static_cast<float*>(out)[o] = y;
   } else if (residual) {
+    // ld.cg: the residual row may have been written by another block of the same launch (the
+    // lean kernel's chained stages), after this SM's L1 took a copy of its line
     TA* p = static_cast<TA*>(out) + o;
-    *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(y)));
+    *p = from_f32<TA>(to_f32<TA>(__ldcg(p)) + to_f32<TA>(from_f32<TA>(y)));
   } else {
     static_cast<TA*>(out)[o] = from_f32<TA>(y);
   }

@@ -29,11 +29,52 @@
 // Per 512-byte tile the lean loop issues ~88 instructions (ncu, a8u4d3 gate+up) against 154 for
 // gemv_q4_seq: 16 PRMT + 16 LDS for the table, 2 LDS.128 for x, 4 HMMA, the scale (LDS, FMUL,
 // FADD, 2 SHFL, 4 FFMA), the next batch's 3 loads with their offsets, cursor and epilogue shares.
+//
+// Chained stages (NS > 1, the decode chain o -> gate/up -> down -> next layer's q/k/v): one
+// persistent launch runs up to NS dependent GEMVs in order, each stage a Q4SeqArgs of its own (x of
+// stage s is what stage s-1 wrote). The load cursor runs straight on into the next stage's weights
+// (they depend on nothing), so a block's first batches of stage s are in flight while it waits
+// for stage s-1; the compute cursor waits on a device-wide counter (every block adds 1 after its
+// last item of a stage), then stages x from L2 (ld.cg) and folds the norm. All G blocks must be
+// resident at once (the launcher sizes G by the occupancy calculator; a wait that never ends
+// traps instead of hanging). The last block to leave re-zeroes the counters for the next launch.
 #pragma once
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/gemv_q4_seq.cuh"
 
 namespace nf4flash::cuda {
+
+constexpr int kChainMaxStages = 4;
+// The lean kernel's arguments: NS = 1 a single GEMV; NS > 1 up to NS chained stages that share T,
+// the code tables and the absmax block sizes (the host checks) and whose KT are multiples of W*U.
+template <int NS>
+struct Q4LeanArgs {
+  Q4SeqArgs st[NS];
+  int nst = 1;
+  unsigned* cnt = nullptr;  // NS > 1: kChainMaxStages + 1 counters, zero before and after a launch
+};
+
+// The chain's device-wide stage counters: publish this block's stores of stage s / wait until
+// every block of the grid has published stage s (then the block's barrier orders its later loads).
+__device__ __forceinline__ void chain_signal(unsigned* cnt, int s) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(cnt + s, 1u);
+  }
+}
+__device__ __forceinline__ void chain_wait(unsigned* cnt, int s, unsigned G) {
+  if (threadIdx.x == 0) {
+    unsigned v = 0;
+    for (uint32_t spin = 0;; ++spin) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt + s) : "memory");
+      if (v >= G) break;
+      if (spin > (1u << 22)) __trap();  // >= 2 s (an L2 round trip a spin): blocks not all resident
+      __nanosleep(32);
+    }
+  }
+  __syncthreads();
+}
 
 // Variant bits of the lean kernel (configuration letters in ops_gemv_lean.cu).
 enum LeanFlags : int {
@@ -46,9 +87,11 @@ enum LeanFlags : int {
   kLeanAlu4 = 32,  // gemv_q4.cuh); Alu4: all four
 };
 
-template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB>
-__global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4SeqArgs a) {
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS = 1>
+__global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4LeanArgs<NS> c) {
+  constexpr bool CHAIN = NS > 1;
   constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred;
+  static_assert(!CHAIN || (!ASYNC && FULL), "chained stages: barrier reduction, whole batches");
   constexpr bool HALF = FLAGS & kLeanHalf;
   constexpr int NALU = (FLAGS & kLeanAlu4) ? 4 : (FLAGS / kLeanAlu1) & 3;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
@@ -64,38 +107,59 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, r = lane & 15;
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t lane_b = 4u * lane;
-  const int KT = int(a.KT), units = int(a.units), G = gridDim.x;
+  const int G = gridDim.x;
   constexpr int WU = W * U;
-  const int NB = (KT + WU - 1) / WU;  // batches per item
-  const uint32_t cols = uint32_t(a.cols);
-  const int nsh = a.log2_blocksize + a.log2_nested;
+  // stage s's arguments (NS = 1: the one GEMV); T, the code tables and nsh are stage 0's
+  auto A = [&](int s) -> const Q4SeqArgs& { return c.st[CHAIN ? s : 0]; };
+  const Q4SeqArgs& a0 = c.st[0];
+  const int nsh = a0.log2_blocksize + a0.log2_nested;
 
-  // load cursor: (unit, sub, batch) and the running offsets of the item it is in
-  int lu = blockIdx.x, lsub = 0, lb = 0;
+  // load cursor: (stage, unit, sub, batch), its stage's sizes, and the running offsets of the item
+  int ls = 0, lu = blockIdx.x, lsub = 0, lb = 0;
+  // the sizes of stage s: stage 0's in registers; CHAIN: read from the parameters where used
+  // (registers held per stage spilled in the inner loop)
+  const int KT0 = int(a0.KT), NB0 = (KT0 + WU - 1) / WU, units0 = int(a0.units);  // NB: batches per item
+  auto KT_of = [&](int s) { return CHAIN ? int(A(s).KT) : KT0; };
+  auto NB_of = [&](int s) { return CHAIN ? int(A(s).KT) / WU : NB0; };
+  auto units_of = [&](int s) { return CHAIN ? int(A(s).units) : units0; };
   const uint4* lw = nullptr;  // this lane's 16 bytes of the warp's first tile of the batch
   const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
   const float* lnest = nullptr;
   uint32_t lo = 0;  // DQ: row * cols + 64 * kt of the batch's first tile
-  auto item_of = [&](int u, int sub, int& rt) { return q4_seq_segment(a, u, sub, rt); };
+  auto lvalid = [&]() { return CHAIN ? ls < c.nst : lu < units0; };
+  // CHAIN: move the cursor on to the first stage (from ls) that gives this block a unit
+  auto lsettle = [&]() {
+    if constexpr (CHAIN) {
+      while (ls < c.nst && lu >= units_of(ls)) {
+        if (++ls == c.nst) break;
+        lu = blockIdx.x;
+      }
+    }
+  };
   auto start_item = [&]() {
     int rt;
-    const Q4StreamSeg& sg = a.seg[item_of(lu, lsub, rt)];
-    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT) + uint32_t(warp);
+    const Q4SeqArgs& a = A(ls);
+    const Q4StreamSeg& sg = a.seg[q4_seq_segment(a, lu, lsub, rt)];
+    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT_of(ls)) + uint32_t(warp);
     lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
     la = static_cast<const uint8_t*>(sg.absmax) + (size_t(tile0) * 16 + r) * (DQ ? 1 : 4);
     lnest = sg.nested_absmax;
     int row = rt * 16 + r;
     row = row < int(sg.rows) ? row : int(sg.rows) - 1;
-    lo = uint32_t(row) * cols + 64u * uint32_t(warp);
+    lo = uint32_t(row) * uint32_t(a.cols) + 64u * uint32_t(warp);
   };
   auto advance_load = [&]() {
-    if (++lb == NB) {
+    if constexpr (CHAIN) {
+      if (!lvalid()) return;
+    }
+    if (++lb == NB_of(ls)) {
       lb = 0;
-      if (++lsub == a.nsub) {
+      if (++lsub == A(ls).nsub) {
         lsub = 0;
         lu += G;
+        lsettle();
       }
-      if (lu < units) start_item();
+      if (lvalid()) start_item();
     } else {
       lw += WU * 32;
       la += WU * 16 * (DQ ? 1 : 4);
@@ -110,14 +174,14 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
 #pragma unroll
     for (int uu = 0; uu < U; ++uu) {
       bool ok = true;
-      if constexpr (!FULL) ok = lb * WU + uu * W + warp < KT;
+      if constexpr (!FULL) ok = lb * WU + uu * W + warp < KT0;
       wq[uu] = ok ? ld_stream_u4(lw + uu * W * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int p = 0; p < US; ++p) {
       const int tu = HALF ? 2 * p : p;  // + hsel: the lane's tile
       bool ok = true;
-      if constexpr (!FULL) ok = lb * WU + (tu + hsel) * W + warp < KT;
+      if constexpr (!FULL) ok = lb * WU + (tu + hsel) * W + warp < KT0;
       if (ok) {
         const uint8_t* ap = la + h_abs;
         if constexpr (DQ) {
@@ -133,7 +197,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   };
 
   pdl_trigger();
-  if (int(blockIdx.x) >= units) return;
+  if constexpr (!CHAIN) {
+    if (int(blockIdx.x) >= units0) return;
+  }
   // Loads of what no previous kernel writes and the prologue waits for go out first, before the
   // weight stream they would otherwise queue behind (ncu, p8u4d3 q/k/v at T=1: the nested code
   // table's load was 16% of the launch's stall samples, the norm weights' another 6%): the nested
@@ -143,23 +209,24 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   if constexpr (DQ) {
 #pragma unroll
     for (int j = 0; j < NCT; ++j)
-      if (tid + j * W * 32 < 256) ncode[j] = __ldg(a.nested_code + tid + j * W * 32);
+      if (tid + j * W * 32 < 256) ncode[j] = __ldg(a0.nested_code + tid + j * W * 32);
   }
-  if (a.norm_w) {
-    for (int i = tid; i < int(cols) / 32; i += W * 32)  // 128-byte lines of the f32 weights
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(a.norm_w + 32 * i));
+  if (a0.norm_w) {
+    for (int i = tid; i < int(a0.cols) / 32; i += W * 32)  // 128-byte lines of the f32 weights
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(a0.norm_w + 32 * i));
   }
   uint4 wb[D][U];
   float2 sb[D][US];
-  start_item();
+  lsettle();
+  if (lvalid()) start_item();
   // the first D-1 batches' weights (they may overlap the previous kernel, PDL), then the tables
   // while they are in flight, then x (written by the previous kernel)
 #pragma unroll
   for (int d = 0; d < D - 1; ++d) {
-    if (lu < units) load(wb[d], sb[d]);
+    if (lvalid()) load(wb[d], sb[d]);
     advance_load();
   }
-  if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
+  if (tid < 16) s_bits[tid] = bits16<TA>(a0.code[tid]);
   if (tid < 2) {
     s_cnt[tid] = 0;
     s_ready[tid] = 0;
@@ -182,15 +249,18 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   }
   pdl_wait();
   uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + q4_lut_bytes(2);
-  q4_seq_stage_x<TA>(a, xs);
-  __syncthreads();
-  if (a.norm_w) {
+  // x of a stage into shared memory (CG: written by this launch's earlier stage), then, with
+  // norm_w, x = rms_norm(x) * norm_w per token in place: rms_norm_vec_kernel's arithmetic in its
+  // order (256 threads, thread i sums 16-byte chunks i, i + 256, ... with fmaf, warp butterfly, the
+  // 8 warp sums in order), so the result is bit for bit the unfused norm's
+  auto prepare_x = [&](const Q4SeqArgs& a, bool cg) {
+    if (cg) q4_seq_stage_x<TA, true>(a, xs);
+    else q4_seq_stage_x<TA>(a, xs);
+    __syncthreads();
+    if (!a.norm_w) return;
     if constexpr (W != 8) __trap();  // the host fuses the norm only into 256-thread configurations
-    // x = rms_norm(x) * norm_w per token, in place: rms_norm_vec_kernel's arithmetic in its order
-    // (256 threads, thread i sums 16-byte chunks i, i + 256, ... with fmaf, warp butterfly, the
-    // 8 warp sums in order), so the result is bit for bit the unfused norm's
     constexpr int E = 16 / sizeof(TA);
-    const int nvec = int(cols) / E;
+    const int nvec = int(a.cols) / E;
     for (int n = 0; n < a.T; ++n) {
       float ss = 0.f;
       for (int c = tid; c < nvec; c += 256) {
@@ -207,7 +277,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       float tot = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) tot += s_part[n][i];
-      const float inv = rsqrtf(tot / float(cols) + a.norm_eps);
+      const float inv = rsqrtf(tot / float(a.cols) + a.norm_eps);
       for (int c = tid; c < nvec; c += 256) {
         TA* p = reinterpret_cast<TA*>(xs + n * a.x_stride) + c * E;
         float f[E], o[E];
@@ -222,26 +292,43 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       }
     }
     __syncthreads();
-  }
+  };
   // this lane's x: token min(g, T-1), columns 64 kt + 16 t .. +15 (lanes g >= T compute columns
   // that are never stored). XPRED: only lanes g < T load (1-2 shared wavefronts per 16-byte load
   // instead of 4; ncu on l8u4d3: ~9 of 29 wavefronts per tile were x); the others keep the last
   // (finite) values, which only reach the never-stored columns. One fragment pair for all tiles.
-  const uint8_t* xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
-  const bool x_load = !XPRED || g < a.T;
+  const uint8_t* xs_l = xs;
+  const bool x_load = !XPRED || g < a0.T;
   uint4 xa = make_uint4(0, 0, 0, 0), xb = make_uint4(0, 0, 0, 0);
 
-  // compute cursor
-  int cu = blockIdx.x, csub = 0, cb = 0, crt = 0;
-  int ck = item_of(cu, 0, crt);
-  float offset = a.seg[ck].offset;
+  // compute cursor: (stage, unit, sub, batch), the item's segment and row tile
+  int cs = 0, cu = blockIdx.x, csub = 0, cb = 0, crt = 0, ck = 0;
+  float offset = 0.f;
+  // start stage cs (CHAIN: the first from cs that gives this block a unit, counting itself done
+  // with the ones skipped; false when none is left): wait for the previous stage, stage x
+  auto enter_stage = [&]() -> bool {
+    if constexpr (CHAIN) {
+      while (cs < c.nst && int(blockIdx.x) >= int(A(cs).units)) chain_signal(c.cnt, cs++);
+      if (cs == c.nst) return false;
+      if (cs > 0) chain_wait(c.cnt, cs - 1, unsigned(G));
+    }
+    const Q4SeqArgs& a = A(cs);
+    prepare_x(a, CHAIN && cs > 0);
+    xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
+    cu = blockIdx.x, csub = 0, cb = 0;
+    ck = q4_seq_segment(a, cu, 0, crt);
+    offset = a.seg[ck].offset;
+    return true;
+  };
+  bool more = enter_stage();
   int item = 0;  // items finished by this block (ASYNC: buffer item & 1, its use item >> 1)
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 
   auto finish_item = [&]() {
     if constexpr (!ASYNC) {
-      seq_item_epilogue<TA, W>(a, red[0], gate_v, acc, ck, crt, csub);
+      seq_item_epilogue<TA, W>(A(cs), red[0], gate_v, acc, ck, crt, csub);
     } else {
+      const Q4SeqArgs& a = a0;
       const int buf = item & 1, use = item >> 1;
       // the buffer's previous use must have been summed (its last warp frees it)
       while (*reinterpret_cast<volatile int*>(&s_ready[buf]) < use) {
@@ -289,18 +376,18 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     ++item;
   };
 
-  for (bool more = true; more;) {
+  while (more) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
       // keep D-1 batches in flight: load into the slot the previous step consumed
-      if (lu < units) load(wb[(d + D - 1) % D], sb[(d + D - 1) % D]);
+      if (lvalid()) load(wb[(d + D - 1) % D], sb[(d + D - 1) % D]);
       advance_load();
       const uint8_t* xb_addr = xs_l + cb * (WU * 128);
       float sv_pair = 0.f;  // HALF
 #pragma unroll
       for (int uu = 0; uu < U; ++uu) {
         bool ok = true;
-        if constexpr (!FULL) ok = cb * WU + uu * W + warp < KT;
+        if constexpr (!FULL) ok = cb * WU + uu * W + warp < int(a0.KT);
         if (ok) {  // warp-uniform
           if (x_load) {
             const uint4* xp = reinterpret_cast<const uint4*>(xb_addr + uu * W * 128);
@@ -319,21 +406,38 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
           }
         }
       }
-      if (++cb == NB) {
+      if (++cb == NB_of(cs)) {
         finish_item();
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[i] = 0.f;
         cb = 0;
-        if (++csub == a.nsub) {
+        if (++csub == A(cs).nsub) {
           csub = 0;
           cu += G;
         }
-        if (cu >= units) {  // block-uniform
-          more = false;
-          break;
+        if (cu >= units_of(cs)) {  // block-uniform: this block's share of the stage is done
+          if constexpr (CHAIN) {
+            chain_signal(c.cnt, cs++);
+            more = enter_stage();
+          } else {
+            more = false;
+          }
+          if (!more) break;
+        } else {
+          ck = q4_seq_segment(A(cs), cu, csub, crt);
+          offset = A(cs).seg[ck].offset;
         }
-        ck = item_of(cu, csub, crt);
-        offset = a.seg[ck].offset;
+      }
+    }
+  }
+  if constexpr (CHAIN) {
+    // when the last block counts itself out, every block is past every wait: it re-zeroes the
+    // counters for the next launch
+    if (tid == 0) {
+      __threadfence();
+      if (atomicAdd(c.cnt + kChainMaxStages, 1u) == unsigned(G) - 1) {
+        __threadfence();
+        for (int i = 0; i <= kChainMaxStages; ++i) atomicExch(c.cnt + i, 0u);
       }
     }
   }

@@ -65,13 +65,15 @@ __device__ __forceinline__ int q4_seq_segment(const Q4SeqArgs& a, I u, int sub, 
 }
 
 // x [T][cols] staged into shared memory rows of a.x_stride bytes (16-byte copies, all threads).
-template <typename TA>
+// CG: x was written by other blocks of this launch (the lean kernel's chained stages): loads from
+// L2 (ld.cg), not through the read-only/L1 path, which may hold lines from before those writes.
+template <typename TA, bool CG = false>
 __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) {
   const int n16 = int(a.cols / 8);
   for (int i = threadIdx.x; i < a.T * n16; i += blockDim.x) {
     const int n = i / n16, c = i - n * n16;
-    *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) =
-        __ldg(reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + int64_t(n) * a.cols) + c);
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + int64_t(n) * a.cols) + c;
+    *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) = CG ? __ldcg(p) : __ldg(p);
   }
 }
 
@@ -170,6 +172,14 @@ constexpr const char* kSeqCfgNames =
 bool gemv_q4_lean_applies(const Q4SeqArgs& k);
 bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st);
 int gemv_q4_lean_warps(std::string_view cfg);  // warps per block of a lean configuration, 0: not one
+// The lean kernel over n chained stages in one launch (gemv_q4_lean.cuh, "Chained stages"): the
+// configured lean configuration must be one the chain is built for (gemv_q4_chain_cfg: h8u4d3), and
+// every stage must fit (x in shared memory, KT a multiple of 32, equal T and block sizes); false
+// when not (nothing launched). counters: kGemvChainMaxStages + 1 zeroed, left zeroed. launch =
+// false: only whether it would.
+bool gemv_q4_chain_cfg(std::string_view cfg);
+bool gemv_q4_lean_chain(Q4SeqArgs* st, int n, unsigned* counters, bool bf16, bool dq, cudaStream_t stream,
+                        bool launch);
 int gemv_num_sms();  // the current device's multiprocessors (cached)
 
 // XS: x staged in shared memory (a.x_stride > 0), else read from global. W warps, U tiles per warp
