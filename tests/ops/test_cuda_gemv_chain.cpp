@@ -1,6 +1,7 @@
 // linear_chain on the CUDA backend: a decode layer's dependent GEMVs (o + residual, norm + gate/up +
 // SiLU, down + residual, the next layer's norm + q/k/v) in one persistent launch of the lean
-// kernel, against the same stages one launch each (NF4FLASH_GEMV_CHAIN=0) bit for bit and against
+// kernel (opt-in: NF4FLASH_GEMV_CHAIN=1), against the same stages one launch each (the default)
+// bit for bit and against
 // the CPU backend's ops. Shapes: stages with fewer row tiles than blocks (blocks that sit a stage
 // out), K and V of row counts that are not multiples of 16, 1 and 3 tokens, NF4 double quant and
 // FP4 plain absmax, bias, bf16 and f16; eager twice and graph replays (the stage counters reset
@@ -89,17 +90,16 @@ void run_chain(const ChainCase& c) {
   Side cs(*b.cpu, c, true, o, gt, up, dn, wq, wk, wv, *n1c, *n2c), gs(*b.gpu, c, false, o, gt, up, dn, wq, wk, wv, *n1g, *n2g);
   const auto X = rounded(randn(size_t(c.T * c.H), 2.f), c.dt), ATT = rounded(randn(size_t(c.T * c.H)), c.dt);
 
-  EXPECT_EQ(b.gpu->chain_is_one_launch(gs.st, 4), c.one_launch);
-  EXPECT_EQ(b.gpu->chain_is_one_launch(gs.st, 3), c.one_launch);
   cs.set(X, ATT);
   b.cpu->linear_chain(cs.st, 4);
   const auto ref = cs.outputs();
-  setenv("NF4FLASH_GEMV_CHAIN", "0", 1);  // one launch per stage
-  EXPECT_FALSE(b.gpu->chain_is_one_launch(gs.st, 4));
+  EXPECT_FALSE(b.gpu->chain_is_one_launch(gs.st, 4));  // the default: one launch per stage
   gs.set(X, ATT);
   b.gpu->linear_chain(gs.st, 4);
   const auto sep = gs.outputs();
-  unsetenv("NF4FLASH_GEMV_CHAIN");
+  setenv("NF4FLASH_GEMV_CHAIN", "1", 1);
+  EXPECT_EQ(b.gpu->chain_is_one_launch(gs.st, 4), c.one_launch);
+  EXPECT_EQ(b.gpu->chain_is_one_launch(gs.st, 3), c.one_launch);
   const char* names[] = {"x (residual)", "silu(gate) * up", "q", "k", "v"};
   for (size_t i = 0; i < ref.size(); ++i) EXPECT_LT(rel_err(sep[i], ref[i]), 1.5e-2) << names[i];
   for (int rep = 0; rep < 2; ++rep) {
@@ -121,6 +121,7 @@ void run_chain(const ChainCase& c) {
     const auto got = gs.outputs();
     for (size_t i = 0; i < ref.size(); ++i) EXPECT_EQ(got[i], sep[i]) << names[i] << ", replay " << rep;
   }
+  unsetenv("NF4FLASH_GEMV_CHAIN");
 }
 
 TEST(CudaGemvChain, MatchesStagesOneByOne) {
@@ -132,7 +133,7 @@ TEST(CudaGemvChain, MatchesStagesOneByOne) {
 }
 
 // The chain serves the default configuration only: another lean configuration runs the stages one
-// launch each (same results, checked above by the NF4FLASH_GEMV_CHAIN=0 comparison).
+// launch each also with NF4FLASH_GEMV_CHAIN=1 (same results, checked as above).
 TEST(CudaGemvChain, OtherConfigurationRunsStagesOneByOne) {
   NF4FLASH_REQUIRE_CUDA();
   setenv("NF4FLASH_GEMV_SEQ_CFG", "p8u4d3", 1);
@@ -142,7 +143,7 @@ TEST(CudaGemvChain, OtherConfigurationRunsStagesOneByOne) {
 
 // The decoder's chains end to end: the llama3.2-1b preset (synthetic weights, hidden 2048,
 // intermediate 8192: every chain qualifies) in NF4 double quant generates the same greedy tokens
-// with the chains as with one launch per GEMV (NF4FLASH_GEMV_CHAIN=0), and with graphs as without.
+// with the chains (NF4FLASH_GEMV_CHAIN=1) as with one launch per GEMV, and with graphs as without.
 TEST(CudaGemvChain, DecoderGreedyTokensUnchanged) {
   NF4FLASH_REQUIRE_CUDA();
   LoadOptions o;
@@ -157,16 +158,16 @@ TEST(CudaGemvChain, DecoderGreedyTokensUnchanged) {
   go.reuse_cache = false;  // each generate prefills the prompt afresh
   const std::vector<int32_t> prompt = {128000, 791, 6864, 315, 9822, 374, 12366, 13};
   o.graphs = false;
+  setenv("NF4FLASH_GEMV_CHAIN", "1", 1);
   auto eager = Engine::load_preset("llama3.2-1b", o);
   EXPECT_NE(eager->report().linear_decode.find("in one launch"), std::string::npos) << eager->report().linear_decode;
   const auto chained = eager->generate(prompt, go).tokens;
-  setenv("NF4FLASH_GEMV_CHAIN", "0", 1);
-  const auto separate = eager->generate(prompt, go).tokens;
-  unsetenv("NF4FLASH_GEMV_CHAIN");
-  EXPECT_EQ(chained, separate);
   o.graphs = true;
   auto graphed = Engine::load_preset("llama3.2-1b", o);
   EXPECT_EQ(graphed->generate(prompt, go).tokens, chained);
+  unsetenv("NF4FLASH_GEMV_CHAIN");
+  const auto separate = eager->generate(prompt, go).tokens;
+  EXPECT_EQ(chained, separate);
 }
 
 }  // namespace

@@ -348,8 +348,8 @@ bool CudaBackend::chain_stage_args(const ChainStage& c, GemvQ4MultiArgs& a, cons
          std::equal(x.code, x.code + 16, y.code) && q0->nested_code_host == q->nested_code_host;
 }
 
-// The stages in one launch of the lean kernel when all of them take it (NF4FLASH_GEMV_CHAIN=0: one
-// launch each, for comparison; no L2 prefetch plan: the chain issues none), else one by one.
+// The stages in one launch of the lean kernel when all of them take it and NF4FLASH_GEMV_CHAIN=1
+// (opt-in; no L2 prefetch plan: the chain issues none), else one by one.
 bool CudaBackend::chain_launch(const ChainStage* st, int n, bool launch) const {
   bool ok = gemv_q4_chain_enabled() && n >= 2 && n <= kGemvChainMaxStages &&
             L2PrefetchPlan::configured_bytes(props_.l2CacheSize) == 0;

@@ -2,7 +2,8 @@
 // q/k/v; rope + cache write + attention at ctx 512; o + residual; norm + gate/up + SiLU; down +
 // residual), layers rotated over the weight sets (one cache layer each). Against "decode layer
 // GEMVs" (kernel_bench.cu), what the layer's attention costs inside the chain of launches, and what
-// running the GEMVs from o to the next layer's q/k/v as one launch (linear_chain) gives.
+// running the GEMVs from o to the next layer's q/k/v as one launch (linear_chain,
+// NF4FLASH_GEMV_CHAIN=1) gives.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -68,6 +69,7 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
   };
   const double kv_bytes = double(ctx) * nkv * hd * 2 * 2;
   bool one_launch = false;  // whether this configuration chains the layer's GEMVs (else no chain rows)
+  setenv("NF4FLASH_GEMV_CHAIN", "1", 1);
   {
     Backend::ChainStage ch[2];
     ch[0].kind = Backend::ChainStage::Kind::Residual, ch[0].x = att, ch[0].resid = a.resid;
@@ -83,12 +85,14 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
       std::printf("decode layer full ... %s: skipped (the chain does not run as one launch here)\n", v);
       continue;
     }
+    setenv("NF4FLASH_GEMV_CHAIN", chain ? "1" : "0", 1);
     setenv("NF4FLASH_DECODE_FUSED", m.rfind("fused", 0) == 0 ? "1" : "0", 1);
     setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
     const double sec = time_graph(be, [&](int i) { full(i, attn, chain); }, reps, trials);
     report(cat("decode layer full nf4-dq T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (attn ? kv_bytes : 0.0),
            {{"ctx", ctx}, {"attention", v}, {"copies", copies}, {"chain", chain}});
   }
+  unsetenv("NF4FLASH_GEMV_CHAIN");
   unsetenv("NF4FLASH_DECODE_FUSED");
   unsetenv("NF4FLASH_DECODE_CLUSTER");
 }

@@ -112,8 +112,9 @@ std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_
 // would.
 constexpr int kGemvChainMaxStages = 4;
 bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStream_t s, bool launch = true);
-// Whether chains run as one launch at all: NF4FLASH_GEMV_CHAIN is not "0" and the in-order GEMV's
-// configuration is one the chain is built for.
+// Whether chains run as one launch at all: NF4FLASH_GEMV_CHAIN=1 (opt-in: measured slower than
+// one launch per stage on the H200) and the in-order GEMV's configuration is one the chain is
+// built for.
 bool gemv_q4_chain_enabled();
 // Whether gemv_q4_seq can fold an rms_norm of its input into its prologue for T tokens of cols
 // columns (the lean kernel with 256-thread blocks, x staged in shared memory).

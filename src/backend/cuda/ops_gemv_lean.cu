@@ -116,8 +116,9 @@ static_assert(kGemvChainMaxStages == kChainMaxStages);
 bool gemv_q4_chain_cfg(std::string_view cfg) { return cfg == "h8u4d3"; }
 
 bool gemv_q4_chain_enabled() {
-  const char* env = std::getenv("NF4FLASH_GEMV_CHAIN");  // "0": one launch per stage (comparison)
-  return !(env && std::string_view(env) == "0") && gemv_q4_seq_enabled() && gemv_q4_chain_cfg(gemv_q4_seq_cfg());
+  // opt-in, "1" (H200, thirteenth session: slower than one launch per stage, docs/performance.md)
+  const char* env = std::getenv("NF4FLASH_GEMV_CHAIN");
+  return env && std::string_view(env) == "1" && gemv_q4_seq_enabled() && gemv_q4_chain_cfg(gemv_q4_seq_cfg());
 }
 
 bool gemv_q4_lean_chain(Q4SeqArgs* st, int n, unsigned* counters, bool bf16, bool dq, cudaStream_t stream, bool launch) {
