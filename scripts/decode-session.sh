@@ -3,7 +3,7 @@
 # the GEMV kernel-bench rows (4-bit lean configurations, dense single-weight kernels), decode
 # rows and decode attention rows, decode @512/@32768 with the defaults and each DECODE_AB setting
 # ("label:ENV=VAL"), @512 per lean configuration in LEAN_CFGS, bf16 decode per dense kernel in
-# DENSE_STREAMS, peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE), with SASS=1 the
+# DENSE_STREAMS and per BF16_AB setting ("label:ENV=VAL,..."; "label:" = defaults), peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE), with SASS=1 the
 # lean GEMV's SASS and, with PROFILE=1, the ncu step tables of the NF4 and bf16 models. Each result is packed into
 # $OUT/all.tgz as it lands (only 8 files come back one by one, and a timed-out call keeps what was
 # packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash> scripts/decode-session.sh
@@ -42,6 +42,11 @@ for v in ${DENSE_STREAMS:-0 4}; do  # dense single-weight decode GEMV: 0 = vec k
   NF4FLASH_DENSE_STREAM=$v $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
     --json $OUT/decode-bf16-ds$v.json > $OUT/decode-bf16-ds$v.txt 2>&1
   echo "bf16 NF4FLASH_DENSE_STREAM=$v: $(grep -E 'decode tg' $OUT/decode-bf16-ds$v.txt | tail -1)"; done; pack
+for s in ${BF16_AB:-}; do  # bf16-weight decode @512 per "label:ENV=VAL,ENV=VAL" setting (empty list: defaults)
+  l=${s%%:*}; IFS=',' read -ra kv <<<"${s#*:}"
+  env "${kv[@]}" $B bench --preset llama3-8b --device cuda --quant none --attn flash -p 16 -n 128 --ctx 512 -r 3 \
+    --json $OUT/decode-bf16-$l.json > $OUT/decode-bf16-$l.txt 2>&1
+  echo "bf16 $l (${s#*:}): $(grep -E 'decode tg' $OUT/decode-bf16-$l.txt | tail -1)"; done; pack
 if [ "${PROFILE:-0}" = 1 ]; then
   PROFILE_TIMES=1 timeout 60 bash scripts/profile-decode.sh $B
   python3 scripts/ncu-step-table.py $OUT/ncu-times.csv --steps 2 > $OUT/ncu-step.txt 2>&1; head -14 $OUT/ncu-step.txt; pack

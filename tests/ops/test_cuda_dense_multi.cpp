@@ -4,7 +4,9 @@
 // give on the GPU (NF4FLASH_DENSE_MULTI=0), and so must the single-weight stream kernel
 // (NF4FLASH_DENSE_STREAM=4|8) and the vec kernel (=0), and stay close to the CPU backend. Odd row counts, K
 // not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values), 1..8 tokens, bias on some
-// weights, bf16 and f16 weights.
+// weights, bf16 and f16 weights. The decode step's fused forms over dense weights: the norm folded
+// into the multi-weight GEMV (rms_norm_linear_multi / rms_norm_linear_swiglu) and the residual add
+// in the single-weight kernels (linear_residual), bit for bit the unfused ops.
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
 
@@ -190,6 +192,90 @@ TEST(CudaDenseMulti, LinearSwiGLU) {
     run_dense_swiglu(dt, 1000, 520, 3, true);
     run_dense_swiglu(dt, 40, 128, 8, false);
   }
+}
+
+// rms_norm_linear_multi / rms_norm_linear_swiglu over dense weights: x staged in shared memory and
+// normalized by the GEMV (when fuses_norm_linear says so), bit for bit rms_norm + linear_multi /
+// linear_swiglu on the GPU and close to the CPU; where x does not fit (T = 8, K = 4096) the
+// unfused ops run and give the same numbers.
+void run_dense_norm(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t I, int64_t T, bool fused) {
+  SCOPED_TRACE(cat("dense norm+linear K=", K, " T=", T, " ", dtype_name(dt)));
+  Backends b(dt);
+  std::vector<DW> ws;
+  for (size_t i = 0; i < N.size(); ++i) ws.push_back(make_dense(b, dt, N[i], K, i == 0));
+  DW g = make_dense(b, dt, I, K, false), u = make_dense(b, dt, I, K, true);
+  auto X = rounded(randn(size_t(T * K), 3.f), dt);
+  const auto Wn = randn(size_t(K), 1.f);
+  auto nc = b.cpu->upload_dense(f32_tensor(Wn, {K}), DType::F32);
+  auto ng = b.gpu->upload_dense(f32_tensor(Wn, {K}), dt);
+  DevAct xc(*b.cpu, T, K), xg(*b.gpu, T, K), xnc(*b.cpu, T, K), xng(*b.gpu, T, K);
+  xc.set(X);
+  xg.set(X);
+  EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), fused);
+  const float eps = 1e-5f;
+  std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
+  auto outs = [&](Backend& be, std::vector<std::unique_ptr<DevAct>>& ys, bool cpu) {
+    std::vector<Backend::LinearOut> o;
+    for (auto& w : ws) {
+      ys.push_back(std::make_unique<DevAct>(be, T, w.N));
+      ys.back()->poison();
+      o.push_back({cpu ? w.cpu.get() : w.gpu.get(), cpu ? w.bcpu.get() : w.bgpu.get(), ys.back()->act});
+    }
+    return o;
+  };
+  auto of = outs(*b.gpu, yf, false), ou = outs(*b.gpu, yu, false), oc = outs(*b.cpu, yc, true);
+  b.gpu->rms_norm_linear_multi(xg.act, *ng, eps, xng.act, of.data(), int(of.size()));
+  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
+  b.gpu->linear_multi(xng.act, ou.data(), int(ou.size()));
+  b.cpu->rms_norm_linear_multi(xc.act, *nc, eps, xnc.act, oc.data(), int(oc.size()));
+  for (size_t i = 0; i < ws.size(); ++i) {
+    EXPECT_EQ(yf[i]->get(), yu[i]->get()) << "rms_norm_linear_multi segment " << i;
+    EXPECT_LT(rel_err(yf[i]->get(), yc[i]->get()), 5e-3) << "segment " << i;
+  }
+  DevAct gtc(*b.cpu, T, I), gtg(*b.gpu, T, I), o2c(*b.cpu, T, I), o2f(*b.gpu, T, I), o2u(*b.gpu, T, I);
+  o2f.poison();
+  b.gpu->rms_norm_linear_swiglu(xg.act, *ng, eps, xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, o2f.act);
+  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
+  b.gpu->linear_swiglu(xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, o2u.act);
+  b.cpu->rms_norm_linear_swiglu(xc.act, *nc, eps, xnc.act, *g.cpu, nullptr, *u.cpu, u.bcpu.get(), gtc.act, o2c.act);
+  EXPECT_EQ(o2f.get(), o2u.get()) << "rms_norm_linear_swiglu";
+  EXPECT_LT(rel_err(o2f.get(), o2c.get()), 1e-2) << "rms_norm_linear_swiglu";
+}
+
+TEST(CudaDenseMulti, NormFolded) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16}) {
+    run_dense_norm(dt, 4096, {1024, 256, 256}, 1792, 1, true);
+    run_dense_norm(dt, 1000, {77, 5, 300}, 520, 3, true);
+    run_dense_norm(dt, 4096, {64}, 40, 8, false);  // x of 8 tokens does not fit: the unfused ops
+  }
+  setenv("NF4FLASH_FUSE_NORM", "0", 1);  // the comparison switch: the unfused order
+  run_dense_norm(DType::BF16, 1024, {64, 32}, 96, 1, false);
+  unsetenv("NF4FLASH_FUSE_NORM");
+}
+
+// linear_residual over a dense weight: the residual add in the GEMV's store, bit for bit linear +
+// add on the GPU (vec kernel: K = 4096; row-split kernel: K = 8200), bias or not, 1 and 3 tokens.
+TEST(CudaDenseMulti, LinearResidual) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int64_t K : {4096, 8200})
+      for (int64_t T : {1, 3}) {
+        SCOPED_TRACE(cat("dense linear_residual K=", K, " T=", T, " ", dtype_name(dt)));
+        Backends b(dt);
+        const int64_t N = 1000;
+        DW w = make_dense(b, dt, N, K, T == 1);
+        const auto X = rounded(randn(size_t(T * K)), dt), R = rounded(randn(size_t(T * N), 2.f), dt);
+        DevAct x(*b.gpu, T, K), r1(*b.gpu, T, N), r2(*b.gpu, T, N), tmp(*b.gpu, T, N);
+        DevAct xc(*b.cpu, T, K), rc(*b.cpu, T, N), tc(*b.cpu, T, N);
+        x.set(X), xc.set(X), r1.set(R), r2.set(R), rc.set(R);
+        b.gpu->linear_residual(x.act, *w.gpu, w.bgpu.get(), tmp.act, r1.act);
+        b.gpu->linear(x.act, *w.gpu, w.bgpu.get(), tmp.act);
+        b.gpu->add(r2.act, tmp.act, r2.act);
+        b.cpu->linear_residual(xc.act, *w.cpu, w.bcpu.get(), tc.act, rc.act);
+        EXPECT_EQ(r1.get(), r2.get()) << "linear_residual vs linear + add";
+        EXPECT_LT(rel_err(r1.get(), rc.get()), 5e-3);
+      }
 }
 
 }  // namespace

@@ -613,7 +613,9 @@ class CudaBackend : public Backend {
   bool seq_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4MultiArgs& a) const;
   bool chain_stage_args(const ChainStage& c, GemvQ4MultiArgs& a, const CudaQ4*& q0) const;
   bool chain_launch(const ChainStage* st, int n, bool launch) const;  // false: not one launch
-  bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out);
+  bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out, const float* norm_w = nullptr,
+                   float norm_eps = 0.f);
+  bool dense_norm_fusable(const Weight& w, int64_t rows) const;  // cuda_linear.cu
   bool gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, const Weight& up, const Weight* bu, Act out,
                         bool seq, GemvQ4MultiArgs& a) const;
   GemvQ4MultiArgs multi_args(Act x) const {

@@ -195,10 +195,13 @@ static int dense_multi_mode() {
   return std::atoi(v);
 }
 
-bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out) {
+bool CudaBackend::dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out, const float* norm_w,
+                              float norm_eps) {
   if (x.rows < 1 || x.rows > kGemvMaxRows || n < 1 || n > 3 || x.dtype != act_) return false;
   if (dense_multi_mode() < (n == 1 && !swiglu_out ? 2 : 1)) return false;
   cuda::GemvDenseMultiArgs a;
+  a.norm_w = norm_w;
+  a.norm_eps = norm_eps;
   a.nseg = n;
   a.swiglu = swiglu_out != nullptr;
   a.K = x.cols;
@@ -266,8 +269,18 @@ bool CudaBackend::gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, 
   return true;
 }
 
+// Dense 16-bit weights: the multi-weight GEMV folds the norm (x staged in shared memory) and the
+// single-weight kernels add the residual (NF4FLASH_FUSE_NORM=0: the unfused order, as for 4-bit).
+bool CudaBackend::dense_norm_fusable(const Weight& w, int64_t rows) const {
+  const char* off = std::getenv("NF4FLASH_FUSE_NORM");
+  if ((off && std::string_view(off) == "0") || act_ == DType::F32 || rows < 1 || rows > kGemvMaxRows) return false;
+  auto* d = dynamic_cast<const CudaDense*>(&w);
+  return d && dtype_size(d->dtype()) == 2 && dense_multi_mode() >= 1 && w.cols() % 8 == 0 && w.cols() / 8 <= 1024 &&
+         rows * (2 * w.cols() + 16) <= cuda::kDenseNormXMax;
+}
+
 bool CudaBackend::fuses_norm_linear(const Weight& w, int64_t rows) const {
-  return seq_q4(w, rows) && gemv_q4_norm_fusable(rows, w.cols());
+  return (seq_q4(w, rows) && gemv_q4_norm_fusable(rows, w.cols())) || dense_norm_fusable(w, rows);
 }
 
 // q/k/v with the norm of x in the GEMV's prologue (the lean in-order kernel), when it applies;
@@ -282,8 +295,11 @@ bool CudaBackend::norm_multi_args(Act x, const Weight& norm_w, float eps, const 
 
 void CudaBackend::rms_norm_linear_multi(Act x, const Weight& norm_w, float eps, Act xn, const LinearOut* outs, int n) {
   GemvQ4MultiArgs a;
-  if (!norm_multi_args(x, norm_w, eps, outs, n, a)) return Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
-  seq_gemv(a);
+  if (norm_multi_args(x, norm_w, eps, outs, n, a)) return seq_gemv(a);
+  if (n >= 1 && dense_norm_fusable(*outs[0].w, x.rows) &&
+      dense_multi(x, outs, n, nullptr, vec_f32(norm_w, x.cols, "rms_norm weight"), eps))
+    return;
+  Backend::rms_norm_linear_multi(x, norm_w, eps, xn, outs, n);
 }
 
 bool CudaBackend::norm_swiglu_args(Act x, const Weight& norm_w, float eps, const Weight& gate, const Weight* bg,
@@ -298,9 +314,11 @@ bool CudaBackend::norm_swiglu_args(Act x, const Weight& norm_w, float eps, const
 void CudaBackend::rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps, Act xn, const Weight& gate,
                                          const Weight* bg, const Weight& up, const Weight* bu, Act g_tmp, Act out) {
   GemvQ4MultiArgs a;
-  if (!norm_swiglu_args(x, norm_w, eps, gate, bg, up, bu, out, a))
-    return Backend::rms_norm_linear_swiglu(x, norm_w, eps, xn, gate, bg, up, bu, g_tmp, out);
-  seq_gemv(a);
+  if (norm_swiglu_args(x, norm_w, eps, gate, bg, up, bu, out, a)) return seq_gemv(a);
+  const LinearOut gu[2] = {{&gate, bg, out}, {&up, bu, out}};
+  if (dense_norm_fusable(gate, x.rows) && dense_multi(x, gu, 2, &out, vec_f32(norm_w, x.cols, "rms_norm weight"), eps))
+    return;
+  Backend::rms_norm_linear_swiglu(x, norm_w, eps, xn, gate, bg, up, bu, g_tmp, out);
 }
 
 bool CudaBackend::seq_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4MultiArgs& a) const {
@@ -318,6 +336,24 @@ bool CudaBackend::seq_residual_args(Act x, const Weight& w, const Weight* bias, 
 void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
   GemvQ4MultiArgs a;
   if (seq_residual_args(x, w, bias, resid, a)) return seq_gemv(a);
+  if (dense_norm_fusable(w, x.rows) && resid.dtype == act_ && x.dtype == act_) {  // the dense GEMV adds
+    check_linear(x, w, resid);
+    const CudaDense& d = as_dense(w, "linear_residual");
+    GemvDenseArgs g;
+    g.w = d.data->data();
+    g.w_dtype = d.dtype();
+    g.N = d.rows();
+    g.K = d.cols();
+    g.x = x.data;
+    g.act = act_;
+    g.T = int(x.rows);
+    g.bias = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
+    g.out = resid.data;
+    g.out_dtype = act_;
+    g.residual = true;
+    g.l2pf = pf_.add(L2PrefetchPlan::dense_desc(g.w, g.N * g.K * int64_t(dtype_size(g.w_dtype))));
+    return gemv_dense(g, stream_);
+  }
   const CudaQ4* q = stream_q4(w, x.rows, true);
   if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
   check_linear(x, w, resid);

@@ -196,6 +196,7 @@ struct GemvDenseArgs {
   void* out = nullptr;       // [T, N]
   DType out_dtype = DType::BF16;
   const L2PfLaunch* l2pf = nullptr;  // this launch's prefetch descriptor (captured decode) or null
+  bool residual = false;     // out += round(x W^T + b) (out in the compute dtype)
 };
 void gemv_dense(const GemvDenseArgs& a, cudaStream_t st);
 
@@ -215,7 +216,12 @@ struct GemvDenseMultiArgs {
   DType act = DType::BF16;
   int T = 1;
   DType out_dtype = DType::BF16;
+  // x = rms_norm(x) * norm_w first, bit for bit rms_norm's result (f32 [K]; null: x as it is); x
+  // is then staged in shared memory: T * (2K + 16) bytes at most kDenseNormXMax
+  const float* norm_w = nullptr;
+  float norm_eps = 0.f;
 };
+constexpr int kDenseNormXMax = 40 * 1024;
 bool gemv_dense_multi_applies(const GemvDenseMultiArgs& a);
 void gemv_dense_multi(const GemvDenseMultiArgs& a, cudaStream_t st);
 

@@ -447,7 +447,8 @@ void launch_dense_kern(const DenseKernelArgs& a, DenseKern k, unsigned vec_grid,
 
 template <typename TW, typename TA>
 void launch_dense(const GemvDenseArgs& g, cudaStream_t st) {
-  DenseKernelArgs a{g.w, g.N, g.K, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32, nullptr};
+  NF4FLASH_CHECK(!g.residual || g.out_dtype == g.act, "gemv_dense: the residual output is in the compute dtype");
+  DenseKernelArgs a{g.w, g.N, g.K, g.x, g.T, g.bias, g.out, g.out_dtype == DType::F32, nullptr, g.residual ? 1 : 0};
   const int64_t want = (g.N + 7) / 8;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(want, int64_t(num_sms()) * 64));
   constexpr bool vec16 = sizeof(TW) == 2 && sizeof(TA) == 2;

@@ -8,13 +8,28 @@
 namespace nf4flash::cuda {
 
 namespace {
-template <typename TW, typename TA, bool SW>
-void launch_dense_multi(const DenseMultiArgs& k, cudaStream_t st) {
+// Row stride of x staged for the folded norm (16 bytes of padding: tokens start on other banks).
+int dense_norm_x_stride(int64_t K) { return int(K * 2 + 16); }
+
+template <typename TW, typename TA, int TN, bool SW, bool NORM>
+void launch_dense_multi_t(const DenseMultiArgs& k, unsigned grid, cudaStream_t st) {
   // 8 chunks of 16 bytes in flight per lane: U per row, two rows per unit with SwiGLU
   constexpr int U = SW ? 4 : 8;
+  auto kern = gemv_dense_multi_kernel<TW, TA, TN, SW, U, NORM>;
+  const int smem = NORM ? k.T * k.x_stride : 0;
+  launch_k(kern, dim3(grid), dim3(256), size_t(smem), st, k);
+}
+
+template <typename TW, typename TA, bool SW>
+void launch_dense_multi(const DenseMultiArgs& k, cudaStream_t st) {
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((k.units + 7) / 8, int64_t(gemv_num_sms()) * 64));
-  if (k.T == 1) launch_k(gemv_dense_multi_kernel<TW, TA, 1, SW, U>, dim3(grid), dim3(256), 0, st, k);
-  else launch_k(gemv_dense_multi_kernel<TW, TA, kGemvMaxRows, SW, U>, dim3(grid), dim3(256), 0, st, k);
+  if (k.norm_w) {
+    if (k.T == 1) launch_dense_multi_t<TW, TA, 1, SW, true>(k, grid, st);
+    else launch_dense_multi_t<TW, TA, kGemvMaxRows, SW, true>(k, grid, st);
+  } else {
+    if (k.T == 1) launch_dense_multi_t<TW, TA, 1, SW, false>(k, grid, st);
+    else launch_dense_multi_t<TW, TA, kGemvMaxRows, SW, false>(k, grid, st);
+  }
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace
@@ -25,6 +40,7 @@ bool gemv_dense_multi_applies(const GemvDenseMultiArgs& g) {
   if (dtype_size(g.w_dtype) != 2 || dtype_size(g.act) != 2) return false;
   for (int s = 0; s < g.nseg; ++s)
     if (reinterpret_cast<uintptr_t>(g.w[s]) % 16 != 0) return false;
+  if (g.norm_w && (g.T * dense_norm_x_stride(g.K) > kDenseNormXMax || g.K / 8 > 1024)) return false;
   return !g.swiglu || g.N[0] == g.N[1];
 }
 
@@ -46,6 +62,9 @@ void gemv_dense_multi(const GemvDenseMultiArgs& g, cudaStream_t st) {
   k.nseg = g.nseg;
   k.T = g.T;
   k.out_f32 = g.out_dtype == DType::F32;
+  k.norm_w = g.norm_w;
+  k.norm_eps = g.norm_eps;
+  k.x_stride = dense_norm_x_stride(g.K);
   NF4FLASH_CHECK(!g.swiglu || !k.out_f32, "gemv_dense_multi: the SwiGLU output is in the compute dtype");
   NF4FLASH_DISPATCH_ACT(g.act, "gemv_dense_multi (activations)", [&] {
     using TA = T;

@@ -1,4 +1,5 @@
-// Dense GEMV for few rows (decode): out[n, r] = sum_k x[n, k] * W[r, k] (+ bias[r]), n < T <= 8.
+// Dense GEMV for few rows (decode): out[n, r] = sum_k x[n, k] * W[r, k] (+ bias[r]), n < T <= 8,
+// or with residual: out[n, r] += that sum, rounded (o_proj / down_proj with the residual add).
 // W: [N, K] row-major (bf16/f16/f32 storage), x: [T, K] compute dtype, out: compute dtype or f32.
 // One warp per output row (8 rows per 256-thread block, grid-stride); f32 accumulation.
 // gemv_dense_stream_kernel: the same rows and sums with the next batch loaded before the current
@@ -22,13 +23,20 @@ struct DenseKernelArgs {
   void* out;
   int out_f32;
   const L2PfLaunch* pf;  // null: no prefetch
+  int residual;          // out += round(x W^T + b) (out in the compute dtype), rounded as add()
 };
 
 template <typename TA>
 __device__ __forceinline__ void gemv_store(const DenseKernelArgs& a, int n, int64_t row, float v) {
   if (a.bias) v += a.bias[row];
-  if (a.out_f32) static_cast<float*>(a.out)[n * a.N + row] = v;
-  else static_cast<TA*>(a.out)[n * a.N + row] = from_f32<TA>(v);
+  if (a.out_f32) {
+    static_cast<float*>(a.out)[n * a.N + row] = v;
+  } else if (a.residual) {
+    TA* p = static_cast<TA*>(a.out) + n * a.N + row;
+    *p = from_f32<TA>(to_f32<TA>(*p) + to_f32<TA>(from_f32<TA>(v)));
+  } else {
+    static_cast<TA*>(a.out)[n * a.N + row] = from_f32<TA>(v);
+  }
 }
 
 // One 16-byte chunk c of a dense GEMV row's sum for token n: xf = x[n, 8c .. 8c+7] (through L1),

@@ -12,12 +12,15 @@
 // (streaming loads, L1 no-allocate), x through L1 — gemv_dense_vec_kernel's per-chunk step
 // (dense_x8, dense_dot8) and warp sum, so each output is bit for bit what separate launches (plus
 // silu_mul) give.
+// With norm_w the launch also folds the norm of x into its prologue (rms_norm_linear_multi /
+// rms_norm_linear_swiglu of a bf16-weight decode step), as the 4-bit lean kernel does.
 // Why: the decode step of a bf16-weight model spent ~10 us per launch on k and v (8 MB each) and a
 // launch on silu_mul (ncu, H200): fixed costs, not bytes.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/norm_prologue.cuh"
 
 namespace nf4flash::cuda {
 
@@ -29,18 +32,28 @@ struct DenseMultiArgs {
   int64_t K, units;
   const void* x;
   int nseg, T, out_f32;
+  const float* norm_w;   // NORM: x = rms_norm(x) * norm_w, staged in shared memory (norm_prologue.cuh)
+  float norm_eps;
+  int x_stride;          // NORM: bytes per token row of the staged x
 };
 
-template <typename TW, typename TA, int TN, bool SW, int U>
+// NORM: x staged in dynamic shared memory [T][x_stride] and normalized in place first (then read
+// from there); else x through L1 (dense_x8). Either way a warp's first batch of weights is loaded
+// before the PDL wait (the weights depend on no earlier kernel).
+template <typename TW, typename TA, int TN, bool SW, int U, bool NORM>
 __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_constant__ DenseMultiArgs a) {
+  extern __shared__ __align__(16) uint8_t xs[];
+  __shared__ float s_part[NORM ? kGemvMaxRows : 1][8];
   pdl_trigger();
-  pdl_wait();
   constexpr int NR = SW ? 2 : 1;  // rows per unit
   const int lane = threadIdx.x & 31;
   const int64_t K8 = a.K / 8;
-  for (int64_t u = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5); u < a.units; u += int64_t(gridDim.x) * 8) {
-    int seg[NR];
-    int64_t row = u;
+  int64_t u = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  int seg[NR];
+  int64_t row = 0;
+  const uint4* wr[NR];
+  auto unit_rows = [&]() {  // segment(s), row and row pointers of unit u
+    row = u;
     if constexpr (SW) {
       seg[0] = 0;
       seg[1] = 1;
@@ -50,21 +63,34 @@ __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_cons
       seg[0] = s;
       if (s) row = u - a.unit_end[s - 1];
     }
-    const uint4* wr[NR];
 #pragma unroll
     for (int r = 0; r < NR; ++r) wr[r] = static_cast<const uint4*>(a.w[seg[r]]) + row * K8;
+  };
+  uint4 wv[NR][U];
+  auto load_batch = [&](int64_t c0) {
+#pragma unroll
+    for (int uu = 0; uu < U; ++uu)
+#pragma unroll
+      for (int r = 0; r < NR; ++r)
+        if (c0 + 32 * uu < K8) wv[r][uu] = ld_stream_u4(wr[r] + c0 + 32 * uu);
+  };
+  bool have = u < a.units;  // wv holds the first batch of unit u
+  if (have) {
+    unit_rows();
+    load_batch(lane);
+  }
+  pdl_wait();
+  if constexpr (NORM) stage_rms_norm_x<TA>(a.x, a.T, a.K, a.x_stride, a.norm_w, a.norm_eps, xs, s_part);
+  for (; u < a.units; u += int64_t(gridDim.x) * 8) {
+    if (!have) unit_rows();
     float acc[NR][TN];
 #pragma unroll
     for (int r = 0; r < NR; ++r)
 #pragma unroll
       for (int n = 0; n < TN; ++n) acc[r][n] = 0.f;
     for (int64_t c0 = lane; c0 < K8; c0 += 32 * U) {
-      uint4 wv[NR][U];
-#pragma unroll
-      for (int uu = 0; uu < U; ++uu)
-#pragma unroll
-        for (int r = 0; r < NR; ++r)
-          if (c0 + 32 * uu < K8) wv[r][uu] = ld_stream_u4(wr[r] + c0 + 32 * uu);
+      if (!have) load_batch(c0);
+      have = false;
 #pragma unroll
       for (int uu = 0; uu < U; ++uu) {
         const int64_t c = c0 + 32 * uu;
@@ -72,8 +98,9 @@ __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_cons
 #pragma unroll
           for (int n = 0; n < TN; ++n) {
             if (n < a.T) {
-              float xf[8];
-              dense_x8<TA>(a.x, a.K, n, c, xf);  // once for both rows of a SwiGLU unit
+              float xf[8];  // once for both rows of a SwiGLU unit
+              if constexpr (NORM) unpack8<TA>(*reinterpret_cast<const uint4*>(xs + n * a.x_stride + c * 16), xf);
+              else dense_x8<TA>(a.x, a.K, n, c, xf);
 #pragma unroll
               for (int r = 0; r < NR; ++r) {
                 float wf[8];

@@ -41,6 +41,7 @@
 #pragma once
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/gemv_q4_seq.cuh"
+#include "backend/cuda/kernels/norm_prologue.cuh"
 
 namespace nf4flash::cuda {
 
@@ -73,58 +74,11 @@ __device__ __forceinline__ void chain_wait(unsigned* cnt, int s, unsigned G) {
   __syncthreads();
 }
 
-// x [T][cols] of a stage into shared memory (CG: written by this launch's earlier stage: from L2),
-// then, with a.norm_w, x = rms_norm(x) * norm_w per token in place: rms_norm_vec_kernel's
-// arithmetic in its order (256 threads, thread i sums 16-byte chunks i, i + 256, ... with fmaf, warp
-// butterfly, the 8 warp sums in order), so the result is bit for bit the unfused norm's. Ends with
-// a barrier. s_part: [kGemvMaxRows][8] shared floats.
-template <typename TA, int W>
-__device__ __forceinline__ void lean_prepare_x(const Q4SeqArgs& a, uint8_t* xs, float (*s_part)[8], bool cg) {
-  if (cg) q4_seq_stage_x<TA, true>(a, xs);
-  else q4_seq_stage_x<TA>(a, xs);
-  __syncthreads();
-  if (!a.norm_w) return;
-  if constexpr (W != 8) __trap();  // the host fuses the norm only into 256-thread configurations
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  constexpr int E = 16 / sizeof(TA);
-  const int nvec = int(a.cols) / E;
-  for (int n = 0; n < a.T; ++n) {
-    float ss = 0.f;
-    for (int c = tid; c < nvec; c += 256) {
-      float f[E];
-      load16_f32<TA>(reinterpret_cast<const TA*>(xs + n * a.x_stride) + c * E, f);
-#pragma unroll
-      for (int e = 0; e < E; ++e) ss = fmaf(f[e], f[e], ss);
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) s_part[n][warp] = ss;
-  }
-  __syncthreads();
-  for (int n = 0; n < a.T; ++n) {
-    float tot = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) tot += s_part[n][i];
-    const float inv = rsqrtf(tot / float(a.cols) + a.norm_eps);
-    for (int c = tid; c < nvec; c += 256) {
-      TA* p = reinterpret_cast<TA*>(xs + n * a.x_stride) + c * E;
-      float f[E], o[E];
-      load16_f32<TA>(p, f);
-#pragma unroll
-      for (int e = 0; e < E; e += 4) {
-        const float4 w4 = __ldg(reinterpret_cast<const float4*>(a.norm_w + c * E + e));
-        o[e] = f[e] * inv * w4.x, o[e + 1] = f[e + 1] * inv * w4.y;
-        o[e + 2] = f[e + 2] * inv * w4.z, o[e + 3] = f[e + 3] * inv * w4.w;
-      }
-      store16_f32<TA>(p, o);
-    }
-  }
-  __syncthreads();
-}
-// The chain's later stages: the same out of line (the inner loop inlined three times around one
-// call instead of three copies of this code).
-template <typename TA, int W>
+// A chained stage's x prologue (norm_prologue.cuh, x written by the earlier stage: CG) out of line:
+// the inner loop is inlined three times around one call instead of around three copies of it.
+template <typename TA>
 __device__ __noinline__ void lean_prepare_x_chain(const Q4SeqArgs* a, uint8_t* xs, float (*s_part)[8]) {
-  lean_prepare_x<TA, W>(*a, xs, s_part, true);
+  stage_rms_norm_x<TA, true>(a->x, a->T, a->cols, a->x_stride, a->norm_w, a->norm_eps, xs, s_part);
 }
 
 // Variant bits of the lean kernel (configuration letters in ops_gemv_lean.cu).
@@ -320,11 +274,13 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       if (cs > 0) chain_wait(c.cnt, cs - 1, unsigned(G));
     }
     const Q4SeqArgs& a = A(cs);
+    static_assert(!CHAIN || W == 8, "chained stages fold norms: 256-thread blocks");
     bool staged = false;
     if constexpr (CHAIN) {
-      if (cs > 0) lean_prepare_x_chain<TA, W>(&a, xs, s_part), staged = true;
+      if (cs > 0) lean_prepare_x_chain<TA>(&a, xs, s_part), staged = true;
     }
-    if (!staged) lean_prepare_x<TA, W>(a, xs, s_part, false);
+    // x, with the norm folded (the host fuses norms only into 256-thread configurations)
+    if (!staged) stage_rms_norm_x<TA>(a.x, a.T, a.cols, a.x_stride, a.norm_w, a.norm_eps, xs, s_part);
     xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
     cu = blockIdx.x, csub = 0, cb = 0;
     ck = q4_seq_segment(a, cu, 0, crt);

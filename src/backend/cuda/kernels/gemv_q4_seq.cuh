@@ -28,6 +28,7 @@
 
 #include "backend/cuda/kernels/gemv_q4.cuh"
 #include "backend/cuda/kernels/l2_prefetch.cuh"
+#include "backend/cuda/kernels/norm_prologue.cuh"
 
 namespace nf4flash::cuda {
 
@@ -64,17 +65,10 @@ __device__ __forceinline__ int q4_seq_segment(const Q4SeqArgs& a, I u, int sub, 
   return k;
 }
 
-// x [T][cols] staged into shared memory rows of a.x_stride bytes (16-byte copies, all threads).
-// CG: x was written by other blocks of this launch (the lean kernel's chained stages): loads from
-// L2 (ld.cg), not through the read-only/L1 path, which may hold lines from before those writes.
+// x [T][cols] staged into shared memory rows of a.x_stride bytes (norm_prologue.cuh).
 template <typename TA, bool CG = false>
 __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) {
-  const int n16 = int(a.cols / 8);
-  for (int i = threadIdx.x; i < a.T * n16; i += blockDim.x) {
-    const int n = i / n16, c = i - n * n16;
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const TA*>(a.x) + int64_t(n) * a.cols) + c;
-    *reinterpret_cast<uint4*>(xs + n * a.x_stride + c * 16) = CG ? __ldcg(p) : __ldg(p);
-  }
+  stage_x_rows<TA, CG>(a.x, a.T, a.cols, a.x_stride, xs);
 }
 
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma

@@ -1,0 +1,68 @@
+// The decode GEMVs' x prologue (the 4-bit lean kernel and the dense multi-weight kernel): x
+// [T, cols] (16-bit compute dtype) staged into shared memory rows of x_stride bytes, then, with
+// norm_w (f32 [cols]), x = rms_norm(x) * norm_w per token in place, in rms_norm_vec_kernel's
+// arithmetic and order (256 threads: thread i sums the 16-byte chunks i, i + 256, ... with fmaf,
+// warp butterfly, the 8 warp sums in order; then x * inv * w per element), so the normalized rows
+// are bit for bit what the unfused rms_norm writes. Blocks of 256 threads; cols % 8 == 0.
+// CG: x was written by other blocks of the same launch (read from L2, ld.cg, not through the
+// read-only path). Ends with a block barrier.
+#pragma once
+#include "backend/cuda/kernels/elementwise.cuh"
+
+namespace nf4flash::cuda {
+
+template <typename TA, bool CG = false>
+__device__ __forceinline__ void stage_x_rows(const void* x, int T, int64_t cols, int x_stride, uint8_t* xs) {
+  const int n16 = int(cols / 8);
+  for (int i = threadIdx.x; i < T * n16; i += blockDim.x) {
+    const int n = i / n16, c = i - n * n16;
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const TA*>(x) + int64_t(n) * cols) + c;
+    *reinterpret_cast<uint4*>(xs + n * x_stride + c * 16) = CG ? __ldcg(p) : __ldg(p);
+  }
+}
+
+// s_part: [T][8] floats of shared memory.
+template <typename TA, bool CG = false>
+__device__ __forceinline__ void stage_rms_norm_x(const void* x, int T, int64_t cols, int x_stride, const float* norm_w,
+                                                 float eps, uint8_t* xs, float (*s_part)[8]) {
+  stage_x_rows<TA, CG>(x, T, cols, x_stride, xs);
+  __syncthreads();
+  if (!norm_w) return;
+  if (blockDim.x != 256) __trap();  // rms_norm_vec_kernel's order needs 256 threads
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int E = 16 / sizeof(TA);
+  const int nvec = int(cols) / E;
+  for (int n = 0; n < T; ++n) {
+    float ss = 0.f;
+    for (int c = tid; c < nvec; c += 256) {
+      float f[E];
+      load16_f32<TA>(reinterpret_cast<const TA*>(xs + n * x_stride) + c * E, f);
+#pragma unroll
+      for (int e = 0; e < E; ++e) ss = fmaf(f[e], f[e], ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) s_part[n][warp] = ss;
+  }
+  __syncthreads();
+  for (int n = 0; n < T; ++n) {
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tot += s_part[n][i];
+    const float inv = rsqrtf(tot / float(cols) + eps);
+    for (int c = tid; c < nvec; c += 256) {
+      TA* p = reinterpret_cast<TA*>(xs + n * x_stride) + c * E;
+      float f[E], o[E];
+      load16_f32<TA>(p, f);
+#pragma unroll
+      for (int e = 0; e < E; e += 4) {
+        const float4 w4 = __ldg(reinterpret_cast<const float4*>(norm_w + c * E + e));
+        o[e] = f[e] * inv * w4.x, o[e + 1] = f[e + 1] * inv * w4.y;
+        o[e + 2] = f[e + 2] * inv * w4.z, o[e + 3] = f[e + 3] * inv * w4.w;
+      }
+      store16_f32<TA>(p, o);
+    }
+  }
+  __syncthreads();
+}
+
+}  // namespace nf4flash::cuda
