@@ -11,12 +11,24 @@ namespace {
 // Row stride of x staged for the folded norm (16 bytes of padding: tokens start on other banks).
 int dense_norm_x_stride(int64_t K) { return int(K * 2 + 16); }
 
+// NORM: every block stages and normalizes x once, so the grid is what the GPU holds at once (each
+// block then walks its units back to back) rather than one block per 8 units (H200, run 2 of the
+// thirteenth session: 14 generations of blocks each paying the prologue made the folded norm a
+// loss, bf16 decode 197 vs 204 tok/s).
 template <typename TW, typename TA, int TN, bool SW, bool NORM>
 void launch_dense_multi_t(const DenseMultiArgs& k, unsigned grid, cudaStream_t st) {
   // 8 chunks of 16 bytes in flight per lane: U per row, two rows per unit with SwiGLU
   constexpr int U = SW ? 4 : 8;
   auto kern = gemv_dense_multi_kernel<TW, TA, TN, SW, U, NORM>;
   const int smem = NORM ? k.T * k.x_stride : 0;
+  if constexpr (NORM) {
+    static const int per_sm = [&] {
+      int v = 0;
+      CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, 256, kDenseNormXMax));
+      return std::max(v, 1);
+    }();
+    grid = std::min<unsigned>(grid, unsigned(per_sm * gemv_num_sms()));
+  }
   launch_k(kern, dim3(grid), dim3(256), size_t(smem), st, k);
 }
 
