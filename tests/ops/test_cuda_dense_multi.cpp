@@ -6,7 +6,8 @@
 // not a multiple of the per-lane step (32 lanes x 8 chunks x 8 values), 1..8 tokens, bias on some
 // weights, bf16 and f16 weights. The decode step's fused forms over dense weights: the norm folded
 // into the multi-weight GEMV (rms_norm_linear_multi / rms_norm_linear_swiglu) and the residual add
-// in the single-weight kernels (linear_residual), bit for bit the unfused ops.
+// in the single-weight kernels (linear_residual; opt-in NF4FLASH_DENSE_FUSE_NORM=1), bit for bit
+// the unfused ops.
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
 
@@ -154,10 +155,10 @@ TEST(CudaDenseMulti, LinearF32Out) {
   }
 }
 
-// Long rows (K >= 8192: down_proj) take the row-split kernel by default: bit for bit what
-// NF4FLASH_DENSE_STREAM=k gives, close to the vec kernel and the CPU. K = 8200: 1025 chunks, a
-// partial round of the 256-thread block; 37 rows; 1 and 3 tokens.
-TEST(CudaDenseMulti, LongRowsSplitByDefault) {
+// Long rows (K >= 8192: down_proj) take the vec kernel by default (bit for bit
+// NF4FLASH_DENSE_STREAM=0); the row-split kernel (=k) is close to it and to the CPU. K = 8200: 1025
+// chunks, a partial round of the 256-thread block; 37 rows; 1 and 3 tokens.
+TEST(CudaDenseMulti, LongRowsVecByDefault) {
   NF4FLASH_REQUIRE_CUDA();
   for (int64_t T : {1, 3}) {
     SCOPED_TRACE(cat("T=", T));
@@ -169,7 +170,7 @@ TEST(CudaDenseMulti, LongRowsSplitByDefault) {
     xg.set(X);
     xc.set(X);
     std::vector<float> ys[3];
-    const char* modes[3] = {"", "k", "0"};
+    const char* modes[3] = {"", "0", "k"};
     for (int m = 0; m < 3; ++m) {
       setenv("NF4FLASH_DENSE_STREAM", modes[m], 1);
       DevAct y(*b.gpu, T, N);
@@ -178,8 +179,8 @@ TEST(CudaDenseMulti, LongRowsSplitByDefault) {
       ys[m] = y.get();
     }
     unsetenv("NF4FLASH_DENSE_STREAM");
-    EXPECT_EQ(ys[0], ys[1]) << "default vs row-split kernel";
-    EXPECT_LT(rel_err(ys[0], ys[2]), 5e-3) << "default vs vec kernel";
+    EXPECT_EQ(ys[0], ys[1]) << "default vs vec kernel";
+    EXPECT_LT(rel_err(ys[0], ys[2]), 5e-3) << "default vs row-split kernel";
     b.cpu->linear(xc.act, *w.cpu, w.bcpu.get(), yc.act);
     EXPECT_LT(rel_err(ys[0], yc.get()), 5e-3);
   }
@@ -244,6 +245,8 @@ void run_dense_norm(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t 
 
 TEST(CudaDenseMulti, NormFolded) {
   NF4FLASH_REQUIRE_CUDA();
+  run_dense_norm(DType::BF16, 1024, {64, 32}, 96, 1, false);  // opt-in: off by default
+  setenv("NF4FLASH_DENSE_FUSE_NORM", "1", 1);
   for (DType dt : {DType::BF16, DType::F16}) {
     run_dense_norm(dt, 4096, {1024, 256, 256}, 1792, 1, true);
     run_dense_norm(dt, 1000, {77, 5, 300}, 520, 3, true);
@@ -252,12 +255,14 @@ TEST(CudaDenseMulti, NormFolded) {
   setenv("NF4FLASH_FUSE_NORM", "0", 1);  // the comparison switch: the unfused order
   run_dense_norm(DType::BF16, 1024, {64, 32}, 96, 1, false);
   unsetenv("NF4FLASH_FUSE_NORM");
+  unsetenv("NF4FLASH_DENSE_FUSE_NORM");
 }
 
 // linear_residual over a dense weight: the residual add in the GEMV's store, bit for bit linear +
 // add on the GPU (vec kernel: K = 4096; row-split kernel: K = 8200), bias or not, 1 and 3 tokens.
 TEST(CudaDenseMulti, LinearResidual) {
   NF4FLASH_REQUIRE_CUDA();
+  setenv("NF4FLASH_DENSE_FUSE_NORM", "1", 1);  // opt-in
   for (DType dt : {DType::BF16, DType::F16})
     for (int64_t K : {4096, 8200})
       for (int64_t T : {1, 3}) {
@@ -276,6 +281,7 @@ TEST(CudaDenseMulti, LinearResidual) {
         EXPECT_EQ(r1.get(), r2.get()) << "linear_residual vs linear + add";
         EXPECT_LT(rel_err(r1.get(), rc.get()), 5e-3);
       }
+  unsetenv("NF4FLASH_DENSE_FUSE_NORM");
 }
 
 }  // namespace

@@ -270,10 +270,14 @@ bool CudaBackend::gemv_swiglu_args(Act x, const Weight& gate, const Weight* bg, 
 }
 
 // Dense 16-bit weights: the multi-weight GEMV folds the norm (x staged in shared memory) and the
-// single-weight kernels add the residual (NF4FLASH_FUSE_NORM=0: the unfused order, as for 4-bit).
+// single-weight kernels add the residual. Opt-in, NF4FLASH_DENSE_FUSE_NORM=1: measured slower end
+// to end on the H200 (bf16 decode @512 193-197 vs 204-206 tok/s, docs/performance.md, thirteenth
+// session); NF4FLASH_FUSE_NORM=0 turns it off as it does the 4-bit fusion.
 bool CudaBackend::dense_norm_fusable(const Weight& w, int64_t rows) const {
+  const char* on = std::getenv("NF4FLASH_DENSE_FUSE_NORM");
   const char* off = std::getenv("NF4FLASH_FUSE_NORM");
-  if ((off && std::string_view(off) == "0") || act_ == DType::F32 || rows < 1 || rows > kGemvMaxRows) return false;
+  if (!on || std::string_view(on) != "1" || (off && std::string_view(off) == "0")) return false;
+  if (act_ == DType::F32 || rows < 1 || rows > kGemvMaxRows) return false;
   auto* d = dynamic_cast<const CudaDense*>(&w);
   return d && dtype_size(d->dtype()) == 2 && dense_multi_mode() >= 1 && w.cols() % 8 == 0 && w.cols() / 8 <= 1024 &&
          rows * (2 * w.cols() + 16) <= cuda::kDenseNormXMax;

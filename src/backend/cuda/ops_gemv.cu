@@ -407,17 +407,17 @@ void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int6
 }
 
 namespace {
-// Dense single-weight decode GEMV kernels (NF4FLASH_DENSE_STREAM: 0 vec, 4 / 8 the stream kernel
-// with 4 / 8 chunks per batch, k the row-split kernel; unset: the row-split kernel for long rows,
-// K >= kDenseSplitMinK, of at most kDenseSplitMaxN rows, else vec). H200 (kernel-bench, bf16,
+// Dense single-weight decode GEMV kernels (NF4FLASH_DENSE_STREAM: 0 or unset vec, 4 / 8 the
+// stream kernel with 4 / 8 chunks per batch, k the row-split kernel). H200 (kernel-bench, bf16,
 // T=1, % of copy): down 4096x14336 vec 81.4, split 86.7, stream4 79.9; o 4096x4096 vec 70.4,
 // split 61.9; gate 14336x4096 vec 85.3, split 71.2. Splitting every weight (o, down, lm_head)
-// measured slower end to end (bf16 decode @512 204 vs 213 tok/s).
+// measured slower end to end (bf16 decode @512 204 vs 213 tok/s), and so did splitting only
+// down_proj, faster alone (thirteenth session: 206.5 vs 208.5 tok/s in one run; 204 vs 212
+// across sessions): vec is the default for all.
 enum class DenseKern { Vec, Stream4, Stream8, Split };
-constexpr int64_t kDenseSplitMinK = 8192, kDenseSplitMaxN = 16384;
-DenseKern dense_kernel(int64_t N, int64_t K) {
+DenseKern dense_kernel(int64_t /*N*/, int64_t /*K*/) {
   const char* v = std::getenv("NF4FLASH_DENSE_STREAM");
-  if (!v || !*v) return K >= kDenseSplitMinK && N <= kDenseSplitMaxN ? DenseKern::Split : DenseKern::Vec;
+  if (!v || !*v) return DenseKern::Vec;
   const std::string_view s(v);
   NF4FLASH_CHECK(s == "0" || s == "4" || s == "8" || s == "k", "NF4FLASH_DENSE_STREAM=", s, ": expected 0, 4, 8 or k");
   return s == "k" ? DenseKern::Split : s == "8" ? DenseKern::Stream8 : s == "4" ? DenseKern::Stream4 : DenseKern::Vec;
