@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "io/safetensors.h"
+#include "quant/blockwise.h"
 
 namespace nf4flash::test {
 
@@ -130,5 +131,41 @@ struct Backends {
     gpu = make_cuda_backend(o);
   }
 };
+
+// A 4-bit weight (random, std 0.05) uploaded to both backends, with an optional f32 bias (the GPU
+// copy in the compute dtype dt).
+struct QW {
+  std::unique_ptr<Weight> cpu, gpu, bcpu, bgpu;
+  int64_t N = 0, K = 0;
+};
+inline QW make_q4(Backends& b, DType dt, QuantType type, bool dq, int64_t N, int64_t K, bool bias) {
+  QW w;
+  w.N = N;
+  w.K = K;
+  auto W = randn(size_t(N * K), 0.05f);
+  auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, N, K, type, 64, dq));
+  w.cpu = b.cpu->upload_quant4(q);
+  w.gpu = b.gpu->upload_quant4(q);
+  if (bias) {
+    auto B = randn(size_t(N), 0.1f);
+    w.bcpu = b.cpu->upload_dense(f32_tensor(B, {N}), DType::F32);
+    w.bgpu = b.gpu->upload_dense(f32_tensor(B, {N}), dt);
+  }
+  return w;
+}
+
+// One poisoned [T, N] output per weight on backend be (ys) and the LinearOut list over them, with
+// the CPU or the GPU copies of the weights (W: cpu, gpu, bcpu, bgpu, N).
+template <typename W>
+std::vector<Backend::LinearOut> linear_outs(Backend& be, const std::vector<W>& ws, int64_t T, bool cpu,
+                                            std::vector<std::unique_ptr<DevAct>>& ys) {
+  std::vector<Backend::LinearOut> o;
+  for (auto& w : ws) {
+    ys.push_back(std::make_unique<DevAct>(be, T, w.N));
+    ys.back()->poison();
+    o.push_back({cpu ? w.cpu.get() : w.gpu.get(), cpu ? w.bcpu.get() : w.bgpu.get(), ys.back()->act});
+  }
+  return o;
+}
 
 }  // namespace nf4flash::test

@@ -215,16 +215,8 @@ void run_dense_norm(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t 
   EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), fused);
   const float eps = 1e-5f;
   std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
-  auto outs = [&](Backend& be, std::vector<std::unique_ptr<DevAct>>& ys, bool cpu) {
-    std::vector<Backend::LinearOut> o;
-    for (auto& w : ws) {
-      ys.push_back(std::make_unique<DevAct>(be, T, w.N));
-      ys.back()->poison();
-      o.push_back({cpu ? w.cpu.get() : w.gpu.get(), cpu ? w.bcpu.get() : w.bgpu.get(), ys.back()->act});
-    }
-    return o;
-  };
-  auto of = outs(*b.gpu, yf, false), ou = outs(*b.gpu, yu, false), oc = outs(*b.cpu, yc, true);
+  auto of = linear_outs(*b.gpu, ws, T, false, yf), ou = linear_outs(*b.gpu, ws, T, false, yu),
+       oc = linear_outs(*b.cpu, ws, T, true, yc);
   b.gpu->rms_norm_linear_multi(xg.act, *ng, eps, xng.act, of.data(), int(of.size()));
   b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
   b.gpu->linear_multi(xng.act, ou.data(), int(ou.size()));

@@ -15,27 +15,6 @@
 namespace nf4flash::test {
 namespace {
 
-struct QW {
-  std::unique_ptr<Weight> cpu, gpu, bcpu, bgpu;
-  int64_t N = 0, K = 0;
-};
-
-QW make_q4(Backends& b, DType dt, QuantType type, bool dq, int64_t N, int64_t K, bool bias) {
-  QW w;
-  w.N = N;
-  w.K = K;
-  auto W = randn(size_t(N * K), 0.05f);
-  auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, N, K, type, 64, dq));
-  w.cpu = b.cpu->upload_quant4(q);
-  w.gpu = b.gpu->upload_quant4(q);
-  if (bias) {
-    auto B = randn(size_t(N), 0.1f);
-    w.bcpu = b.cpu->upload_dense(f32_tensor(B, {N}), DType::F32);
-    w.bgpu = b.gpu->upload_dense(f32_tensor(B, {N}), dt);
-  }
-  return w;
-}
-
 struct MultiCase {
   QuantType type;
   bool dq;
@@ -169,17 +148,9 @@ void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
   xc.set(X);
   xg.set(X);
   const float eps = 1e-5f;
-  auto outs_of = [&](Backend& be, std::vector<std::unique_ptr<DevAct>>& ys, bool cpu) {
-    std::vector<Backend::LinearOut> o;
-    for (auto& w : ws) {
-      ys.push_back(std::make_unique<DevAct>(be, T, w.N));
-      ys.back()->poison();
-      o.push_back({cpu ? w.cpu.get() : w.gpu.get(), cpu ? w.bcpu.get() : w.bgpu.get(), ys.back()->act});
-    }
-    return o;
-  };
   std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
-  auto of = outs_of(*b.gpu, yf, false), ou = outs_of(*b.gpu, yu, false), oc = outs_of(*b.cpu, yc, true);
+  auto of = linear_outs(*b.gpu, ws, T, false, yf), ou = linear_outs(*b.gpu, ws, T, false, yu),
+       oc = linear_outs(*b.cpu, ws, T, true, yc);
   EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), lean && T * (2 * K + 16) <= 38 * 1024) << "K=" << K << " T=" << T;
   b.gpu->rms_norm_linear_multi(xg.act, *ng, eps, xng.act, of.data(), int(of.size()));
   b.gpu->rms_norm(xg.act, *ng, eps, xng.act);

@@ -9,30 +9,11 @@
 #include "core/error.h"
 #include "nf4flash/engine.h"
 #include "ops/cuda_test_util.h"
-#include "quant/blockwise.h"
 
 #include <cstdlib>
 
 namespace nf4flash::test {
 namespace {
-
-struct QW {
-  std::unique_ptr<Weight> cpu, gpu, bcpu, bgpu;
-};
-
-QW make_q4(Backends& b, DType dt, QuantType type, bool dq, int64_t N, int64_t K, bool bias) {
-  QW w;
-  auto W = randn(size_t(N * K), 0.05f);
-  auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, N, K, type, 64, dq));
-  w.cpu = b.cpu->upload_quant4(q);
-  w.gpu = b.gpu->upload_quant4(q);
-  if (bias) {
-    auto B = randn(size_t(N), 0.1f);
-    w.bcpu = b.cpu->upload_dense(f32_tensor(B, {N}), DType::F32);
-    w.bgpu = b.gpu->upload_dense(f32_tensor(B, {N}), dt);
-  }
-  return w;
-}
 
 struct ChainCase {
   DType dt;

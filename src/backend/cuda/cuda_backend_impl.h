@@ -611,6 +611,8 @@ class CudaBackend : public Backend {
   bool norm_swiglu_args(Act x, const Weight& norm_w, float eps, const Weight& gate, const Weight* bg, const Weight& up,
                         const Weight* bu, Act out, GemvQ4MultiArgs& a) const;
   bool seq_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4MultiArgs& a) const;
+  GemvQ4MultiArgs q4_residual_args(Act x, const CudaQ4& q, const Weight* bias, Act resid) const;
+  void dense_gemv(const CudaDense& d, Act x, const float* bias, Act out, bool residual);
   bool chain_stage_args(const ChainStage& c, GemvQ4MultiArgs& a, const CudaQ4*& q0) const;
   bool chain_launch(const ChainStage* st, int n, bool launch) const;  // false: not one launch
   bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out, const float* norm_w = nullptr,

@@ -107,20 +107,7 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   if (x.rows <= kGemvMaxRows) {
     const LinearOut one{wp, bias, out};
     if (dense_multi(x, &one, 1, nullptr)) return;
-    GemvDenseArgs a;
-    a.w = d.data->data();
-    a.w_dtype = d.dtype();
-    a.N = d.rows();
-    a.K = d.cols();
-    a.x = x.data;
-    a.act = act_;
-    a.T = int(x.rows);
-    a.bias = b;
-    a.out = out.data;
-    a.out_dtype = out.dtype;
-    a.l2pf = pf_.add(L2PrefetchPlan::dense_desc(a.w, a.N * a.K * int64_t(dtype_size(a.w_dtype))));
-    gemv_dense(a, stream_);
-    return;
+    return dense_gemv(d, x, b, out, false);
   }
   const void* wd = d.data->data();
   if (d.dtype() != act_) {
@@ -325,16 +312,40 @@ void CudaBackend::rms_norm_linear_swiglu(Act x, const Weight& norm_w, float eps,
   Backend::rms_norm_linear_swiglu(x, norm_w, eps, xn, gate, bg, up, bu, g_tmp, out);
 }
 
+// The 4-bit GEMV's arguments for resid += x W^T + b (in-order or stream-K kernel).
+GemvQ4MultiArgs CudaBackend::q4_residual_args(Act x, const CudaQ4& q, const Weight* bias, Act resid) const {
+  check_linear(x, q, resid);
+  GemvQ4MultiArgs a = multi_args(x);
+  a.ep = GemvEpilogue::Residual;
+  a.w[0] = &q.dev;
+  a.bias[0] = bias ? vec_f32(*bias, q.rows(), "linear bias") : nullptr;
+  a.out[0] = resid.data;
+  return a;
+}
+
 bool CudaBackend::seq_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4MultiArgs& a) const {
   const CudaQ4* q = seq_q4(w, x.rows);
   if (!q || resid.dtype != act_) return false;
-  check_linear(x, w, resid);
-  a = multi_args(x);
-  a.ep = GemvEpilogue::Residual;
-  a.w[0] = &q->dev;
-  a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
-  a.out[0] = resid.data;
+  a = q4_residual_args(x, *q, bias, resid);
   return true;
+}
+
+// The dense single-weight decode GEMV (x.rows <= kGemvMaxRows) into out, or added to it (residual).
+void CudaBackend::dense_gemv(const CudaDense& d, Act x, const float* bias, Act out, bool residual) {
+  GemvDenseArgs a;
+  a.w = d.data->data();
+  a.w_dtype = d.dtype();
+  a.N = d.rows();
+  a.K = d.cols();
+  a.x = x.data;
+  a.act = act_;
+  a.T = int(x.rows);
+  a.bias = bias;
+  a.out = out.data;
+  a.out_dtype = out.dtype;
+  a.residual = residual;
+  a.l2pf = pf_.add(L2PrefetchPlan::dense_desc(a.w, a.N * a.K * int64_t(dtype_size(a.w_dtype))));
+  gemv_dense(a, stream_);
 }
 
 void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
@@ -342,31 +353,12 @@ void CudaBackend::linear_residual(Act x, const Weight& w, const Weight* bias, Ac
   if (seq_residual_args(x, w, bias, resid, a)) return seq_gemv(a);
   if (dense_norm_fusable(w, x.rows) && resid.dtype == act_ && x.dtype == act_) {  // the dense GEMV adds
     check_linear(x, w, resid);
-    const CudaDense& d = as_dense(w, "linear_residual");
-    GemvDenseArgs g;
-    g.w = d.data->data();
-    g.w_dtype = d.dtype();
-    g.N = d.rows();
-    g.K = d.cols();
-    g.x = x.data;
-    g.act = act_;
-    g.T = int(x.rows);
-    g.bias = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
-    g.out = resid.data;
-    g.out_dtype = act_;
-    g.residual = true;
-    g.l2pf = pf_.add(L2PrefetchPlan::dense_desc(g.w, g.N * g.K * int64_t(dtype_size(g.w_dtype))));
-    return gemv_dense(g, stream_);
+    return dense_gemv(as_dense(w, "linear_residual"), x, bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr,
+                      resid, true);
   }
   const CudaQ4* q = stream_q4(w, x.rows, true);
   if (!q || resid.dtype != act_) return Backend::linear_residual(x, w, bias, tmp, resid);
-  check_linear(x, w, resid);
-  a = multi_args(x);
-  a.ep = GemvEpilogue::Residual;
-  a.w[0] = &q->dev;
-  a.bias[0] = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
-  a.out[0] = resid.data;
-  gemv_q4_multi(a, stream_);
+  gemv_q4_multi(q4_residual_args(x, *q, bias, resid), stream_);
 }
 
 // One stage's in-order GEMV arguments, its weights quantized as the chain's first (q0) ones.
