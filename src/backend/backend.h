@@ -206,8 +206,36 @@ class Backend {
     float eps = 0.f;
     Act xn;
     LinearOut outs[3];              // Residual: {w, bias, tmp}; NormMulti: n outputs;
-    int n = 1;                      // NormSwiGLU: {gate, bg, g_tmp}, {up, bu, out}
+    int n = 1;                      // NormSwiGLU: {gate, bg, g_tmp}, {up, bu, out} (built by the
+                                    // factories below)
     Act resid;                      // Residual: resid += x W^T + b
+
+    // resid += x W^T + b with w = {W, b, tmp} (tmp: scratch [x.rows, W.rows])
+    static ChainStage residual(Act x, LinearOut w, Act resid) {
+      ChainStage c;
+      c.kind = Kind::Residual, c.x = x, c.outs[0] = w, c.resid = resid;
+      return c;
+    }
+    // outs = linear_multi(rms_norm(x)) (n <= 3 outputs)
+    static ChainStage norm_multi(Act x, const Weight& norm, float eps, Act xn, const LinearOut* outs, int n) {
+      ChainStage c = normed(Kind::NormMulti, x, norm, eps, xn);
+      for (int i = 0; i < n; ++i) c.outs[i] = outs[i];
+      c.n = n;
+      return c;
+    }
+    // up.out = silu(rms_norm(x) G^T + bg) * (rms_norm(x) U^T + bu); gate.out: the g_tmp scratch
+    static ChainStage norm_swiglu(Act x, const Weight& norm, float eps, Act xn, LinearOut gate, LinearOut up) {
+      ChainStage c = normed(Kind::NormSwiGLU, x, norm, eps, xn);
+      c.outs[0] = gate, c.outs[1] = up, c.n = 2;
+      return c;
+    }
+
+   private:
+    static ChainStage normed(Kind k, Act x, const Weight& norm, float eps, Act xn) {
+      ChainStage c;
+      c.kind = k, c.x = x, c.norm = &norm, c.eps = eps, c.xn = xn;
+      return c;
+    }
   };
   // Stages run in order, each reading what the ones before wrote (a decode step's o + residual,
   // norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v). A backend may run them

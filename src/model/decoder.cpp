@@ -219,17 +219,16 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     be_.rope_kv_attention(i, q, k, v, att, rope_, attn_, s);
     if (fused) {
       // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
-      Stage ch[4];
-      ch[0].kind = Stage::Kind::Residual, ch[0].x = att, ch[0].outs[0] = {L.wo.get(), L.bo.get(), o}, ch[0].resid = x;
-      ch[1].kind = Stage::Kind::NormSwiGLU, ch[1].x = x, ch[1].norm = L.mlp_norm.get(), ch[1].eps = eps, ch[1].xn = xn;
-      ch[1].outs[0] = {L.gate.get(), L.b_gate.get(), g}, ch[1].outs[1] = {L.up.get(), L.b_up.get(), u};
-      ch[2].kind = Stage::Kind::Residual, ch[2].x = u, ch[2].outs[0] = {L.down.get(), L.b_down.get(), o}, ch[2].resid = x;
+      Stage ch[4] = {Stage::residual(att, {L.wo.get(), L.bo.get(), o}, x),
+                     Stage::norm_swiglu(x, *L.mlp_norm, eps, xn, {L.gate.get(), L.b_gate.get(), g},
+                                        {L.up.get(), L.b_up.get(), u}),
+                     Stage::residual(u, {L.down.get(), L.b_down.get(), o}, x)};
       int n = 3;
       if (i + 1 < cfg_.n_layers) {
         const LayerWeights& N = layers_[i + 1];
-        Stage& c = ch[n++];
-        c.kind = Stage::Kind::NormMulti, c.x = x, c.norm = N.attn_norm.get(), c.eps = eps, c.xn = xn, c.n = 3;
-        qkv_of(N, c.outs);
+        Backend::LinearOut next[3];
+        qkv_of(N, next);
+        ch[n++] = Stage::norm_multi(x, *N.attn_norm, eps, xn, next, 3);
       }
       be_.linear_chain(ch, n);
     } else {

@@ -41,13 +41,12 @@ struct Side {
     v = std::make_unique<DevAct>(be, T, c.KV);
     auto W = [&](const QW& w) { return cpu ? w.cpu.get() : w.gpu.get(); };
     auto B = [&](const QW& w) { return cpu ? w.bcpu.get() : w.bgpu.get(); };
-    using K = Backend::ChainStage::Kind;
-    st[0].kind = K::Residual, st[0].x = att->act, st[0].outs[0] = {W(o), B(o), tmp->act}, st[0].resid = x->act;
-    st[1].kind = K::NormSwiGLU, st[1].x = x->act, st[1].norm = &n1, st[1].eps = 1e-5f, st[1].xn = xn->act;
-    st[1].outs[0] = {W(gt), B(gt), g->act}, st[1].outs[1] = {W(up), B(up), u->act};
-    st[2].kind = K::Residual, st[2].x = u->act, st[2].outs[0] = {W(dn), B(dn), tmp->act}, st[2].resid = x->act;
-    st[3].kind = K::NormMulti, st[3].x = x->act, st[3].norm = &n2, st[3].eps = 1e-5f, st[3].xn = xn->act, st[3].n = 3;
-    st[3].outs[0] = {W(wq), B(wq), q->act}, st[3].outs[1] = {W(wk), B(wk), k->act}, st[3].outs[2] = {W(wv), B(wv), v->act};
+    using Stage = Backend::ChainStage;
+    const Backend::LinearOut qkv[3] = {{W(wq), B(wq), q->act}, {W(wk), B(wk), k->act}, {W(wv), B(wv), v->act}};
+    st[0] = Stage::residual(att->act, {W(o), B(o), tmp->act}, x->act);
+    st[1] = Stage::norm_swiglu(x->act, n1, 1e-5f, xn->act, {W(gt), B(gt), g->act}, {W(up), B(up), u->act});
+    st[2] = Stage::residual(u->act, {W(dn), B(dn), tmp->act}, x->act);
+    st[3] = Stage::norm_multi(x->act, n2, 1e-5f, xn->act, qkv, 3);
   }
   void set(const std::vector<float>& X, const std::vector<float>& ATT) {
     x->set(X);

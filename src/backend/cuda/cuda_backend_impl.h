@@ -597,9 +597,10 @@ class CudaBackend : public Backend {
       return nullptr;
     return q;
   }
-  static bool same_q4_params(const CudaQ4& a, const CudaQ4& b) {
+  // same quantization (and, with cols, the same in_features: weights sharing one x)
+  static bool same_q4_params(const CudaQ4& a, const CudaQ4& b, bool cols = true) {
     const Q4Device &x = a.dev, &y = b.dev;
-    return x.cols == y.cols && x.double_quant == y.double_quant && x.log2_blocksize == y.log2_blocksize &&
+    return (!cols || x.cols == y.cols) && x.double_quant == y.double_quant && x.log2_blocksize == y.log2_blocksize &&
            x.log2_nested == y.log2_nested && std::equal(x.code, x.code + 16, y.code) &&
            a.nested_code_host == b.nested_code_host;
   }

@@ -375,9 +375,7 @@ bool CudaBackend::chain_stage_args(const ChainStage& c, GemvQ4MultiArgs& a, cons
   if (!ok) return false;
   const auto* q = dynamic_cast<const CudaQ4*>(c.outs[0].w);
   if (!q0) q0 = q;
-  const Q4Device &x = q0->dev, &y = q->dev;  // as same_q4_params, cols aside
-  return x.double_quant == y.double_quant && x.log2_blocksize == y.log2_blocksize && x.log2_nested == y.log2_nested &&
-         std::equal(x.code, x.code + 16, y.code) && q0->nested_code_host == q->nested_code_host;
+  return same_q4_params(*q0, *q, false);  // stages differ in in_features (down_proj)
 }
 
 // The stages in one launch of the lean kernel when all of them take it and NF4FLASH_GEMV_CHAIN=1

@@ -57,24 +57,21 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
       be.linear_residual(a.u, *st.down, nullptr, a.tmp, a.resid);
       return;
     }
-    using K = Backend::ChainStage::Kind;
-    Backend::ChainStage ch[4];
-    ch[0].kind = K::Residual, ch[0].x = att, ch[0].outs[0] = {st.o.get(), nullptr, a.tmp}, ch[0].resid = a.resid;
-    ch[1].kind = K::NormSwiGLU, ch[1].x = a.resid, ch[1].norm = nw.get(), ch[1].eps = 1e-5f, ch[1].xn = xn;
-    ch[1].outs[0] = {st.gate.get(), nullptr, a.g}, ch[1].outs[1] = {st.up.get(), nullptr, a.u};
-    ch[2].kind = K::Residual, ch[2].x = a.u, ch[2].outs[0] = {st.down.get(), nullptr, a.tmp}, ch[2].resid = a.resid;
-    ch[3].kind = K::NormMulti, ch[3].x = a.resid, ch[3].norm = nw.get(), ch[3].eps = 1e-5f, ch[3].xn = xn, ch[3].n = 3;
-    qkv_of(sets[size_t((i + 1) % copies)], ch[3].outs);
+    using Stage = Backend::ChainStage;
+    qkv_of(sets[size_t((i + 1) % copies)], outs);
+    const Stage ch[4] = {Stage::residual(att, {st.o.get(), nullptr, a.tmp}, a.resid),
+                         Stage::norm_swiglu(a.resid, *nw, 1e-5f, xn, {st.gate.get(), nullptr, a.g},
+                                            {st.up.get(), nullptr, a.u}),
+                         Stage::residual(a.u, {st.down.get(), nullptr, a.tmp}, a.resid),
+                         Stage::norm_multi(a.resid, *nw, 1e-5f, xn, outs, 3)};
     be.linear_chain(ch, 4);
   };
   const double kv_bytes = double(ctx) * nkv * hd * 2 * 2;
   bool one_launch = false;  // whether this configuration chains the layer's GEMVs (else no chain rows)
   setenv("NF4FLASH_GEMV_CHAIN", "1", 1);
   {
-    Backend::ChainStage ch[2];
-    ch[0].kind = Backend::ChainStage::Kind::Residual, ch[0].x = att, ch[0].resid = a.resid;
-    ch[0].outs[0] = {sets[0].o.get(), nullptr, a.tmp};
-    ch[1] = ch[0];
+    const auto o = Backend::ChainStage::residual(att, {sets[0].o.get(), nullptr, a.tmp}, a.resid);
+    const Backend::ChainStage ch[2] = {o, o};
     one_launch = be.chain_is_one_launch(ch, 2);
   }
   // the attention: 3 launches, 1 (clusters of 8 or plain blocks), left out; the GEMVs chained
