@@ -1,6 +1,7 @@
 // `nf4flash kernel-bench`: microbenchmark of the CUDA decode kernels against the copy bandwidth
 // measured in the same run (src/backend/cuda/kernel_bench.h). Prints a table; --json FILE writes
 // the full report.
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 
@@ -20,6 +21,7 @@ CommandRun setup(CLI::App& app) {
     bool attention_only = false;
     bool gemv_only = false;
     bool prefill_linear_only = false;
+    std::vector<std::string> shapes, variants;
   };
   auto o = std::make_shared<Opts>();
   app.add_option("--json", o->json, "write the JSON report to this file");
@@ -29,6 +31,19 @@ CommandRun setup(CLI::App& app) {
   app.add_flag("--gemv-only", o->gemv_only, "only the 4-bit GEMV kernels (variants, fused vs unfused)");
   app.add_flag("--prefill-linear-only", o->prefill_linear_only,
                "only the prefill linears (bf16 cuBLAS vs 4-bit dequantize + cuBLAS, chunked)");
+  app.add_option("--gemv-shape", o->shapes,
+                 "only the 4-bit GEMV on these ROWSxCOLS shapes (T=1, nf4-dq and nf4; repeatable), e.g. 4096x14336")
+      ->check([](const std::string& v) -> std::string {
+        int64_t r = 0, c = 0;
+        char x = 0, extra = 0;
+        if (std::sscanf(v.c_str(), "%ld%c%ld%c", &r, &x, &c, &extra) != 3 || x != 'x' || r < 16 || c < 64 || c % 64 ||
+            r > 262144 || c > 262144)
+          return "expected ROWSxCOLS with rows >= 16, cols a multiple of 64 (e.g. 4096x14336), got '" + v + "'";
+        return "";
+      });
+  app.add_option("--gemv-variant", o->variants,
+                 "with --gemv-shape: kernel variants to time (seq = the default; seq-<cfg> = NF4FLASH_GEMV_SEQ_CFG "
+                 "configuration, e.g. seq-h8u4d3; repeatable)");
   app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
   return [o]() -> int {
 #ifdef NF4FLASH_HAVE_CUDA
@@ -39,6 +54,13 @@ CommandRun setup(CLI::App& app) {
     ko.attention_only = o->attention_only;
     ko.gemv_only = o->gemv_only;
     ko.prefill_linear_only = o->prefill_linear_only;
+    for (const auto& v : o->shapes) {
+      int64_t r = 0, c = 0;
+      std::sscanf(v.c_str(), "%ldx%ld", &r, &c);
+      ko.gemv_shapes.emplace_back(r, c);
+    }
+    ko.gemv_variants = o->variants;
+    if (!ko.gemv_variants.empty() && ko.gemv_shapes.empty()) fail("--gemv-variant needs --gemv-shape");
     const std::string js = cuda_kernel_bench(ko);
     if (!o->json.empty()) {
       std::ofstream f(o->json);

@@ -171,6 +171,34 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_GEMV_FEED");
   };
   struct Shape { int64_t rows, cols; };
+  // ---- focused mode (--gemv-shape): the 4-bit GEMV alone on the given shapes and variants
+  //   (for ncu: few launches, nothing else in the process's kernel list)
+  if (!o.gemv_shapes.empty()) {
+    std::vector<std::string> variants = o.gemv_variants;
+    if (variants.empty()) variants = {"seq"};
+    for (auto [R, K] : o.gemv_shapes)
+      for (bool dq : {true, false}) {
+        const int copies = copies_for(R * K / 2);
+        std::vector<std::unique_ptr<Weight>> ws;
+        for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(R, K, dq, g)));
+        auto xb = rand_act(1, K), yb = be->alloc(size_t(R) * 2);
+        Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
+        for (const std::string& v : variants) {
+          with_variant(v.rfind("seq", 0) == 0 ? "seq" : v.c_str());
+          if (v.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", v.c_str() + 4, 1);
+          const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                        o.reps, o.trials);
+          report(cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 ", v), sec,
+                 double(ws[0]->resident_bytes()) + (K + R) * 2.0,
+                 {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", v},
+                  {"path", be->linear_path(*ws[0], 1)}});
+          unsetenv("NF4FLASH_GEMV_SEQ_CFG");
+          reset_variant();
+        }
+      }
+    out["kernels"] = rows;
+    return out.dump(2);
+  }
   // ---- read-only streaming reference at the sizes of the decode GEMVs (4-bit 4096x14336 ~ 30 MB,
   //   4096x4096 ~ 8.4 MB, 1024x4096 ~ 2.1 MB): what one kernel of that size can read, launch and
   //   ramp included (buffers rotated over >= 4x the L2)

@@ -4,6 +4,8 @@
 // kernels (flash, sdpa, eager; TFLOP/s), all in one run.
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace nf4flash {
 
@@ -14,6 +16,11 @@ struct KernelBenchOptions {
   bool attention_only = false;  // only the copy reference and the prefill attention kernels
   bool gemv_only = false;       // only the copy reference and the 4-bit GEMV rows (variants, fused)
   bool prefill_linear_only = false;  // only the copy reference and the prefill linear rows
+  // focused 4-bit GEMV rows (profiling): when set, only these [rows, cols] shapes (T = 1, nf4-dq and
+  // nf4) with these variants (names as in the GEMV rows: "seq" = the default, "seq-<cfg>" = a
+  // NF4FLASH_GEMV_SEQ_CFG configuration), then return
+  std::vector<std::pair<int64_t, int64_t>> gemv_shapes;
+  std::vector<std::string> gemv_variants;
 };
 
 // Runs the benchmark, prints a table on stdout and returns the JSON report.

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Profile the 4-bit decode GEMV alone, on the GPU machine from the repo root: build nf4flash (no
+# tests), time kernel-bench's focused rows (--gemv-shape, T=1, nf4-dq and nf4), dump the lean
+# kernel's SASS, and with NCU=1 take per shape ncu's detail sections and its per-SASS-instruction
+# source page for the first variant's nf4-dq and nf4 launches. Writes to $OUT (default
+# build-gpu/out): kb-focus.{txt,json}, lean-sass.txt.gz, ncu-<shape>-<dq|nf4>.txt, ...-sass.csv.
+#   GEMV_SHAPES="4096x14336 14336x4096"  GEMV_VARIANTS="seq seq-p8u4d3"  NCU=1
+set -uo pipefail
+out=${OUT:-build-gpu/out}
+mkdir -p "$out"
+B=build-gpu/nf4flash
+NF4FLASH_GPU_TESTS=0 NF4FLASH_GPU_BENCH=0 bash scripts/gpu-check.sh >"$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
+read -ra shapes <<<"${GEMV_SHAPES:-4096x14336 14336x4096}"
+read -ra variants <<<"${GEMV_VARIANTS:-seq}"
+args=()
+for s in "${shapes[@]}"; do args+=(--gemv-shape "$s"); done
+for v in "${variants[@]}"; do args+=(--gemv-variant "$v"); done
+$B kernel-bench "${args[@]}" --json "$out/kb-focus.json" >"$out/kb-focus.txt" 2>&1
+grep -E "gemv|copy" "$out/kb-focus.txt"
+o=$(find build-gpu -name 'ops_gemv_lean.cu.o' | head -1)
+[ -n "$o" ] && cuobjdump -sass "$o" 2>/dev/null | gzip >"$out/lean-sass.txt.gz"
+[ "${NCU:-1}" = 1 ] || exit 0
+# launches per variant row: reps x (1 + trials) = 8 x 3; the first variant's nf4-dq row comes
+# first, its nf4 row after all variants' nf4-dq rows
+nv=${#variants[@]}
+for s in "${shapes[@]}"; do
+  for kind in dq nf4; do
+    skip=10
+    [ $kind = nf4 ] && skip=$(( 24 * nv + 10 ))
+    rep="$out/ncu-$s-$kind"
+    timeout 240 ncu --clock-control none -k "regex:gemv_q4_lean|gemv_q4_seq" --launch-skip $skip -c 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats --section LaunchStats \
+      --section SourceCounters -o "$rep" -f $B kernel-bench --gemv-shape "$s" --gemv-variant "${variants[0]}" \
+      --reps 8 --trials 2 >"$rep.log" 2>&1 || { echo "ncu $s $kind failed"; tail -5 "$rep.log"; continue; }
+    ncu -i "$rep.ncu-rep" --page details --print-details all >"$rep.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv >"$rep-sass.csv" 2>&1
+    rm -f "$rep.ncu-rep"
+    echo "$s $kind: $(grep -E '^ +Duration' "$rep.txt" | head -1 | sed -E 's/ +/ /g')"
+  done
+done
