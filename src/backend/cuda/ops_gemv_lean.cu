@@ -79,10 +79,18 @@ bool visit_lean(std::string_view c, F&& f) {
   return true;
 }
 
+// The default configuration (h8u4d3) at T = 1 runs its kLeanT1 form (two accumulators of four per
+// tile; fourteenth session).
 template <typename TA, bool DQ>
 bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
   return visit_lean(c, [&](auto cfg) {
     using C = decltype(cfg);
+    if constexpr (C::flags == (kLeanXPred | kLeanHalf)) {
+      if (k.T == 1) {
+        launch_lean_full<TA, DQ, C::flags | kLeanT1, C::W, C::U, C::D, C::MINB>(k, st);
+        return;
+      }
+    }
     launch_lean_full<TA, DQ, C::flags, C::W, C::U, C::D, C::MINB>(k, st);
   });
 }

@@ -90,6 +90,7 @@ enum LeanFlags : int {
   kLeanAlu1 = 8,   // bits 8/16: the first 1, 2 or 3 of each tile's 4 code words decoded with byte
   kLeanAlu2 = 16,  // permutes from register tables instead of shared-memory lookups (q4_word_alu,
   kLeanAlu4 = 32,  // gemv_q4.cuh); Alu4: all four
+  kLeanT1 = 64,    // T = 1 only (the launcher adds it): token column 1's accumulators left alone
 };
 
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS = 1>
@@ -97,12 +98,12 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   constexpr bool CHAIN = NS > 1;
   constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred;
   static_assert(!CHAIN || (!ASYNC && FULL), "chained stages: barrier reduction, whole batches");
-  constexpr bool HALF = FLAGS & kLeanHalf;
+  constexpr bool HALF = FLAGS & kLeanHalf, T1 = FLAGS & kLeanT1;
   constexpr int NALU = (FLAGS & kLeanAlu4) ? 4 : (FLAGS / kLeanAlu1) & 3;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
   constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
   extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes]
-  __shared__ float red[ASYNC ? 2 : 1][W][16][8];
+  __shared__ float red[2][W][16][8];  // two buffers: one barrier per item (item & 1), or ASYNC's two
   __shared__ float gate_v[128];
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     s_ready[tid] = 0;
   }
   __syncthreads();
-  q4_fill_lut<64>(lut, s_bits);
+  q4_fill_lut<64, W * 32>(lut, s_bits);
   uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};  // NALU: the codes' low / high bytes
   if constexpr (NALU > 0) {
 #pragma unroll
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
 
   auto finish_item = [&]() {
     if constexpr (!ASYNC) {
-      seq_item_epilogue<TA, W>(A(cs), red[0], gate_v, acc, ck, crt, csub);
+      seq_item_epilogue<TA, W, false>(A(cs), red[item & 1], gate_v, acc, ck, crt, csub);
     } else {
       const Q4SeqArgs& a = a0;
       const int buf = item & 1, use = item >> 1;
@@ -366,10 +367,10 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
             // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
             if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
             const int src = g + 16 * (uu & 1);
-            q4_tile_apply<TA>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+            q4_tile_apply<TA, 0, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
           } else {
-            q4_tile_scaled<TA, DQ, NALU>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g, acc,
-                                         tl, th);
+            q4_tile_scaled<TA, DQ, NALU, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g,
+                                             acc, tl, th);
           }
         }
       }

@@ -73,8 +73,9 @@ __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) 
 
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
 // accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
-// 8 tokens) run the epilogue. Ends with a barrier (red and gate_v may be reused).
-template <typename TA, int W>
+// 8 tokens) run the epilogue. END_SYNC: ends with a barrier (red and gate_v may be reused); without
+// it the caller alternates two red buffers (the next item's barrier orders the reuse).
+template <typename TA, int W, bool END_SYNC = true>
 __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&red)[W][16][8], float* gate_v,
                                                   const float* acc, int k, int64_t rt, int sub) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -104,7 +105,7 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
       }
     }
   }
-  __syncthreads();
+  if constexpr (END_SYNC) __syncthreads();
 }
 
 // The absmax of the lane's row from its raw load: the f32 absmax, or (u8 code, nested absmax) for
@@ -120,7 +121,9 @@ __device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const
 // decoded absmax) and added to acc. (Splitting the four mma into two chains measured no faster:
 // H200, ninth session, s8u4d3.)
 // NALU, tl, th: q4_tile_mma_prmt's register-table decode of the first NALU code words.
-template <typename TA, int NALU = 0>
+// T1: one token (T = 1): the accumulators of token column 1 (acc[1], acc[3]) are never stored, so
+// they are not scaled and added.
+template <typename TA, int NALU = 0, bool T1 = false>
 __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                               const uint4& xb, float sv, int src0, int src8, float* acc,
                                               const uint32_t* tl = nullptr, const uint32_t* th = nullptr) {
@@ -129,19 +132,21 @@ __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, c
   float dd[4] = {0.f, 0.f, 0.f, 0.f};
   q4_tile_mma_prmt<TA, 2, NALU>(lut_s, lane_b, wq, xa, xb, dd, tl, th);
   acc[0] = fmaf(dd[0], s0, acc[0]);
-  acc[1] = fmaf(dd[1], s0, acc[1]);
   acc[2] = fmaf(dd[2], s8, acc[2]);
-  acc[3] = fmaf(dd[3], s8, acc[3]);
+  if constexpr (!T1) {
+    acc[1] = fmaf(dd[1], s0, acc[1]);
+    acc[3] = fmaf(dd[3], s8, acc[3]);
+  }
 }
 
 // A tile whose lanes r and r + 16 both loaded row r's absmax (raw).
-template <typename TA, bool DQ, int NALU = 0>
+template <typename TA, bool DQ, int NALU = 0, bool T1 = false>
 __device__ __forceinline__ void q4_tile_scaled(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                                const uint4& xb, float2 raw, float offset, const float* s_nested_code,
                                                int g, float* acc, const uint32_t* tl = nullptr,
                                                const uint32_t* th = nullptr) {
-  q4_tile_apply<TA, NALU>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8, acc,
-                          tl, th);
+  q4_tile_apply<TA, NALU, T1>(lut_s, lane_b, wq, xa, xb, q4_scale_decode<DQ>(raw, offset, s_nested_code), g, g + 8,
+                              acc, tl, th);
 }
 
 // Configurations (ops_gemv.cu, NF4FLASH_GEMV_SEQ_CFG): w<W>u<U>d<D>[m<MINB>], 2 blocks per SM
