@@ -186,6 +186,24 @@ TEST(CudaFused, NormLinear) {
   }
 }
 
+// The default GEMV's stream-K form at T = 1 (gemv_q4_lean.cuh, "Stream-K"): units split between
+// two neighbouring blocks (q/k/v-like 384 units, 300 units of one batch, SwiGLU pairs, the residual
+// epilogue), forced on (NF4FLASH_GEMV_SK=1) and off, each against the CPU reference.
+TEST(CudaFused, StreamKGemv) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (const char* sk : {"1", "0"}) {
+    setenv("NF4FLASH_GEMV_SK", sk, 1);
+    SCOPED_TRACE(cat("NF4FLASH_GEMV_SK=", sk));
+    for (DType dt : {DType::BF16, DType::F16}) {
+      run_multi(dt, MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 1});
+      run_multi(dt, MultiCase{QuantType::FP4, false, 2048, {4800}, 1});
+      run_swiglu(dt, QuantType::NF4, true, 4800, 2048, 1, true);
+      run_residual(dt, QuantType::NF4, true, 4800, 2048, 1, true);
+    }
+  }
+  unsetenv("NF4FLASH_GEMV_SK");
+}
+
 // Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG; l.../a...: the lean kernel) on
 // the fused forms: units crossing items and blocks, batches that run past the last column tile
 // (K = 3072, 192, 512: KT not a multiple of the batch), several units per block, T = 1..5, and

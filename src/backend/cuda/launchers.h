@@ -96,7 +96,12 @@ struct GemvQ4MultiArgs {
   // weight [cols], bit for bit what rms_norm gives); null: x is used as it is
   const float* norm_w = nullptr;
   float norm_eps = 0.f;
+  // gemv_q4_seq's stream-K form (gemv_q4_lean.cuh): kGemvSkSlotBytes per block, zeroed, for
+  // sk_cap blocks; null: never stream-K
+  unsigned long long* sk_slots = nullptr;
+  int sk_cap = 0;
 };
+constexpr int kGemvSkSlotBytes = 2 * 128 * 8;
 void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
 // The in-order GEMV over the same segments and epilogues (kernels/gemv_q4_seq.cuh): blocks take
 // whole units (row tiles; SwiGLU: gate then up row tile) in order, two batches of tiles per warp

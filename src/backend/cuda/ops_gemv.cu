@@ -346,6 +346,8 @@ void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
   Q4SeqArgs k{};
   fill_multi_args(g, k, "gemv_q4_seq");
   k.pf = g.l2pf;
+  k.sk_slots = g.sk_slots;
+  k.sk_cap = g.sk_cap;
   if (g.norm_w) {
     NF4FLASH_CHECK(gemv_q4_norm_fusable(g.T, k.cols), "gemv_q4_seq: rms_norm cannot be fused here (T=", g.T,
                    ", cols=", k.cols, ", configuration ", gemv_q4_seq_cfg(), ")");

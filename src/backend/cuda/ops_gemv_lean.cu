@@ -14,18 +14,28 @@ namespace nf4flash::cuda {
 namespace {
 constexpr int kLeanXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 
-// One launch of the lean kernel over c.nst stages (NS = 1: one GEMV, at most one block per unit;
-// chained stages: every block the GPU holds at once, as the stage counters need them all resident).
+// Blocks of this instantiation one multiprocessor holds (its shared-memory limit set on first use).
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS>
-void launch_lean_cfg(Q4LeanArgs<NS>& c, cudaStream_t st) {
+int lean_per_sm() {
   constexpr int lut = q4_lut_bytes(2);
-  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB, NS>;
-  static const int per_sm = [&] {
+  static const int per_sm = [] {
+    auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB, NS>;
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, lut + kLeanXMax));
     int v = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kern, W * 32, lut + kLeanXMax));
     return v;
   }();
+  return per_sm;
+}
+
+// One launch of the lean kernel over c.nst stages (NS = 1: one GEMV, at most one block per unit;
+// stream-K (kLeanSK) and chained stages: every block the GPU holds at once, as the neighbour slots
+// and the stage counters need them all resident).
+template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS>
+void launch_lean_cfg(Q4LeanArgs<NS>& c, cudaStream_t st) {
+  constexpr int lut = q4_lut_bytes(2);
+  auto kern = gemv_q4_lean_kernel<TA, DQ, FULL, FLAGS, W, U, D, MINB, NS>;
+  const int per_sm = lean_per_sm<TA, DQ, FULL, FLAGS, W, U, D, MINB, NS>();
   int xb = 0;
   for (int s = 0; s < c.nst; ++s) {
     c.st[s].x_stride = seq_x_stride(c.st[s].cols);
@@ -33,7 +43,9 @@ void launch_lean_cfg(Q4LeanArgs<NS>& c, cudaStream_t st) {
   }
   const int smem = lut + xb;
   int64_t grid = int64_t(std::max(per_sm, 1)) * gemv_num_sms();
-  if constexpr (NS == 1) {
+  if constexpr (FLAGS & kLeanSK) {
+    NF4FLASH_CHECK(grid <= c.st[0].sk_cap, "gemv_q4 stream-K: ", grid, " blocks for ", c.st[0].sk_cap, " slots");
+  } else if constexpr (NS == 1) {
     grid = std::min<int64_t>(c.st[0].units, grid);
   } else {
     NF4FLASH_CHECK(per_sm >= 1, "gemv_q4 chain: no block of the kernel fits on a multiprocessor");
@@ -79,15 +91,33 @@ bool visit_lean(std::string_view c, F&& f) {
   return true;
 }
 
+// Stream-K for a launch of `units` units over G resident blocks (NF4FLASH_GEMV_SK: 0 never, 1
+// wherever it can run, default: where whole units round-robin would leave > 10% of the last round
+// idle, e.g. q/k/v 384 units on 264 blocks, gate/up 896 on 264). It can run when every block's
+// range is at least one unit (so a unit is split between two blocks at most) and slots are there.
+bool lean_sk_wanted(const Q4SeqArgs& k, int64_t G) {
+  const char* e = std::getenv("NF4FLASH_GEMV_SK");  // read per launch: tests switch it
+  const int mode = e && *e ? std::atoi(e) : -1;
+  if (mode == 0 || !k.sk_slots || G > k.sk_cap || k.units < G) return false;
+  if (mode == 1) return true;
+  const int64_t rounds = (k.units + G - 1) / G;
+  return double(k.units) < 0.9 * double(rounds * G);
+}
+
 // The default configuration (h8u4d3) at T = 1 runs its kLeanT1 form (two accumulators of four per
-// tile; fourteenth session).
+// tile), and where it pays its stream-K form (fourteenth session).
 template <typename TA, bool DQ>
 bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
   return visit_lean(c, [&](auto cfg) {
     using C = decltype(cfg);
     if constexpr (C::flags == (kLeanXPred | kLeanHalf)) {
       if (k.T == 1) {
-        launch_lean_full<TA, DQ, C::flags | kLeanT1, C::W, C::U, C::D, C::MINB>(k, st);
+        constexpr int FSK = C::flags | kLeanT1 | kLeanSK;
+        if (k.KT % (C::W * C::U) == 0 &&
+            lean_sk_wanted(k, int64_t(lean_per_sm<TA, DQ, true, FSK, C::W, C::U, C::D, C::MINB, 1>()) * gemv_num_sms()))
+          launch_lean_cfg<TA, DQ, true, FSK, C::W, C::U, C::D, C::MINB>(k, st);
+        else
+          launch_lean_full<TA, DQ, C::flags | kLeanT1, C::W, C::U, C::D, C::MINB>(k, st);
         return;
       }
     }

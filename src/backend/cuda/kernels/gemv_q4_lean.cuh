@@ -91,14 +91,34 @@ enum LeanFlags : int {
   kLeanAlu2 = 16,  // permutes from register tables instead of shared-memory lookups (q4_word_alu,
   kLeanAlu4 = 32,  // gemv_q4.cuh); Alu4: all four
   kLeanT1 = 64,    // T = 1 only (the launcher adds it): token column 1's accumulators left alone
+  kLeanSK = 128,   // stream-K ranges (see "Stream-K" above; the launcher adds it where it pays)
 };
+
+// Stream-K slot protocol (kLeanSK): a 64-bit (tag << 32 | f32 bits) store or load is single-copy
+// atomic, so a tagged value needs no fence: the writer stores (1, v), the reader polls until the tag
+// is 1 and stores 0 back for the next launch (kernel boundaries order the launches).
+__device__ __forceinline__ void sk_put(unsigned long long* p, float v) {
+  const unsigned long long x = (1ull << 32) | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(x) : "memory");
+}
+__device__ __forceinline__ float sk_take(unsigned long long* p) {
+  unsigned long long x = 0;
+  for (uint32_t spin = 0;; ++spin) {
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(x) : "l"(p) : "memory");
+    if ((x >> 32) == 1) break;
+    if (spin > (1u << 22)) __trap();  // the neighbour block never published: not all resident
+  }
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(0ull) : "memory");
+  return __uint_as_float(uint32_t(x));
+}
 
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS = 1>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4LeanArgs<NS> c) {
   constexpr bool CHAIN = NS > 1;
   constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred;
   static_assert(!CHAIN || (!ASYNC && FULL), "chained stages: barrier reduction, whole batches");
-  constexpr bool HALF = FLAGS & kLeanHalf, T1 = FLAGS & kLeanT1;
+  constexpr bool HALF = FLAGS & kLeanHalf, T1 = FLAGS & kLeanT1, SK = FLAGS & kLeanSK;
+  static_assert(!SK || (NS == 1 && FULL && !ASYNC), "stream-K: one GEMV, whole batches, barrier reduction");
   constexpr int NALU = (FLAGS & kLeanAlu4) ? 4 : (FLAGS / kLeanAlu1) & 3;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
   constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
@@ -125,6 +145,20 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   // the sizes of stage s: stage 0's in registers; CHAIN: read from the parameters where used
   // (registers held per stage spilled in the inner loop)
   const int KT0 = int(a0.KT), NB0 = (KT0 + WU - 1) / WU, units0 = int(a0.units);  // NB: batches per item
+  // SK: this block's batches [sk_s, sk_e) of the launch's units x nsub x NB0, in order; the unit
+  // holding sk_s (when not its first batch) is finished by the block before, the one holding sk_e
+  // by this block (the slot protocol above); lrem / crem: batches left to load / to compute
+  const uint32_t sk_unit = uint32_t(a0.nsub * NB0), sk_tot = uint32_t(units0) * sk_unit;
+  const uint32_t sk_s = SK ? uint32_t(uint64_t(blockIdx.x) * sk_tot / G) : 0u;
+  const uint32_t sk_e = SK ? uint32_t(uint64_t(blockIdx.x + 1) * sk_tot / G) : 0u;
+  const int sk_us = int(sk_s / sk_unit), sk_ue = int(sk_e / sk_unit);  // head / tail unit
+  const bool sk_head = SK && sk_s % sk_unit != 0, sk_tail = SK && sk_e % sk_unit != 0;
+  int lrem = int(sk_e - sk_s);
+  if constexpr (SK) {
+    lu = sk_us;
+    lsub = int(sk_s % sk_unit) / NB0;
+    lb = int(sk_s % sk_unit) % NB0;
+  }
   auto KT_of = [&](int s) { return CHAIN ? int(A(s).KT) : KT0; };
   auto NB_of = [&](int s) { return CHAIN ? int(A(s).KT) / WU : NB0; };
   auto units_of = [&](int s) { return CHAIN ? int(A(s).units) : units0; };
@@ -132,7 +166,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
   const float* lnest = nullptr;
   uint32_t lo = 0;  // DQ: row * cols + 64 * kt of the batch's first tile
-  auto lvalid = [&]() { return CHAIN ? ls < c.nst : lu < units0; };
+  auto lvalid = [&]() { return CHAIN ? ls < c.nst : SK ? lrem > 0 : lu < units0; };
   // CHAIN: move the cursor on to the first stage (from ls) that gives this block a unit
   auto lsettle = [&]() {
     if constexpr (CHAIN) {
@@ -146,17 +180,31 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     int rt;
     const Q4SeqArgs& a = A(ls);
     const Q4StreamSeg& sg = a.seg[q4_seq_segment(a, lu, lsub, rt)];
-    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT_of(ls)) + uint32_t(warp);
+    const uint32_t kt0 = uint32_t(warp) + (SK ? uint32_t(lb * WU) : 0u);  // SK: may start mid-item
+    const uint32_t tile0 = uint32_t(rt) * uint32_t(KT_of(ls)) + kt0;
     lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
     la = static_cast<const uint8_t*>(sg.absmax) + (size_t(tile0) * 16 + r) * (DQ ? 1 : 4);
     lnest = sg.nested_absmax;
     int row = rt * 16 + r;
     row = row < int(sg.rows) ? row : int(sg.rows) - 1;
-    lo = uint32_t(row) * uint32_t(a.cols) + 64u * uint32_t(warp);
+    lo = uint32_t(row) * uint32_t(a.cols) + 64u * kt0;
   };
   auto advance_load = [&]() {
     if constexpr (CHAIN) {
       if (!lvalid()) return;
+    }
+    if constexpr (SK) {
+      if (lrem <= 0 || --lrem == 0) return;
+      if (++lb == NB0) {
+        lb = 0;
+        if (++lsub == a0.nsub) lsub = 0, ++lu;
+        start_item();
+      } else {
+        lw += WU * 32;
+        la += WU * 16 * (DQ ? 1 : 4);
+        lo += 64u * WU;
+      }
+      return;
     }
     if (++lb == NB_of(ls)) {
       lb = 0;
@@ -203,7 +251,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   };
 
   pdl_trigger();
-  if constexpr (!CHAIN) {
+  if constexpr (!CHAIN && !SK) {
     if (int(blockIdx.x) >= units0) return;
   }
   // Loads of what no previous kernel writes and the prologue waits for go out first, before the
@@ -284,13 +332,62 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     if (!staged) stage_rms_norm_x<TA>(a.x, a.T, a.cols, a.x_stride, a.norm_w, a.norm_eps, xs, s_part);
     xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
     cu = blockIdx.x, csub = 0, cb = 0;
-    ck = q4_seq_segment(a, cu, 0, crt);
+    if constexpr (SK) {
+      cu = sk_us;
+      csub = int(sk_s % sk_unit) / NB0;
+      cb = int(sk_s % sk_unit) % NB0;
+    }
+    ck = q4_seq_segment(a, cu, csub, crt);
     offset = a.seg[ck].offset;
     return true;
   };
   bool more = enter_stage();
   int item = 0;  // items finished by this block (ASYNC: buffer item & 1, its use item >> 1)
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int crem = int(sk_e - sk_s);     // SK: batches left to compute
+  float own0 = 0.f, own1 = 0.f;    // SK, threads < 128: this block's sums of a split unit, per sub
+
+  // SK: the end of an item at the compute cursor (last: this block's last batch; done: the unit's
+  // last batch). Items of units inside the range end as always; a split unit's sums go to own[sub]:
+  // the head unit's are published when it is done, the tail unit's are added (own first, in K
+  // order) to what the next block published for it, then the epilogue runs here.
+  auto finish_item_sk = [&](bool last, bool done) {
+    float(&rb)[W][16][8] = red[item & 1];
+    rb[warp][g][2 * t] = acc[0];
+    rb[warp][g][2 * t + 1] = acc[1];
+    rb[warp][g + 8][2 * t] = acc[2];
+    rb[warp][g + 8][2 * t + 1] = acc[3];
+    __syncthreads();
+    if (tid < 128) {
+      float y = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) y += rb[w][tid >> 3][tid & 7];
+      const bool head = sk_head && cu == sk_us, tail = sk_tail && cu == sk_ue;
+      if (!head && !tail) {
+        seq_item_out<TA>(a0, ck, crt, csub, tid, y, gate_v);
+      } else {
+        if (csub == 0) own0 = y;
+        else own1 = y;
+        unsigned long long* slot = a0.sk_slots + size_t(blockIdx.x + (head ? 0 : 1)) * 256 + tid;
+        if (head && done) {
+          sk_put(slot, own0);
+          if (a0.nsub == 2) sk_put(slot + 128, own1);
+          own0 = own1 = 0.f;
+        }
+        if (tail && last) {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            if (s == a0.nsub) break;
+            const float y_s = (s ? own1 : own0) + sk_take(slot + 128 * s);
+            int rt_s;
+            const int k_s = q4_seq_segment(a0, cu, s, rt_s);
+            seq_item_out<TA>(a0, k_s, rt_s, s, tid, y_s, gate_v);
+          }
+        }
+      }
+    }
+    ++item;
+  };
 
   auto finish_item = [&]() {
     if constexpr (!ASYNC) {
@@ -373,6 +470,23 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
                                              acc, tl, th);
           }
         }
+      }
+      if constexpr (SK) {
+        const bool last = --crem == 0, item_end = ++cb == NB0;
+        if (item_end || last) {
+          finish_item_sk(last, item_end && csub == a0.nsub - 1);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[i] = 0.f;
+          if (last) {
+            more = false;
+            break;
+          }
+          cb = 0;
+          if (++csub == a0.nsub) csub = 0, ++cu;
+          ck = q4_seq_segment(a0, cu, csub, crt);
+          offset = a0.seg[ck].offset;
+        }
+        continue;
       }
       if (++cb == NB_of(cs)) {
         finish_item();

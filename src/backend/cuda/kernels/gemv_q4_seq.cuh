@@ -45,6 +45,10 @@ struct Q4SeqArgs {
   const L2PfLaunch* pf;  // null: no prefetch
   const float* norm_w;   // lean kernel only: x = rms_norm(x) * norm_w first (f32 [cols]); null: none
   float norm_eps;
+  // lean kernel, stream-K form only (kLeanSK): per block 2 x 128 tagged partial sums (zero between
+  // launches), sk_cap blocks' worth
+  unsigned long long* sk_slots;
+  int sk_cap;
 };
 
 // Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
@@ -71,6 +75,26 @@ __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) 
   stage_x_rows<TA, CG>(a.x, a.T, a.cols, a.x_stride, xs);
 }
 
+// One output of an item, by thread tid < 128 (row rt*16 + tid/8, token tid%8): y = the item's sum
+// (bias not added) through the epilogue; SwiGLU: sub 0 parks the rounded gate value in gate_v[tid],
+// sub 1 stores silu(gate) * up.
+template <typename TA>
+__device__ __forceinline__ void seq_item_out(const Q4SeqArgs& a, int k, int64_t rt, int sub, int tid, float y,
+                                             float* gate_v) {
+  const Q4StreamSeg& sg = a.seg[k];
+  const int r = tid >> 3, n = tid & 7;
+  const int64_t row = rt * 16 + r;
+  if (n >= a.T || row >= sg.rows) return;
+  if (sg.bias) y += sg.bias[row];
+  if (a.ep == int(GemvEpilogue::SwiGLU)) {
+    const float yr = to_f32<TA>(from_f32<TA>(y));
+    if (sub == 0) gate_v[tid] = yr;
+    else q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[tid], yr);
+  } else {
+    q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
+  }
+}
+
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
 // accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
 // 8 tokens) run the epilogue. END_SYNC: ends with a barrier (red and gate_v may be reused); without
@@ -85,25 +109,10 @@ __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&re
   red[warp][g + 8][2 * t + 1] = acc[3];
   __syncthreads();
   if (tid < 128) {
-    const Q4StreamSeg& sg = a.seg[k];
-    const int r = tid >> 3, n = tid & 7;
-    const int64_t row = rt * 16 + r;
-    if (n < a.T && row < sg.rows) {
-      float y = 0.f;
+    float y = 0.f;
 #pragma unroll
-      for (int w = 0; w < W; ++w) y += red[w][r][n];
-      if (sg.bias) y += sg.bias[row];
-      if (a.ep == int(GemvEpilogue::SwiGLU)) {
-        const float yr = to_f32<TA>(from_f32<TA>(y));
-        if (sub == 0) {
-          gate_v[tid] = yr;
-        } else {
-          q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[tid], yr);
-        }
-      } else {
-        q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
-      }
-    }
+    for (int w = 0; w < W; ++w) y += red[w][tid >> 3][tid & 7];
+    seq_item_out<TA>(a, k, rt, sub, tid, y, gate_v);
   }
   if constexpr (END_SYNC) __syncthreads();
 }
