@@ -188,7 +188,7 @@ TEST(CudaFused, NormLinear) {
 
 // The default GEMV's stream-K form at T = 1 (gemv_q4_lean.cuh, "Stream-K"): units split between
 // two neighbouring blocks (q/k/v-like 384 units, 300 units of one batch, SwiGLU pairs, the residual
-// epilogue), forced on (NF4FLASH_GEMV_SK=1) and off, each against the CPU reference.
+// epilogue), on (NF4FLASH_GEMV_SK=1, opt-in) and off, each against the CPU reference.
 TEST(CudaFused, StreamKGemv) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* sk : {"1", "0"}) {

@@ -88,9 +88,12 @@ class CudaBackend : public Backend {
     if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SWIGLU"); v && *v) q4_fused_swiglu_ = std::atoi(v) != 0;
     chain_cnt_ = std::make_unique<CudaBuffer>(size_t(kGemvChainMaxStages + 1) * 4);
     CUDA_CHECK(cudaMemsetAsync(chain_cnt_->data(), 0, chain_cnt_->bytes(), stream_));
-    sk_cap_ = 4 * props_.multiProcessorCount;  // the stream-K GEMV's blocks (2 per SM today)
-    sk_slots_ = std::make_unique<CudaBuffer>(size_t(sk_cap_) * kGemvSkSlotBytes);
-    CUDA_CHECK(cudaMemsetAsync(sk_slots_->data(), 0, sk_slots_->bytes(), stream_));
+    if (const char* v = std::getenv("NF4FLASH_GEMV_SK"); v && std::string_view(v) == "1") {
+      // the opt-in stream-K GEMV (gemv_q4_lean.cuh): slots for its blocks (2 per SM today)
+      sk_cap_ = 4 * props_.multiProcessorCount;
+      sk_slots_ = std::make_unique<CudaBuffer>(size_t(sk_cap_) * kGemvSkSlotBytes);
+      CUDA_CHECK(cudaMemsetAsync(sk_slots_->data(), 0, sk_slots_->bytes(), stream_));
+    }
     if (stream_gemv_) {
       qs_partials_ = std::make_unique<CudaBuffer>(size_t(gemv_q4_stream_partials_floats()) * 4);
       qs_counters_ = std::make_unique<CudaBuffer>(size_t(kQsCounters) * 4);
@@ -633,7 +636,7 @@ class CudaBackend : public Backend {
     a.partials = qs_partials_ ? static_cast<float*>(qs_partials_->data()) : nullptr;
     a.counters = qs_counters_ ? static_cast<int*>(qs_counters_->data()) : nullptr;
     a.counters_len = kQsCounters;
-    a.sk_slots = static_cast<unsigned long long*>(sk_slots_->data());
+    a.sk_slots = sk_slots_ ? static_cast<unsigned long long*>(sk_slots_->data()) : nullptr;
     a.sk_cap = sk_cap_;
     return a;
   }
@@ -717,7 +720,7 @@ class CudaBackend : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<CudaBuffer> cublas_ws_, scratch_, attn_ws_, attn_cnt_, eager_ws_, sample_scratch_, k_cache_, v_cache_;
   std::unique_ptr<CudaBuffer> chain_cnt_;  // linear_chain's stage counters (zero between launches)
-  std::unique_ptr<CudaBuffer> sk_slots_;   // the stream-K GEMV's tagged partials (zero between launches)
+  std::unique_ptr<CudaBuffer> sk_slots_;   // opt-in stream-K GEMV's tagged partials (zero between launches)
   int sk_cap_ = 0;
   std::unique_ptr<CudaBuffer> sample_hist_;  // device copy of the sampling history (grown as needed)
   int64_t sample_vocab_ = -1;  // the vocabulary the sampling workspace is laid out for

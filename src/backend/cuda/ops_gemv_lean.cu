@@ -91,21 +91,20 @@ bool visit_lean(std::string_view c, F&& f) {
   return true;
 }
 
-// Stream-K for a launch of `units` units over G resident blocks (NF4FLASH_GEMV_SK: 0 never, 1
-// wherever it can run, default: where whole units round-robin would leave > 10% of the last round
-// idle, e.g. q/k/v 384 units on 264 blocks, gate/up 896 on 264). It can run when every block's
-// range is at least one unit (so a unit is split between two blocks at most) and slots are there.
+// Stream-K for a launch of `units` units over G resident blocks: opt-in (NF4FLASH_GEMV_SK=1; the
+// backend allocates the slots only then), where whole units round-robin would leave > 10% of the
+// last round idle (q/k/v: 384 units on 264 blocks, gate/up 896). Measured slower end to end (H200,
+// fourteenth session: decode @512 386.2 vs 400.3 tok/s; 14336x4096 14.10 vs 13.51 us; q/k/v
+// 6144x4096 7.47 vs 7.56). It can run when every block's range is at least one unit (a unit is
+// split between two blocks at most) and the slots hold the grid.
 bool lean_sk_wanted(const Q4SeqArgs& k, int64_t G) {
-  const char* e = std::getenv("NF4FLASH_GEMV_SK");  // read per launch: tests switch it
-  const int mode = e && *e ? std::atoi(e) : -1;
-  if (mode == 0 || !k.sk_slots || G > k.sk_cap || k.units < G) return false;
-  if (mode == 1) return true;
+  if (!k.sk_slots || G > k.sk_cap || k.units < G) return false;
   const int64_t rounds = (k.units + G - 1) / G;
   return double(k.units) < 0.9 * double(rounds * G);
 }
 
 // The default configuration (h8u4d3) at T = 1 runs its kLeanT1 form (two accumulators of four per
-// tile), and where it pays its stream-K form (fourteenth session).
+// tile), and with NF4FLASH_GEMV_SK=1 its stream-K form where that balances the rounds.
 template <typename TA, bool DQ>
 bool launch_lean(Q4SeqArgs& k, std::string_view c, cudaStream_t st) {
   return visit_lean(c, [&](auto cfg) {

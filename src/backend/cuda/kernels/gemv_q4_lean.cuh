@@ -38,6 +38,14 @@
 // last item of a stage), then stages x from L2 (ld.cg) and folds the norm. All G blocks must be
 // resident at once (the launcher sizes G by the occupancy calculator; a wait that never ends
 // traps instead of hanging). The last block to leave re-zeroes the counters for the next launch.
+//
+// Stream-K (kLeanSK, opt-in NF4FLASH_GEMV_SK=1; NS = 1, whole batches): instead of whole units
+// round-robin, block b takes the contiguous batches [b*B/G, (b+1)*B/G) of the launch's B = units x
+// nsub x NB batches (every block resident, each range >= one unit). A unit cut by a range boundary
+// is split between two neighbours: the later block (holding the unit's end, at the start of its
+// range) publishes its per-sub sums as tagged 64-bit values in its slot; the earlier one (holding
+// the unit's start, at the end of its range) adds them after its own (K order: deterministic),
+// runs the epilogue and clears the tags. Measured slower (fourteenth session): opt-in.
 #pragma once
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/gemv_q4_seq.cuh"
@@ -91,7 +99,7 @@ enum LeanFlags : int {
   kLeanAlu2 = 16,  // permutes from register tables instead of shared-memory lookups (q4_word_alu,
   kLeanAlu4 = 32,  // gemv_q4.cuh); Alu4: all four
   kLeanT1 = 64,    // T = 1 only (the launcher adds it): token column 1's accumulators left alone
-  kLeanSK = 128,   // stream-K ranges (see "Stream-K" above; the launcher adds it where it pays)
+  kLeanSK = 128,   // stream-K ranges ("Stream-K" above; the launcher adds it when opted in)
 };
 
 // Stream-K slot protocol (kLeanSK): a 64-bit (tag << 32 | f32 bits) store or load is single-copy
