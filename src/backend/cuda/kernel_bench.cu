@@ -85,6 +85,61 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     return out.dump(2);
   }
 
+  // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
+  //   stream (stream-K bulk-copy, 8 warps), stream16 (16 warps), regs (register prefetch)
+  std::normal_distribution<float> nd;
+  auto rand_act = [&](int64_t rows, int64_t cols) {
+    auto b = be->alloc(size_t(rows * cols) * 2);
+    std::vector<uint16_t> h(size_t(rows * cols));
+    for (auto& v : h) v = f32_to_bf16(nd(g));
+    be->upload(b->data(), h.data(), h.size() * 2);
+    return b;
+  };
+  auto copies_for = [&](int64_t bytes) { return int(std::max<int64_t>(2, (4 * int64_t(prop.l2CacheSize)) / bytes + 1)); };
+  auto with_variant = [&](const char* v) {
+    if (std::string(v).rfind("stream", 0) == 0) {
+      setenv("NF4FLASH_GEMV_Q4", "stream", 1);
+      setenv("NF4FLASH_GEMV_WARPS", std::string(v) == "stream-bulk16" ? "16" : "8", 1);
+      setenv("NF4FLASH_GEMV_FEED", std::string(v).rfind("stream-bulk", 0) == 0 ? "bulk" : "regs", 1);
+    } else {
+      setenv("NF4FLASH_GEMV_Q4", v, 1);
+    }
+  };
+  auto reset_variant = [] {
+    unsetenv("NF4FLASH_GEMV_Q4");
+    unsetenv("NF4FLASH_GEMV_WARPS");
+    unsetenv("NF4FLASH_GEMV_FEED");
+  };
+  struct Shape { int64_t rows, cols; };
+  // ---- focused mode (--gemv-shape): the 4-bit GEMV alone on the given shapes and variants
+  //   (for ncu: few launches, nothing else in the process's kernel list)
+  if (!o.gemv_shapes.empty()) {
+    std::vector<std::string> variants = o.gemv_variants;
+    if (variants.empty()) variants = {"seq"};
+    for (auto [R, K] : o.gemv_shapes)
+      for (bool dq : {true, false}) {
+        const int copies = copies_for(R * K / 2);
+        std::vector<std::unique_ptr<Weight>> ws;
+        for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(R, K, dq, g)));
+        auto xb = rand_act(1, K), yb = be->alloc(size_t(R) * 2);
+        Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
+        for (const std::string& v : variants) {
+          with_variant(v.rfind("seq", 0) == 0 ? "seq" : v.c_str());
+          if (v.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", v.c_str() + 4, 1);
+          const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
+                                        o.reps, o.trials);
+          report(cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 ", v), sec,
+                 double(ws[0]->resident_bytes()) + (K + R) * 2.0,
+                 {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", v},
+                  {"path", be->linear_path(*ws[0], 1)}});
+          unsetenv("NF4FLASH_GEMV_SEQ_CFG");
+          reset_variant();
+        }
+      }
+    out["kernels"] = rows;
+    return out.dump(2);
+  }
+
   // ---- decode attention, Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128), bf16 cache,
   //   split kernel + combine; the bytes are the K/V read (ctx 512's 2 MB stays in L2 across repeats)
   for (int ctx : {512, 4096, 32768}) {
@@ -145,60 +200,6 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_DECODE_CLUSTER");
   }
 
-  // ---- 4-bit GEMV on the Llama-3-8B shapes, T = 1 (and T = 4 once); kernel variants:
-  //   stream (stream-K bulk-copy, 8 warps), stream16 (16 warps), regs (register prefetch)
-  std::normal_distribution<float> nd;
-  auto rand_act = [&](int64_t rows, int64_t cols) {
-    auto b = be->alloc(size_t(rows * cols) * 2);
-    std::vector<uint16_t> h(size_t(rows * cols));
-    for (auto& v : h) v = f32_to_bf16(nd(g));
-    be->upload(b->data(), h.data(), h.size() * 2);
-    return b;
-  };
-  auto copies_for = [&](int64_t bytes) { return int(std::max<int64_t>(2, (4 * int64_t(prop.l2CacheSize)) / bytes + 1)); };
-  auto with_variant = [&](const char* v) {
-    if (std::string(v).rfind("stream", 0) == 0) {
-      setenv("NF4FLASH_GEMV_Q4", "stream", 1);
-      setenv("NF4FLASH_GEMV_WARPS", std::string(v) == "stream-bulk16" ? "16" : "8", 1);
-      setenv("NF4FLASH_GEMV_FEED", std::string(v).rfind("stream-bulk", 0) == 0 ? "bulk" : "regs", 1);
-    } else {
-      setenv("NF4FLASH_GEMV_Q4", v, 1);
-    }
-  };
-  auto reset_variant = [] {
-    unsetenv("NF4FLASH_GEMV_Q4");
-    unsetenv("NF4FLASH_GEMV_WARPS");
-    unsetenv("NF4FLASH_GEMV_FEED");
-  };
-  struct Shape { int64_t rows, cols; };
-  // ---- focused mode (--gemv-shape): the 4-bit GEMV alone on the given shapes and variants
-  //   (for ncu: few launches, nothing else in the process's kernel list)
-  if (!o.gemv_shapes.empty()) {
-    std::vector<std::string> variants = o.gemv_variants;
-    if (variants.empty()) variants = {"seq"};
-    for (auto [R, K] : o.gemv_shapes)
-      for (bool dq : {true, false}) {
-        const int copies = copies_for(R * K / 2);
-        std::vector<std::unique_ptr<Weight>> ws;
-        for (int c = 0; c < copies; ++c) ws.push_back(be->upload_quant4(random_q4(R, K, dq, g)));
-        auto xb = rand_act(1, K), yb = be->alloc(size_t(R) * 2);
-        Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
-        for (const std::string& v : variants) {
-          with_variant(v.rfind("seq", 0) == 0 ? "seq" : v.c_str());
-          if (v.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", v.c_str() + 4, 1);
-          const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
-                                        o.reps, o.trials);
-          report(cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 ", v), sec,
-                 double(ws[0]->resident_bytes()) + (K + R) * 2.0,
-                 {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", v},
-                  {"path", be->linear_path(*ws[0], 1)}});
-          unsetenv("NF4FLASH_GEMV_SEQ_CFG");
-          reset_variant();
-        }
-      }
-    out["kernels"] = rows;
-    return out.dump(2);
-  }
   // ---- read-only streaming reference at the sizes of the decode GEMVs (4-bit 4096x14336 ~ 30 MB,
   //   4096x4096 ~ 8.4 MB, 1024x4096 ~ 2.1 MB): what one kernel of that size can read, launch and
   //   ramp included (buffers rotated over >= 4x the L2)
