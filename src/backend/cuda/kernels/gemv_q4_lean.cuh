@@ -46,6 +46,8 @@
 // range) publishes its per-sub sums as tagged 64-bit values in its slot; the earlier one (holding
 // the unit's start, at the end of its range) adds them after its own (K order: deterministic),
 // runs the epilogue and clears the tags. Measured slower (fourteenth session): opt-in.
+// ptxas (sm_90, 128 registers): h8u4d3's T=1 forms and the chain spill nothing; the stream-K dq
+// form 24 bytes, l8u4d3 dq 8, h8u4d3's T>1 single-quant form 60-108 (fourteenth session).
 #pragma once
 #include "backend/cuda/kernels/elementwise.cuh"
 #include "backend/cuda/kernels/gemv_q4_seq.cuh"
@@ -360,16 +362,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   // the head unit's are published when it is done, the tail unit's are added (own first, in K
   // order) to what the next block published for it, then the epilogue runs here.
   auto finish_item_sk = [&](bool last, bool done) {
-    float(&rb)[W][16][8] = red[item & 1];
-    rb[warp][g][2 * t] = acc[0];
-    rb[warp][g][2 * t + 1] = acc[1];
-    rb[warp][g + 8][2 * t] = acc[2];
-    rb[warp][g + 8][2 * t + 1] = acc[3];
-    __syncthreads();
+    seq_item_publish<W>(red[item & 1], acc);
     if (tid < 128) {
-      float y = 0.f;
-#pragma unroll
-      for (int w = 0; w < W; ++w) y += rb[w][tid >> 3][tid & 7];
+      const float y = seq_item_y<W>(red[item & 1], tid);
       const bool head = sk_head && cu == sk_us, tail = sk_tail && cu == sk_ue;
       if (!head && !tail) {
         seq_item_out<TA>(a0, ck, crt, csub, tid, y, gate_v);
@@ -418,24 +413,13 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       prev = __shfl_sync(0xffffffffu, prev, 0);
       if (prev == W - 1) {  // the last warp of this item: sum in warp order, epilogue, free
         __threadfence_block();
-        const Q4StreamSeg& sg = a.seg[ck];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int o = lane + 32 * q, rr = o >> 3, n = o & 7;
-          const int64_t row = int64_t(crt) * 16 + rr;
-          if (n < a.T && row < sg.rows) {
-            float y = 0.f;
+        for (int q = 0; q < 4; ++q) {  // outputs o = lane + 32q, as threads o of seq_item_out
+          const int o = lane + 32 * q;
+          float y = 0.f;
 #pragma unroll
-            for (int w = 0; w < W; ++w) y += reinterpret_cast<volatile float*>(&rb[w][rr][n])[0];
-            if (sg.bias) y += sg.bias[row];
-            if (a.ep == int(GemvEpilogue::SwiGLU)) {
-              const float yr = to_f32<TA>(from_f32<TA>(y));
-              if (csub == 0) gate_v[o] = yr;
-              else q4_store_swiglu<TA>(a.seg[0].out, int64_t(n) * sg.rows + row, gate_v[o], yr);
-            } else {
-              q4_store_y<TA>(sg.out, int64_t(n) * sg.rows + row, y, a.out_f32, a.ep == int(GemvEpilogue::Residual));
-            }
-          }
+          for (int w = 0; w < W; ++w) y += reinterpret_cast<volatile float*>(&rb[w][o >> 3][o & 7])[0];
+          seq_item_out<TA>(a, ck, crt, csub, o, y, gate_v);
         }
         __threadfence_block();
         __syncwarp();

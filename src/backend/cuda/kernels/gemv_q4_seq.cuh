@@ -95,6 +95,25 @@ __device__ __forceinline__ void seq_item_out(const Q4SeqArgs& a, int k, int64_t 
   }
 }
 
+// The warps' mma accumulators (rows g, g+8 x tokens 2t, 2t+1) into red, then a barrier; after it
+// seq_item_y(red, o) is the sum over the W warps of output o (row o/8, token o%8), o < 128.
+template <int W>
+__device__ __forceinline__ void seq_item_publish(float (&red)[W][16][8], const float* acc) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  red[warp][g][2 * t] = acc[0];
+  red[warp][g][2 * t + 1] = acc[1];
+  red[warp][g + 8][2 * t] = acc[2];
+  red[warp][g + 8][2 * t + 1] = acc[3];
+  __syncthreads();
+}
+template <int W>
+__device__ __forceinline__ float seq_item_y(const float (&red)[W][16][8], int o) {
+  float y = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) y += red[w][o >> 3][o & 7];
+  return y;
+}
+
 // The end of one item (row tile rt of segment k; SwiGLU: sub 0 = gate, 1 = up): the warps' mma
 // accumulators (rows g, g+8 x tokens 2t, 2t+1) summed in shared memory, then 128 threads (16 rows x
 // 8 tokens) run the epilogue. END_SYNC: ends with a barrier (red and gate_v may be reused); without
@@ -102,18 +121,8 @@ __device__ __forceinline__ void seq_item_out(const Q4SeqArgs& a, int k, int64_t 
 template <typename TA, int W, bool END_SYNC = true>
 __device__ __forceinline__ void seq_item_epilogue(const Q4SeqArgs& a, float (&red)[W][16][8], float* gate_v,
                                                   const float* acc, int k, int64_t rt, int sub) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  red[warp][g][2 * t] = acc[0];
-  red[warp][g][2 * t + 1] = acc[1];
-  red[warp][g + 8][2 * t] = acc[2];
-  red[warp][g + 8][2 * t + 1] = acc[3];
-  __syncthreads();
-  if (tid < 128) {
-    float y = 0.f;
-#pragma unroll
-    for (int w = 0; w < W; ++w) y += red[w][tid >> 3][tid & 7];
-    seq_item_out<TA>(a, k, rt, sub, tid, y, gate_v);
-  }
+  seq_item_publish<W>(red, acc);
+  if (threadIdx.x < 128) seq_item_out<TA>(a, k, rt, sub, int(threadIdx.x), seq_item_y<W>(red, threadIdx.x), gate_v);
   if constexpr (END_SYNC) __syncthreads();
 }
 
