@@ -2,12 +2,15 @@
 # Profile the 4-bit decode GEMV alone, on the GPU machine from the repo root: build nf4flash (no
 # tests), time kernel-bench's focused rows (--gemv-shape, T=1, nf4-dq and nf4), dump the lean
 # kernel's SASS, and with NCU=1 take per shape ncu's detail sections and its per-SASS-instruction
-# source page for the first variant's nf4-dq and nf4 launches. Writes to $OUT (default
-# build-gpu/out): kb-focus.{txt,json}, lean-sass.txt.gz, ncu-<shape>-<dq|nf4>.txt, ...-sass.csv.
+# source page for the first variant's nf4-dq and nf4 launches, summarized by
+# scripts/ncu-sass-summary.py. Writes to $OUT (default build-gpu/out): kb-focus.{txt,json},
+# lean-sass.txt.gz, ncu-<shape>-<dq|nf4>.txt, ...-sass.csv.gz, ...-summary.txt, and all of it
+# packed into all.tgz after each step (the device tool brings back only 8 files one by one).
 #   GEMV_SHAPES="4096x14336 14336x4096"  GEMV_VARIANTS="seq seq-p8u4d3"  NCU=1
 set -uo pipefail
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
+pack() { (cd "$out" && tar czf all.tgz --exclude=all.tgz --exclude='*.ncu-rep' * 2>/dev/null); }
 B=build-gpu/nf4flash
 NF4FLASH_GPU_TESTS=0 NF4FLASH_GPU_BENCH=0 bash scripts/gpu-check.sh >"$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
 read -ra shapes <<<"${GEMV_SHAPES:-4096x14336 14336x4096}"
@@ -19,6 +22,7 @@ $B kernel-bench "${args[@]}" --json "$out/kb-focus.json" >"$out/kb-focus.txt" 2>
 grep -E "gemv|copy" "$out/kb-focus.txt"
 o=$(find build-gpu -name 'ops_gemv_lean.cu.o' | head -1)
 [ -n "$o" ] && cuobjdump -sass "$o" 2>/dev/null | gzip >"$out/lean-sass.txt.gz"
+pack
 [ "${NCU:-1}" = 1 ] || exit 0
 # launches per variant row: reps x (1 + trials) = 8 x 3; the first variant's nf4-dq row comes
 # first, its nf4 row after all variants' nf4-dq rows
@@ -34,8 +38,11 @@ for s in "${shapes[@]}"; do
       --section SourceCounters -o "$rep" -f $B kernel-bench --gemv-shape "$s" --gemv-variant "${variants[0]}" \
       --reps 8 --trials 2 >"$rep.log" 2>&1 || { echo "ncu $s $kind failed"; tail -5 "$rep.log"; continue; }
     ncu -i "$rep.ncu-rep" --page details --print-details all >"$rep.txt" 2>&1
-    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv >"$rep-sass.csv" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$rep-sass.csv.gz"
     rm -f "$rep.ncu-rep"
-    echo "$s $kind: $(grep -E '^ +Duration' "$rep.txt" | head -1 | sed -E 's/ +/ /g')"
+    r=${s%x*} k=${s#*x}
+    python3 scripts/ncu-sass-summary.py "$rep-sass.csv.gz" --tiles $(( (r + 15) / 16 * (k / 64) )) >"$rep-summary.txt" 2>&1
+    echo "$s $kind: $(grep -E '^ +Duration' "$rep.txt" | head -1 | sed -E 's/ +/ /g')"; head -2 "$rep-summary.txt"
+    pack
   done
 done
