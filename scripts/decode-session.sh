@@ -4,7 +4,8 @@
 # rows and decode attention rows, decode @512/@32768 with the defaults and each DECODE_AB setting
 # ("label:ENV=VAL"), @512 per lean configuration in LEAN_CFGS, bf16 decode per dense kernel in
 # DENSE_STREAMS and per BF16_AB setting ("label:ENV=VAL,..."; "label:" = defaults), peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE), with SASS=1 the
-# lean GEMV's SASS and, with PROFILE=1, the ncu step tables of the NF4 and bf16 models. Each result is packed into
+# lean GEMV's SASS, with PROFILE=1 the ncu step tables of the NF4 and bf16 models and with GEMV_NCU=1
+# the default GEMV alone under ncu (scripts/gemv-profile.sh, into gemv/). Each result is packed into
 # $OUT/all.tgz as it lands (only 8 files come back one by one, and a timed-out call keeps what was
 # packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash> scripts/decode-session.sh
 set -uo pipefail
@@ -52,5 +53,8 @@ if [ "${PROFILE:-0}" = 1 ]; then
   python3 scripts/ncu-step-table.py $OUT/ncu-times.csv --steps 2 > $OUT/ncu-step.txt 2>&1; head -14 $OUT/ncu-step.txt; pack
   mkdir -p $OUT/bf16 && OUT=$OUT/bf16 PROFILE_QUANT=none PROFILE_TIMES=1 timeout 90 bash scripts/profile-decode.sh $B
   python3 scripts/ncu-step-table.py $OUT/bf16/ncu-times.csv --steps 2 > $OUT/bf16/ncu-step.txt 2>&1; head -10 $OUT/bf16/ncu-step.txt; pack
+fi
+if [ "${GEMV_NCU:-0}" = 1 ]; then  # the default GEMV alone under ncu (scripts/gemv-profile.sh), into $OUT/gemv
+  mkdir -p $OUT/gemv && OUT=$OUT/gemv timeout ${GEMV_NCU_TIMEOUT:-300} bash scripts/gemv-profile.sh 2>&1 | tail -12; pack
 fi
 ls -la $OUT/all.tgz
