@@ -168,4 +168,33 @@ std::vector<Backend::LinearOut> linear_outs(Backend& be, const std::vector<W>& w
   return o;
 }
 
+// The norm folded into the decode GEMVs, from x (xc / xg, set) with the norm weights nc / ng:
+// rms_norm_linear_multi over ws and rms_norm_linear_swiglu over g, u on the GPU give bit for bit
+// what rms_norm + linear_multi / linear_swiglu give there, and are within 5e-3 / 1e-2 of the CPU's.
+// xnc / xng: the normalized x (scratch); I: the rows of g and u (W: cpu, gpu, bcpu, bgpu, N).
+template <typename W>
+void expect_norm_folds(Backends& b, DevAct& xc, DevAct& xg, DevAct& xnc, DevAct& xng, const Weight& nc,
+                       const Weight& ng, float eps, const std::vector<W>& ws, const W& g, const W& u, int64_t T,
+                       int64_t I) {
+  std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
+  auto of = linear_outs(*b.gpu, ws, T, false, yf), ou = linear_outs(*b.gpu, ws, T, false, yu),
+       oc = linear_outs(*b.cpu, ws, T, true, yc);
+  b.gpu->rms_norm_linear_multi(xg.act, ng, eps, xng.act, of.data(), int(of.size()));
+  b.gpu->rms_norm(xg.act, ng, eps, xng.act);
+  b.gpu->linear_multi(xng.act, ou.data(), int(ou.size()));
+  b.cpu->rms_norm_linear_multi(xc.act, nc, eps, xnc.act, oc.data(), int(oc.size()));
+  for (size_t i = 0; i < ws.size(); ++i) {
+    EXPECT_EQ(yf[i]->get(), yu[i]->get()) << "rms_norm_linear_multi segment " << i;
+    EXPECT_LT(rel_err(yf[i]->get(), yc[i]->get()), 5e-3) << "rms_norm_linear_multi segment " << i;
+  }
+  DevAct gtc(*b.cpu, T, I), gtg(*b.gpu, T, I), o2c(*b.cpu, T, I), o2f(*b.gpu, T, I), o2u(*b.gpu, T, I);
+  o2f.poison();
+  b.gpu->rms_norm_linear_swiglu(xg.act, ng, eps, xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, o2f.act);
+  b.gpu->rms_norm(xg.act, ng, eps, xng.act);
+  b.gpu->linear_swiglu(xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, o2u.act);
+  b.cpu->rms_norm_linear_swiglu(xc.act, nc, eps, xnc.act, *g.cpu, nullptr, *u.cpu, u.bcpu.get(), gtc.act, o2c.act);
+  EXPECT_EQ(o2f.get(), o2u.get()) << "rms_norm_linear_swiglu";
+  EXPECT_LT(rel_err(o2f.get(), o2c.get()), 1e-2) << "rms_norm_linear_swiglu";
+}
+
 }  // namespace nf4flash::test

@@ -213,26 +213,7 @@ void run_dense_norm(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t 
   xc.set(X);
   xg.set(X);
   EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), fused);
-  const float eps = 1e-5f;
-  std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
-  auto of = linear_outs(*b.gpu, ws, T, false, yf), ou = linear_outs(*b.gpu, ws, T, false, yu),
-       oc = linear_outs(*b.cpu, ws, T, true, yc);
-  b.gpu->rms_norm_linear_multi(xg.act, *ng, eps, xng.act, of.data(), int(of.size()));
-  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
-  b.gpu->linear_multi(xng.act, ou.data(), int(ou.size()));
-  b.cpu->rms_norm_linear_multi(xc.act, *nc, eps, xnc.act, oc.data(), int(oc.size()));
-  for (size_t i = 0; i < ws.size(); ++i) {
-    EXPECT_EQ(yf[i]->get(), yu[i]->get()) << "rms_norm_linear_multi segment " << i;
-    EXPECT_LT(rel_err(yf[i]->get(), yc[i]->get()), 5e-3) << "segment " << i;
-  }
-  DevAct gtc(*b.cpu, T, I), gtg(*b.gpu, T, I), o2c(*b.cpu, T, I), o2f(*b.gpu, T, I), o2u(*b.gpu, T, I);
-  o2f.poison();
-  b.gpu->rms_norm_linear_swiglu(xg.act, *ng, eps, xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, o2f.act);
-  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
-  b.gpu->linear_swiglu(xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, o2u.act);
-  b.cpu->rms_norm_linear_swiglu(xc.act, *nc, eps, xnc.act, *g.cpu, nullptr, *u.cpu, u.bcpu.get(), gtc.act, o2c.act);
-  EXPECT_EQ(o2f.get(), o2u.get()) << "rms_norm_linear_swiglu";
-  EXPECT_LT(rel_err(o2f.get(), o2c.get()), 1e-2) << "rms_norm_linear_swiglu";
+  expect_norm_folds(b, xc, xg, xnc, xng, *nc, *ng, 1e-5f, ws, g, u, T, I);
 }
 
 TEST(CudaDenseMulti, NormFolded) {

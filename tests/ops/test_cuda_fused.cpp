@@ -147,27 +147,9 @@ void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
   DevAct xc(*b.cpu, T, K), xg(*b.gpu, T, K), xnc(*b.cpu, T, K), xng(*b.gpu, T, K);
   xc.set(X);
   xg.set(X);
-  const float eps = 1e-5f;
-  std::vector<std::unique_ptr<DevAct>> yf, yu, yc;
-  auto of = linear_outs(*b.gpu, ws, T, false, yf), ou = linear_outs(*b.gpu, ws, T, false, yu),
-       oc = linear_outs(*b.cpu, ws, T, true, yc);
   EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), lean && T * (2 * K + 16) <= 38 * 1024) << "K=" << K << " T=" << T;
-  b.gpu->rms_norm_linear_multi(xg.act, *ng, eps, xng.act, of.data(), int(of.size()));
-  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
-  b.gpu->linear_multi(xng.act, ou.data(), int(ou.size()));
-  b.cpu->rms_norm_linear_multi(xc.act, *nc, eps, xnc.act, oc.data(), int(oc.size()));
-  for (size_t i = 0; i < ws.size(); ++i) {
-    EXPECT_EQ(yf[i]->get(), yu[i]->get()) << "rms_norm_linear_multi seg " << i << " K=" << K << " T=" << T;
-    EXPECT_LT(rel_err(yf[i]->get(), yc[i]->get()), 5e-3) << "seg " << i << " K=" << K << " T=" << T;
-  }
-  DevAct gtc(*b.cpu, T, I), gtg(*b.gpu, T, I), oc2(*b.cpu, T, I), of2(*b.gpu, T, I), ou2(*b.gpu, T, I);
-  of2.poison();
-  b.gpu->rms_norm_linear_swiglu(xg.act, *ng, eps, xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, of2.act);
-  b.gpu->rms_norm(xg.act, *ng, eps, xng.act);
-  b.gpu->linear_swiglu(xng.act, *g.gpu, nullptr, *u.gpu, u.bgpu.get(), gtg.act, ou2.act);
-  b.cpu->rms_norm_linear_swiglu(xc.act, *nc, eps, xnc.act, *g.cpu, nullptr, *u.cpu, u.bcpu.get(), gtc.act, oc2.act);
-  EXPECT_EQ(of2.get(), ou2.get()) << "rms_norm_linear_swiglu K=" << K << " T=" << T;
-  EXPECT_LT(rel_err(of2.get(), oc2.get()), 1e-2) << "rms_norm_linear_swiglu K=" << K << " T=" << T;
+  SCOPED_TRACE(cat("K=", K, " T=", T));
+  expect_norm_folds(b, xc, xg, xnc, xng, *nc, *ng, 1e-5f, ws, g, u, T, I);
 }
 
 TEST(CudaFused, NormLinear) {

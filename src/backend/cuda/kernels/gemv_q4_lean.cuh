@@ -35,7 +35,7 @@
 // stage s is what stage s-1 wrote). The load cursor runs straight on into the next stage's weights
 // (they depend on nothing), so a block's first batches of stage s are in flight while it waits
 // for stage s-1; the compute cursor waits on a device-wide counter (every block adds 1 after its
-// last item of a stage), then stages x from L2 (ld.cg) and folds the norm. All G blocks must be
+// last item of a stage), then stages x from L2 (cp.async.cg) and folds the norm. All G blocks must be
 // resident at once (the launcher sizes G by the occupancy calculator; a wait that never ends
 // traps instead of hanging). The last block to leave re-zeroes the counters for the next launch.
 //
@@ -84,11 +84,11 @@ __device__ __forceinline__ void chain_wait(unsigned* cnt, int s, unsigned G) {
   __syncthreads();
 }
 
-// A chained stage's x prologue (norm_prologue.cuh, x written by the earlier stage: CG) out of line:
+// A chained stage's x prologue (norm_prologue.cuh; x written by the earlier stage, read via L2) out of line:
 // the inner loop is inlined three times around one call instead of around three copies of it.
 template <typename TA>
 __device__ __noinline__ void lean_prepare_x_chain(const Q4SeqArgs* a, uint8_t* xs, float (*s_part)[8]) {
-  stage_rms_norm_x<TA, true>(a->x, a->T, a->cols, a->x_stride, a->norm_w, a->norm_eps, xs, s_part);
+  stage_rms_norm_x<TA>(a->x, a->T, a->cols, a->x_stride, a->norm_w, a->norm_eps, xs, s_part);
 }
 
 // Variant bits of the lean kernel (configuration letters in ops_gemv_lean.cu).
@@ -163,12 +163,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   const uint32_t sk_e = SK ? uint32_t(uint64_t(blockIdx.x + 1) * sk_tot / G) : 0u;
   const int sk_us = int(sk_s / sk_unit), sk_ue = int(sk_e / sk_unit);  // head / tail unit
   const bool sk_head = SK && sk_s % sk_unit != 0, sk_tail = SK && sk_e % sk_unit != 0;
+  const int sk_sub0 = SK ? int(sk_s % sk_unit) / NB0 : 0, sk_b0 = SK ? int(sk_s % sk_unit) % NB0 : 0;
   int lrem = int(sk_e - sk_s);
-  if constexpr (SK) {
-    lu = sk_us;
-    lsub = int(sk_s % sk_unit) / NB0;
-    lb = int(sk_s % sk_unit) % NB0;
-  }
+  if constexpr (SK) lu = sk_us, lsub = sk_sub0, lb = sk_b0;
   auto KT_of = [&](int s) { return CHAIN ? int(A(s).KT) : KT0; };
   auto NB_of = [&](int s) { return CHAIN ? int(A(s).KT) / WU : NB0; };
   auto units_of = [&](int s) { return CHAIN ? int(A(s).units) : units0; };
@@ -342,11 +339,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     if (!staged) stage_rms_norm_x<TA>(a.x, a.T, a.cols, a.x_stride, a.norm_w, a.norm_eps, xs, s_part);
     xs_l = xs + min(g, a.T - 1) * a.x_stride + 32 * t + 128 * warp;
     cu = blockIdx.x, csub = 0, cb = 0;
-    if constexpr (SK) {
-      cu = sk_us;
-      csub = int(sk_s % sk_unit) / NB0;
-      cb = int(sk_s % sk_unit) % NB0;
-    }
+    if constexpr (SK) cu = sk_us, csub = sk_sub0, cb = sk_b0;
     ck = q4_seq_segment(a, cu, csub, crt);
     offset = a.seg[ck].offset;
     return true;

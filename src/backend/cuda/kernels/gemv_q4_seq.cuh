@@ -70,9 +70,9 @@ __device__ __forceinline__ int q4_seq_segment(const Q4SeqArgs& a, I u, int sub, 
 }
 
 // x [T][cols] staged into shared memory rows of a.x_stride bytes (norm_prologue.cuh).
-template <typename TA, bool CG = false>
+template <typename TA>
 __device__ __forceinline__ void q4_seq_stage_x(const Q4SeqArgs& a, uint8_t* xs) {
-  stage_x_rows<TA, CG>(a.x, a.T, a.cols, a.x_stride, xs);
+  stage_x_rows<TA>(a.x, a.T, a.cols, a.x_stride, xs);
 }
 
 // One output of an item, by thread tid < 128 (row rt*16 + tid/8, token tid%8): y = the item's sum

@@ -3,9 +3,9 @@
 // norm_w (f32 [cols]), x = rms_norm(x) * norm_w per token in place, in rms_norm_vec_kernel's
 // arithmetic and order (256 threads: thread i sums the 16-byte chunks i, i + 256, ... with fmaf,
 // warp butterfly, the 8 warp sums in order; then x * inv * w per element), so the normalized rows
-// are bit for bit what the unfused rms_norm writes. Blocks of 256 threads; cols % 8 == 0.
-// CG: x was written by other blocks of the same launch (read from L2, ld.cg, not through the
-// read-only path). Ends with a block barrier.
+// are bit for bit what the unfused rms_norm writes. Blocks of 256 threads; cols % 8 == 0. x is
+// read through L2 (cp.async.cg), so it may have been written by other blocks of the same launch.
+// Ends with a block barrier.
 #pragma once
 #include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
@@ -14,10 +14,10 @@ namespace nf4flash::cuda {
 
 // x rows copied with cp.async (16-byte, L2 path): every chunk of the thread is in flight at once,
 // one round trip for the whole staging (a load-then-store loop waited one L2 round trip per
-// chunk: 7 in a row for a 14336-column x at 256 threads; ncu, fourteenth session). CG is kept for
-// the callers' documentation: cp.async.cg never reads through L1, so x written by other blocks of
-// the same launch is seen. Waits for its copies; the caller's barrier publishes them.
-template <typename TA, bool CG = false>
+// chunk: 7 in a row for a 14336-column x at 256 threads; ncu, fourteenth session). cp.async.cg never
+// reads through L1, so x written by other blocks of the same launch (the chained stages) is seen.
+// Waits for its copies; the caller's barrier publishes them.
+template <typename TA>
 __device__ __forceinline__ void stage_x_rows(const void* x, int T, int64_t cols, int x_stride, uint8_t* xs) {
   const int n16 = int(cols / 8);
   const uint32_t xs_s = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
@@ -30,10 +30,10 @@ __device__ __forceinline__ void stage_x_rows(const void* x, int T, int64_t cols,
 }
 
 // s_part: [T][8] floats of shared memory.
-template <typename TA, bool CG = false>
+template <typename TA>
 __device__ __forceinline__ void stage_rms_norm_x(const void* x, int T, int64_t cols, int x_stride, const float* norm_w,
                                                  float eps, uint8_t* xs, float (*s_part)[8]) {
-  stage_x_rows<TA, CG>(x, T, cols, x_stride, xs);
+  stage_x_rows<TA>(x, T, cols, x_stride, xs);
   __syncthreads();
   if (!norm_w) return;
   if (blockDim.x != 256) __trap();  // rms_norm_vec_kernel's order needs 256 threads
