@@ -391,6 +391,28 @@ void run_attention(DType dt, const AttnCase& c) {
     if (dt != DType::F32) EXPECT_LT(rel_err(run(), oc.get()), tol_for(dt)) << "mma decode kernel, " << what;
     else EXPECT_THROW(b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()}), Error) << what;
     unsetenv("NF4FLASH_DECODE_KERNEL");
+    // the interleaved split order (NF4FLASH_DECODE_ORDER=interleave): simt against the reference,
+    // its ring and register-load forms and its fused combine bit for bit, mma against the
+    // reference; with many splits the splits' sums differ from the slices' (f32 shows it)
+    setenv("NF4FLASH_DECODE_ORDER", "interleave", 1);
+    setenv("NF4FLASH_DECODE_KERNEL", "simt", 1);
+    const auto il = run();
+    EXPECT_LT(rel_err(il, oc.get()), tol_for(dt)) << "simt decode kernel, interleaved, " << what;
+    if (dt == DType::F32 && c.pos0 >= 3000) EXPECT_NE(il, simt) << "interleaved order had no effect, " << what;
+    setenv("NF4FLASH_DECODE_RING", "0", 1);
+    EXPECT_EQ(run(), il) << "interleaved: decode ring 0 vs 4, " << what;
+    unsetenv("NF4FLASH_DECODE_RING");
+    setenv("NF4FLASH_ATTN_COMBINE", "fused", 1);
+    for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(run(), il) << "interleaved: fused combine (launch " << rep << "), " << what;
+    unsetenv("NF4FLASH_ATTN_COMBINE");
+    if (dt != DType::F32) {
+      setenv("NF4FLASH_DECODE_KERNEL", "mma", 1);
+      EXPECT_LT(rel_err(run(), oc.get()), tol_for(dt)) << "mma decode kernel, interleaved, " << what;
+    }
+    setenv("NF4FLASH_DECODE_ORDER", "backwards", 1);  // a bad value is refused by name
+    EXPECT_THROW(b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()}), Error) << what;
+    unsetenv("NF4FLASH_DECODE_ORDER");
+    unsetenv("NF4FLASH_DECODE_KERNEL");
   }
 }
 

@@ -292,6 +292,9 @@ struct AttnArgs {
   int* counters = nullptr;  // decode: >= T * n_heads zeroed ints (the fused combine; null: combine kernel)
   int num_sms = 132;
   int dec_min_chunk = 64;  // decode: fewest positions per split (attention_decode sets it)
+  // decode: 1 = the active splits take the context's block steps round robin instead of one slice
+  // each (NF4FLASH_DECODE_ORDER=interleave; attention_decode sets it; decode_span in attention.cuh)
+  int dec_interleave = 0;
   // attention_decode_rope (T = 1): this step's k and v rows [n_kv*hd], unrotated like q, and the
   // rope frequencies [hd/2]; dec_cluster: splits per thread-block cluster (the launcher sets it)
   const void* k_new = nullptr;

@@ -55,6 +55,17 @@ int decode_ring() {
   return v == "0" ? 0 : 4;
 }
 
+// Split order of the decode kernels (NF4FLASH_DECODE_ORDER, read per call): "contiguous" (default)
+// = each split one slice of the context; "interleave" = the active splits take its block steps round
+// robin (decode_span in kernels/attention.cuh). The fused rope form walks slices only.
+bool decode_interleave() {
+  const char* e = std::getenv("NF4FLASH_DECODE_ORDER");
+  if (!e || !*e) return false;
+  const std::string_view v(e);
+  NF4FLASH_CHECK(v == "contiguous" || v == "interleave", "NF4FLASH_DECODE_ORDER=", v, ": expected contiguous or interleave");
+  return v == "interleave";
+}
+
 template <typename F>
 void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
   NF4FLASH_DISPATCH_ACT(a.act, what, [&] {
@@ -133,6 +144,7 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     AttnArgs k = a;
     if (!attention_combine_fused()) k.counters = nullptr;
     k.dec_min_chunk = decode_min_chunk();
+    k.dec_interleave = decode_interleave() ? 1 : 0;
     if constexpr (std::is_same_v<TA, TK> && !std::is_same_v<TA, float>) {
       if (mma) {
         if (G > 8) launch_decode_mma<TA, HD, true>(k, grid, nsplit, hchunks, st);
@@ -223,6 +235,7 @@ std::string attention_decode_rope_unsupported(const AttnArgs& a) {
   if (decode_use_mma(a)) return "the tensor-core decode kernel was asked for (NF4FLASH_DECODE_KERNEL=mma)";
   if (attention_combine_fused()) return "the split kernel's own merge was asked for (NF4FLASH_ATTN_COMBINE=fused)";
   if (decode_ring() == 0) return "the register-load decode kernel was asked for (NF4FLASH_DECODE_RING=0)";
+  if (decode_interleave()) return "the interleaved split order was asked for (NF4FLASH_DECODE_ORDER=interleave)";
   if (!a.counters) return "no merge counters";
   return "";
 }

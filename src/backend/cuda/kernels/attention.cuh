@@ -7,7 +7,9 @@
 // attn_decode_mma_kernel is in attention_decode_mma.cuh): grid (n_kv * head_chunks, nsplit, T), 128 threads.
 //   A block takes up to 4 q heads sharing one kv head and a contiguous slice of the sequence; the
 //   slice length is max(64, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a captured
-//   graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold one position
+//   graph stays valid as the context grows (idle splits exit at once); with
+//   NF4FLASH_DECODE_ORDER=interleave the active splits take the context's block steps round robin
+//   instead (decode_span). HD/8 lanes hold one position
 //   (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two steps per
 //   iteration. RING > 0: each thread's K/V bytes of an iteration go through its own ring of RING
 //   slots in shared memory (cp.async; [RING][2][K|V][chunk][128 threads] x 16 bytes, 32 KB for
@@ -82,9 +84,9 @@ __host__ __device__ __forceinline__ int decode_chunk(int L, int nsplit, int min_
 
 // The work of one decode block: q heads h0 .. h0+nh-1 (at most `per_block`, all of kv head kvh) of
 // token t over the cache slice [s0, s1) of split `split` (slices of `chunk` positions); active =
-// s0 < L (idle splits exit).
+// s0 < L (idle splits exit), i.e. split < nact, the active splits (what the merge reads).
 struct DecodeBlock {
-  int kvh, h0, nh, t, split, L, chunk, s0, s1;
+  int kvh, h0, nh, t, split, L, chunk, s0, s1, nact;
   __device__ bool active() const { return s0 < L; }
 };
 __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nsplit, int hchunks, int per_block) {
@@ -97,7 +99,28 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nspli
   b.L = a.pos0[0] + b.t + 1;
   b.chunk = decode_chunk(b.L, nsplit, a.dec_min_chunk);
   b.s0 = b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
+  b.nact = min(nsplit, (b.L + b.chunk - 1) / b.chunk);
   return b;
+}
+
+// The positions an active decode block walks, in block steps of `step` positions (what one
+// iteration of the block's warps covers): step j covers [base + j*stride, + step), positions < end.
+//   contiguous (default): the split's slice in order: base s0, stride step, end s1;
+//   interleaved (AttnArgs::dec_interleave, NF4FLASH_DECODE_ORDER=interleave): the nact active
+//     splits take the steps of the whole context round robin (split s: steps s, s + nact, ...):
+//     base s*step, stride nact*step, end L. At any moment the splits of a kv head then read
+//     neighbouring pieces of its cache (one window moving through it) instead of nact streams a
+//     slice apart. The same positions are summed and merged; each split's set and order change.
+//     A split may get no step (step > chunk): its partial is empty (m = -inf, l = 0), which the
+//     merges weigh 0.
+struct DecodeSpan {
+  int base, stride, end;
+  // steps whose first position for this thread (offset `off` into the step) is < end
+  __device__ int steps(int off) const { return base + off < end ? (end - base - off + stride - 1) / stride : 0; }
+};
+__device__ __forceinline__ DecodeSpan decode_span(const AttnArgs& a, const DecodeBlock& b, int step) {
+  if (a.dec_interleave) return DecodeSpan{b.split * step, b.nact * step, b.L};
+  return DecodeSpan{b.s0, step, b.s1};
 }
 
 // Merge online-softmax state (m2, l2, acc2) into (m, l, acc).
@@ -252,11 +275,13 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
   const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
 
-  // iteration j of this warp: positions pb + u * NW * PW + pg, pb = s0 + warp * PW + j * NW * PW * U;
-  // positions past the slice load position s0 (in range) and are masked
-  const int pstart = s0 + warp * PW;
-  const int niter = pstart < s1 ? (s1 - pstart + NW * PW * U - 1) / (NW * PW * U) : 0;
-  auto pos_of = [&](int j, int u) { return pstart + j * (NW * PW * U) + u * NW * PW + pg; };
+  // iteration j of this warp: positions pb + u * NW * PW + pg, pb = base + warp * PW + j * stride
+  // (decode_span: stride NW * PW * U in a contiguous slice); positions past the span's end load
+  // position base (in range) and are masked. FUSED walks its slice in order.
+  const DecodeSpan sp = FUSED ? DecodeSpan{s0, NW * PW * U, s1} : decode_span(a, db, NW * PW * U);
+  const int pstart = sp.base + warp * PW, pend = sp.end;
+  const int niter = sp.steps(warp * PW);
+  auto pos_of = [&](int j, int u) { return pstart + j * sp.stride + u * NW * PW + pg; };
   // FUSED: this step's position, the (iteration, unit) where this thread meets it (jp < 0: never)
   // and its k/v once computed (after the PDL wait)
   const int pnew = L - 1;
@@ -271,7 +296,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     if (j < niter) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int p = pos_of(j, u), pc = p < s1 ? p : s0;
+        const int p = pos_of(j, u), pc = p < pend ? p : sp.base;
         if (FUSED && j == jp && u == up) {  // this step's k/v: stored once known
           if (fresh) {
 #pragma unroll
@@ -359,7 +384,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int p = pos_of(j, u);
-      valid[u] = p < s1;
+      valid[u] = p < pend;
       if constexpr (RING > 0) {
         uint4 raw[2][NCP];
 #pragma unroll
@@ -370,7 +395,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
         kr[u] = raw8_from_u4<TK>(raw[0]);
         vr[u] = raw8_from_u4<TK>(raw[1]);
       } else {
-        const int pc = valid[u] ? p : s0;
+        const int pc = valid[u] ? p : sp.base;
         kr[u] = load_raw8<TK>(kb + int64_t(pc) * HD);
         vr[u] = load_raw8<TK>(vb + int64_t(pc) * HD);
       }

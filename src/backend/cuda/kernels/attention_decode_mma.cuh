@@ -4,7 +4,9 @@
 // attn_decode_kernel (attention.cuh), for a KV cache in the compute dtype T (bf16 or f16).
 //   grid (n_kv * hchunks, nsplit, T), 128 threads; a block takes up to GH q heads of one kv head
 //   (GH = 8, or 16 when G > 8: rows g and g+8 of the mma) of token t over the slice [s0, s1).
-//   Warp w takes tiles of 16 cache positions: tile i covers s0 + 16 (4 i + w) .. +15.
+//   Warp w takes tiles of 16 cache positions: tile i covers s0 + 16 (4 i + w) .. +15 (with
+//   NF4FLASH_DECODE_ORDER=interleave the block steps of 64 positions of the active splits
+//   interleave instead: decode_span in attention.cuh).
 //     S = Q K^T   A = Q [16 rows = heads (zero past the block's heads), k = head dims] as bf16/f16
 //                 exactly as stored, B = K^T (one n-tile = 8 positions, two per tile), HD/16 k-steps;
 //                 S * scale * log2(e) in f32, positions past the slice -> -inf
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(128, 3) attn_decode_mma_kernel(const AttnArgs 
   extern __shared__ uint4 dsm[];
   const DecodeBlock db = decode_block(a, nsplit, hchunks, GH);
   if (!db.active()) return;  // inactive split (whole block)
-  const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split, s0 = db.s0, s1 = db.s1;
+  const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
   const float qs = a.scale * kLog2e;
 
@@ -81,21 +83,25 @@ __global__ void __launch_bounds__(128, 3) attn_decode_mma_kernel(const AttnArgs 
   }
   const T* kb = static_cast<const T*>(a.k_cache) + int64_t(kvh) * a.capacity * HD;
   const T* vb = static_cast<const T*>(a.v_cache) + int64_t(kvh) * a.capacity * HD;
-  const int ntiles = (s1 - s0 + 15) / 16;
-  const int niter = warp < ntiles ? (ntiles - warp + NW - 1) / NW : 0;
+  // block step i (NW tiles of 16 positions): warp w's tile starts at base + i * stride + 16 w
+  // (decode_span: stride 16 NW in a contiguous slice)
+  const DecodeSpan sp = decode_span(a, db, 16 * NW);
+  const int pend = sp.end;
+  const int niter = sp.steps(16 * warp);
+  auto tile_pos = [&](int i) { return sp.base + i * sp.stride + 16 * warp; };
   auto slot = [&](int i, int c) { return &dsm[((i % RS) * NC + c) * 128 + tid]; };
-  auto issue = [&](int i) {  // tile i's copies (positions past the slice load s0, masked later)
+  auto issue = [&](int i) {  // tile i's copies (positions past the span load base, masked later)
     if (i < niter) {
-      const int pb = s0 + 16 * (i * NW + warp);
+      const int pb = tile_pos(i);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const int p = pb + 8 * nt + g, pc = p < s1 ? p : s0;
+        const int p = pb + 8 * nt + g, pc = p < pend ? p : sp.base;
 #pragma unroll
         for (int m = 0; m < KM; ++m) cp_async16(slot(i, nt * KM + m), kb + int64_t(pc) * HD + 32 * m + 8 * tq, true);
       }
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int p = pb + 2 * tq + (j & 1) + 8 * (j >> 1), pc = p < s1 ? p : s0;
+        const int p = pb + 2 * tq + (j & 1) + 8 * (j >> 1), pc = p < pend ? p : sp.base;
 #pragma unroll
         for (int c = 0; c < VM; ++c) cp_async16(slot(i, 2 * KM + j * VM + c), vb + int64_t(pc) * HD + DPL * g + 8 * c, true);
       }
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(128, 3) attn_decode_mma_kernel(const AttnArgs 
   for (int i = 0; i < niter; ++i) {
     issue(i + 1);  // into the slot tile i-1 used
     cp_async_wait<1>();  // this thread's copies of tile i have landed
-    const int pb = s0 + 16 * (i * NW + warp);
+    const int pb = tile_pos(i);
     float s[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -124,12 +130,12 @@ __global__ void __launch_bounds__(128, 3) attn_decode_mma_kernel(const AttnArgs 
       }
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool ok = pb + 8 * nt + 2 * tq + e < s1;
+        const bool ok = pb + 8 * nt + 2 * tq + e < pend;
         s[nt][e] = ok ? s[nt][e] * qs : -INFINITY;
         s[nt][2 + e] = ok ? s[nt][2 + e] * qs : -INFINITY;
       }
     }
-    // online softmax per row; position pb is in the slice, so each row max is finite
+    // online softmax per row; position pb is in the span, so each row max is finite
     float mx0 = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
