@@ -21,6 +21,7 @@ CommandRun setup(CLI::App& app) {
     bool attention_only = false;
     bool gemv_only = false;
     bool prefill_linear_only = false;
+    bool read_patterns = false, attn_decode = false;
     std::vector<std::string> shapes, variants;
   };
   auto o = std::make_shared<Opts>();
@@ -31,6 +32,10 @@ CommandRun setup(CLI::App& app) {
   app.add_flag("--gemv-only", o->gemv_only, "only the 4-bit GEMV kernels (variants, fused vs unfused)");
   app.add_flag("--prefill-linear-only", o->prefill_linear_only,
                "only the prefill linears (bf16 cuBLAS vs 4-bit dequantize + cuBLAS, chunked)");
+  app.add_flag("--read-patterns", o->read_patterns,
+               "only the read-order rows: the same bytes read in the decode kernels' block orders");
+  app.add_flag("--attn-decode", o->attn_decode,
+               "only decode attention, contexts 128..32768 with the cache read from HBM, per kernel and split order");
   app.add_option("--gemv-shape", o->shapes,
                  "only the 4-bit GEMV on these ROWSxCOLS shapes (T=1, nf4-dq and nf4; repeatable), e.g. 4096x14336")
       ->check([](const std::string& v) -> std::string {
@@ -46,6 +51,11 @@ CommandRun setup(CLI::App& app) {
                  "configuration, e.g. seq-h8u4d3; repeatable)");
   app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
   return [o]() -> int {
+    const int modes = int(o->attention_only) + int(o->gemv_only) + int(o->prefill_linear_only) + int(o->read_patterns) +
+                      int(o->attn_decode) + int(!o->shapes.empty());
+    if (modes > 1 && !(o->read_patterns && o->attn_decode && modes == 2))
+      fail("kernel-bench: choose one of --attention-only, --gemv-only, --prefill-linear-only, --gemv-shape, "
+           "--read-patterns / --attn-decode (those two may go together)");
 #ifdef NF4FLASH_HAVE_CUDA
     KernelBenchOptions ko;
     ko.reps = o->reps;
@@ -54,6 +64,8 @@ CommandRun setup(CLI::App& app) {
     ko.attention_only = o->attention_only;
     ko.gemv_only = o->gemv_only;
     ko.prefill_linear_only = o->prefill_linear_only;
+    ko.read_patterns_only = o->read_patterns;
+    ko.attn_decode_only = o->attn_decode;
     for (const auto& v : o->shapes) {
       int64_t r = 0, c = 0;
       std::sscanf(v.c_str(), "%ldx%ld", &r, &c);

@@ -79,6 +79,35 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     rows.push_back(extra);
   };
 
+  // ---- focused modes: the read-order rows alone (--read-patterns), decode attention over a ladder of
+  //   contexts with the cache read from HBM (--attn-decode)
+  if (o.read_patterns_only || o.attn_decode_only) {
+    if (o.read_patterns_only) bench_read_patterns(prop.multiProcessorCount, size_t(prop.l2CacheSize), o.reps, o.trials, report);
+    if (o.attn_decode_only) {
+      DecodeAttnBench db;
+      db.ctxs = {128, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+      // NF4FLASH_KB_ATTN_CTXS="512,32768" narrows the ladder (profiling runs: scripts/attn-profile.sh)
+      if (const char* v = std::getenv("NF4FLASH_KB_ATTN_CTXS"); v && *v) {
+        db.ctxs.clear();
+        for (const char* p = v; *p;) {
+          const int c = std::atoi(p);
+          NF4FLASH_CHECK(c >= 1 && c <= (1 << 20), "NF4FLASH_KB_ATTN_CTXS=", v, ": expected contexts 1..1048576, comma-separated");
+          db.ctxs.push_back(c);
+          while (*p && *p != ',') ++p;
+          if (*p == ',') ++p;
+        }
+      }
+      db.variants = {"simt:NF4FLASH_DECODE_KERNEL=simt",
+                     "simt interleave:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_ORDER=interleave",
+                     "mma:NF4FLASH_DECODE_KERNEL=mma",
+                     "mma interleave:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave"};
+      db.rotate = true;
+      bench_decode_attention(*be, db, size_t(prop.l2CacheSize), o.reps, o.trials, g, report);
+    }
+    out["kernels"] = rows;
+    return out.dump(2);
+  }
+
   if (o.attention_only) {
     out["attention_prefill_flop_convention"] = "4 * seq^2 / 2 * head_dim * n_heads (causal)";
     out["attention_prefill"] = bench_attention_prefill(*be, std::max(5, o.trials), g);
@@ -140,64 +169,18 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     return out.dump(2);
   }
 
-  // ---- decode attention, Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128), bf16 cache,
-  //   split kernel + combine; the bytes are the K/V read (ctx 512's 2 MB stays in L2 across repeats)
-  for (int ctx : {512, 4096, 32768}) {
-    const int nh = 32, nkv = 8, hd = 128;
-    be->kv_allocate({1, nkv, hd, ctx, DType::BF16});
-    auto qb = be->alloc(size_t(nh * hd) * 2), ob = be->alloc(size_t(nh * hd) * 2), pb = be->alloc(4);
-    {  // random K/V for every position and a random q (never time on zeros)
-      std::normal_distribution<float> nd;
-      std::vector<uint16_t> kv(size_t(ctx) * nkv * hd);
-      for (auto& v : kv) v = f32_to_bf16(nd(g));
-      auto kvb = be->alloc(kv.size() * 2);
-      be->upload(kvb->data(), kv.data(), kv.size() * 2);
-      std::vector<uint16_t> qh(size_t(nh * hd));
-      for (auto& v : qh) v = f32_to_bf16(nd(g));
-      be->upload(qb->data(), qh.data(), qh.size() * 2);
-      const int32_t zero = 0;
-      be->upload(pb->data(), &zero, 4);
-      Act kva = kvb->as_act(DType::BF16, ctx, nkv * hd);
-      be->kv_write(0, kva, kva, StepState{static_cast<int32_t*>(pb->data())});
-      be->sync();
-    }
-    const int32_t p0 = ctx - 1;
-    be->upload(pb->data(), &p0, 4);
-    Act q = qb->as_act(DType::BF16, 1, nh * hd), ov = ob->as_act(DType::BF16, 1, nh * hd);
-    StepState st{static_cast<int32_t*>(pb->data())};
-    AttnParams ap{nh, nkv, hd, 0.088f, AttnImpl::Auto};
-    // NF4FLASH_DECODE_KERNEL (mma = tensor cores, the default; simt = CUDA cores) and, for simt,
-    // NF4FLASH_DECODE_RING (K/V ring depth, 0 = register loads)
-    for (auto [kern, ring] : {std::pair{"mma", "4"}, std::pair{"simt", "4"}, std::pair{"simt", "0"}}) {
-      setenv("NF4FLASH_DECODE_KERNEL", kern, 1);
-      setenv("NF4FLASH_DECODE_RING", ring, 1);
-      const double sec = time_graph(*be, [&](int) { be->attention(0, q, ov, ap, st); }, o.reps, o.trials);
-      const std::string v = std::string(kern) == "mma" ? "mma" : cat("simt ring ", ring);
-      report(cat("attn decode ctx=", ctx, " ", v, " (32/8, hd128)"), sec, double(ctx) * nkv * hd * 2 * 2,
-             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"kernel", kern},
-              {"ring", std::atoi(ring)}});
-    }
-    unsetenv("NF4FLASH_DECODE_KERNEL");
-    unsetenv("NF4FLASH_DECODE_RING");
-    // a decode layer's whole attention: rope + cache write + attention (+ combine), fused in one
-    // launch (the default) or as rope_kv_write + the split kernel + the combine
-    // (NF4FLASH_DECODE_FUSED=0); k and v of this step: random, rows of the q buffer's kind
-    auto kn = upload_randn_bf16(*be, size_t(nkv * hd), g), inv = upload_rope_freqs(*be, hd, 500000.f);
-    Act ka = kn->as_act(DType::BF16, 1, nkv * hd);
-    RopeParams rp{hd, static_cast<const float*>(inv->data())};
-    // (fused: in clusters of 8 splits, or plain blocks, NF4FLASH_DECODE_CLUSTER=1)
-    for (const char* v : {"fused", "fused c1", "unfused"}) {
-      const std::string m = v;
-      setenv("NF4FLASH_DECODE_FUSED", m == "unfused" ? "0" : "1", 1);
-      setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
-      const double sec =
-          time_graph(*be, [&](int) { be->rope_kv_attention(0, q, ka, ka, ov, rp, ap, st); }, o.reps, o.trials);
-      report(cat("attn+rope decode ctx=", ctx, " ", v, " (32/8, hd128)"), sec, double(ctx) * nkv * hd * 2 * 2,
-             {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"variant", v},
-              {"resident_clusters_of_8", cuda::decode_rope_resident_clusters(8)}});
-    }
-    unsetenv("NF4FLASH_DECODE_FUSED");
-    unsetenv("NF4FLASH_DECODE_CLUSTER");
+  // ---- decode attention, Llama-3-8B layer shape (kernel_bench_attn.cu): the split kernel + combine
+  //   per kernel and split order, one cache layer (ctx 512's 2 MB and 4096's 16 MB stay in L2 across
+  //   the repeats), and a decode layer's whole attention (rope rows)
+  {
+    DecodeAttnBench db;
+    db.ctxs = {512, 4096, 32768};
+    db.variants = {"mma:NF4FLASH_DECODE_KERNEL=mma", "simt ring 4:NF4FLASH_DECODE_KERNEL=simt",
+                   "simt ring 0:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_RING=0",
+                   "simt interleave:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_ORDER=interleave",
+                   "mma interleave:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave"};
+    db.rope_rows = true;
+    bench_decode_attention(*be, db, size_t(prop.l2CacheSize), o.reps, o.trials, g, report);
   }
 
   // ---- read-only streaming reference at the sizes of the decode GEMVs (4-bit 4096x14336 ~ 30 MB,
@@ -242,6 +225,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       const double sec = median(tt);
       report(cat("read-only ", bytes >> 20, " MiB (", bytes, " B)"), sec, double(bytes), {{"bytes", bytes}});
     }
+    // the same bytes in the decode kernels' block orders (kernel_bench_read.cu)
+    bench_read_patterns(sms, size_t(prop.l2CacheSize), o.reps, o.trials, report);
   }
   // ---- prefill linears (T = 512, 4096): bf16 weights (cuBLAS alone) against nf4-dq dequantize +
   //   cuBLAS, the whole matrix at once or in row chunks of 8/16/32 MiB (NF4FLASH_DEQUANT_CHUNK_MB;

@@ -16,6 +16,9 @@ struct KernelBenchOptions {
   bool attention_only = false;  // only the copy reference and the prefill attention kernels
   bool gemv_only = false;       // only the copy reference and the 4-bit GEMV rows (variants, fused)
   bool prefill_linear_only = false;  // only the copy reference and the prefill linear rows
+  bool read_patterns_only = false;   // only the copy reference and the read-order rows ("read units")
+  bool attn_decode_only = false;     // only the copy reference and decode attention over a ladder of
+                                     // contexts (cache read from HBM), per kernel and split order
   // focused 4-bit GEMV rows (profiling): when set, only these [rows, cols] shapes (T = 1, nf4-dq and
   // nf4) with these variants (names as in the GEMV rows: "seq" = the default, "seq-<cfg>" = a
   // NF4FLASH_GEMV_SEQ_CFG configuration), then return

@@ -46,5 +46,22 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
                              int reps, int trials, std::mt19937& g, const ReportFn& report);
 // Prefill attention kernels alone (flash / sdpa / eager), Llama-3-8B layer shape.
 nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g);
+// Decode attention rows (kernel_bench_attn.cu): at each context, Backend::attention per variant
+// ("label:ENV=VAL,..."; "label" alone = the defaults), and with rope_rows the whole attention of a
+// decode layer (rope + cache write + attention: fused / fused in plain blocks / unfused). rotate:
+// the cache rotated over enough layers that K/V come from HBM (as in a decode step); else one
+// layer (L2-resident across the repeats when it fits).
+struct DecodeAttnBench {
+  std::vector<int> ctxs;
+  std::vector<std::string> variants;
+  bool rotate = false;
+  bool rope_rows = false;
+};
+void bench_decode_attention(Backend& be, const DecodeAttnBench& b, size_t l2_bytes, int reps, int trials,
+                            std::mt19937& g, const ReportFn& report);
+// "read units" rows (kernel_bench_read.cu): the same bytes read in different block orders (one
+// window, GEMV-like items, one slice per block) at the sizes of a decode attention layer at ctx
+// 32768 and of a 4-bit 4096x14336 weight.
+void bench_read_patterns(int sms, size_t l2_bytes, int reps, int trials, const ReportFn& report);
 
 }  // namespace nf4flash::kbench
