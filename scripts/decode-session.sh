@@ -4,8 +4,10 @@
 # rows and decode attention rows, decode @512/@32768 with the defaults and each DECODE_AB setting
 # ("label:ENV=VAL"), @512 per lean configuration in LEAN_CFGS, bf16 decode per dense kernel in
 # DENSE_STREAMS and per BF16_AB setting ("label:ENV=VAL,..."; "label:" = defaults), peak VRAM at ctx 8192 with the setup trace (NF4FLASH_VRAM_TRACE), with SASS=1 the
-# lean GEMV's SASS, with PROFILE=1 the ncu step tables of the NF4 and bf16 models and with GEMV_NCU=1
-# the default GEMV alone under ncu (scripts/gemv-profile.sh, into gemv/). Each result is packed into
+# lean GEMV's SASS, with PROFILE=1 the ncu step tables of the NF4 and bf16 models, with GEMV_NCU=1
+# the default GEMV alone under ncu (scripts/gemv-profile.sh, into gemv/) and with ATTN=1 the
+# read-order rows and the decode attention ladder (scripts/attn-profile.sh, into attn/; ATTN_NCU=1
+# adds its ncu launches), run right after the gpu suite. Each result is packed into
 # $OUT/all.tgz as it lands (only 8 files come back one by one, and a timed-out call keeps what was
 # packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash> scripts/decode-session.sh
 set -uo pipefail
@@ -16,6 +18,10 @@ pack() { (cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude='*.csv' --exclu
 export NF4FLASH_COMMIT=${NF4FLASH_COMMIT:-wip} NF4FLASH_GPU_BENCH=0
 bash scripts/gpu-check.sh > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
 grep -E "tests passed|tests failed|\(Failed\)|Failed  |\*\*\*" $OUT/gpu-tests.log | head -20; pack
+if [ "${ATTN:-0}" = 1 ]; then  # read orders + decode attention ladder (+ ncu with ATTN_NCU=1), into $OUT/attn
+  mkdir -p $OUT/attn && OUT=$OUT/attn SKIP_BUILD=1 NCU=${ATTN_NCU:-0} timeout ${ATTN_TIMEOUT:-420} \
+    bash scripts/attn-profile.sh 2>&1 | tail -80; pack
+fi
 vram() {  # label, env...
   local l=$1; shift
   env NF4FLASH_VRAM_TRACE=1 "$@" $B bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 -p 4096 \

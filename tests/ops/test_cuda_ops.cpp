@@ -413,6 +413,26 @@ void run_attention(DType dt, const AttnCase& c) {
     EXPECT_THROW(b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()}), Error) << what;
     unsetenv("NF4FLASH_DECODE_ORDER");
     unsetenv("NF4FLASH_DECODE_KERNEL");
+    // the wide combine (NF4FLASH_ATTN_COMBINE=wide) against the reference with either kernel and
+    // split order, also with splits of 16 positions (NF4FLASH_DECODE_MIN_CHUNK=16: the interleaved
+    // tensor-core kernel's steps of 64 positions then leave some splits empty)
+    setenv("NF4FLASH_ATTN_COMBINE", "wide", 1);
+    for (const char* chunk : {"64", "16"})
+      for (const char* order : {"contiguous", "interleave"})
+        for (const char* kern : {"simt", "mma"}) {
+          if (dt == DType::F32 && std::string_view(kern) == "mma") continue;
+          setenv("NF4FLASH_DECODE_MIN_CHUNK", chunk, 1);
+          setenv("NF4FLASH_DECODE_ORDER", order, 1);
+          setenv("NF4FLASH_DECODE_KERNEL", kern, 1);
+          EXPECT_LT(rel_err(run(), oc.get()), tol_for(dt))
+              << "wide combine, " << kern << " " << order << " min chunk " << chunk << ", " << what;
+        }
+    unsetenv("NF4FLASH_DECODE_MIN_CHUNK");
+    unsetenv("NF4FLASH_DECODE_ORDER");
+    unsetenv("NF4FLASH_DECODE_KERNEL");
+    setenv("NF4FLASH_ATTN_COMBINE", "both", 1);  // refused by name
+    EXPECT_THROW(b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()}), Error) << what;
+    unsetenv("NF4FLASH_ATTN_COMBINE");
   }
 }
 

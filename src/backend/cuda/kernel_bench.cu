@@ -97,10 +97,17 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
           if (*p == ',') ++p;
         }
       }
+      // (the first four in this order: scripts/attn-profile.sh picks ncu launches by position)
       db.variants = {"simt:NF4FLASH_DECODE_KERNEL=simt",
                      "simt interleave:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_ORDER=interleave",
                      "mma:NF4FLASH_DECODE_KERNEL=mma",
-                     "mma interleave:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave"};
+                     "mma interleave:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave",
+                     "simt wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_ATTN_COMBINE=wide",
+                     "simt interleave wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_ORDER=interleave,"
+                     "NF4FLASH_ATTN_COMBINE=wide",
+                     "simt chunk16 wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_MIN_CHUNK=16,NF4FLASH_ATTN_COMBINE=wide",
+                     "mma interleave wide:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave,"
+                     "NF4FLASH_ATTN_COMBINE=wide"};
       db.rotate = true;
       bench_decode_attention(*be, db, size_t(prop.l2CacheSize), o.reps, o.trials, g, report);
     }

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cuda/kernels/attention.cuh"
+#include "backend/cuda/kernels/attention_combine.cuh"
 #include "backend/cuda/kernels/attention_decode_mma.cuh"
 #include "backend/cuda/kernels/attention_eager.cuh"
 #include "backend/cuda/kernels/attention_flash.cuh"
@@ -32,16 +33,15 @@ int decode_splits(const AttnArgs& a, int hchunks, bool mma) {
 
 // Fewest cache positions per decode split (NF4FLASH_DECODE_MIN_CHUNK, 16..1024, default 64): fewer
 // positions per block put more blocks on a short context (each block walks its slice in steps of
-// 16 positions with one load round trip per step), at the price of more partials to merge.
+// 16 positions with one load round trip per step), at the price of more partials to merge. Read
+// per call (kernel-bench switches it).
 int decode_min_chunk() {
-  static const int v = [] {
-    const char* e = std::getenv("NF4FLASH_DECODE_MIN_CHUNK");
-    if (!e || !*e) return 64;
-    const int c = std::atoi(e);
-    NF4FLASH_CHECK(c >= 16 && c <= 1024, "NF4FLASH_DECODE_MIN_CHUNK=", e, ": expected 16..1024");
-    return c;
-  }();
-  return v;
+  const char* e = std::getenv("NF4FLASH_DECODE_MIN_CHUNK");
+  if (!e || !*e) return 64;
+  char* end = nullptr;
+  const long c = std::strtol(e, &end, 10);
+  NF4FLASH_CHECK(*end == 0 && c >= 16 && c <= 1024, "NF4FLASH_DECODE_MIN_CHUNK=", e, ": expected 16..1024");
+  return int(c);
 }
 
 // K/V ring depth of the decode kernel (NF4FLASH_DECODE_RING: 0 = loads into registers, one
@@ -85,12 +85,31 @@ void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
 // fused form measured slower, 366.8 vs 386.4 tok/s (ncu: decode attention 16.6 us per launch
 // against 9.0 + 4.3 for the two launches; the last block merges its 4 heads one after the other
 // and every block fences its partials), so it stays opt-in.
-bool attention_combine_fused() {
+// "wide" = the combine launch with every split's loads in flight together
+// (kernels/attention_combine.cuh; opt-in until measured).
+namespace {
+enum class CombineMode { Kernel, Fused, Wide };
+CombineMode attention_combine_mode() {
   const char* v = std::getenv("NF4FLASH_ATTN_COMBINE");
-  if (!v || !*v || std::string_view(v) == "kernel") return false;
-  if (std::string_view(v) == "fused") return true;
-  fail("NF4FLASH_ATTN_COMBINE=", v, ": expected kernel or fused");
+  if (!v || !*v || std::string_view(v) == "kernel") return CombineMode::Kernel;
+  if (std::string_view(v) == "fused") return CombineMode::Fused;
+  if (std::string_view(v) == "wide") return CombineMode::Wide;
+  fail("NF4FLASH_ATTN_COMBINE=", v, ": expected kernel, wide or fused");
 }
+}  // namespace
+bool attention_combine_fused() { return attention_combine_mode() == CombineMode::Fused; }
+
+namespace {
+// The separate combine launch after the split kernel: attn_combine_kernel, or the wide form.
+template <typename TA, int HD>
+void launch_combine(const AttnArgs& k, int nsplit, cudaStream_t st) {
+  if (attention_combine_mode() == CombineMode::Wide)
+    launch_k(attn_combine_wide_kernel<TA, HD>, dim3(k.n_heads, k.T), dim3(128), 0, st, k, nsplit, k.T);
+  else
+    launch_k(attn_combine_kernel<TA>, dim3(k.n_heads, k.T), dim3(HD), 0, st, k, nsplit, k.T);
+  CUDA_CHECK_LAUNCH();
+}
+}  // namespace
 
 int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim) {
   return int64_t(T) * n_heads * kDecodeMaxSplits * (head_dim + 2);
@@ -150,18 +169,14 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
         if (G > 8) launch_decode_mma<TA, HD, true>(k, grid, nsplit, hchunks, st);
         else launch_decode_mma<TA, HD, false>(k, grid, nsplit, hchunks, st);
         CUDA_CHECK_LAUNCH();
-        launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, k, nsplit, a.T);
-        CUDA_CHECK_LAUNCH();
+        launch_combine<TA, HD>(k, nsplit, st);
         return;
       }
     }
     if (decode_ring() == 0) launch_k(attn_decode_kernel<TA, TK, HD, 0, false>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     else launch_k(attn_decode_kernel<TA, TK, HD, 4, false>, grid, dim3(128), 0, st, k, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
-    if (!k.counters) {
-      launch_k(attn_combine_kernel<TA>, dim3(a.n_heads, a.T), dim3(HD), 0, st, k, nsplit, a.T);
-      CUDA_CHECK_LAUNCH();
-    }
+    if (!k.counters) launch_combine<TA, HD>(k, nsplit, st);
   });
 }
 

@@ -1,0 +1,112 @@
+// attn_combine_wide_kernel: the decode splits' merge (attn_combine_kernel's job: the active splits'
+// workspace partials (m, l, acc[HD]) of one (head, token) -> out) with the split loads in flight
+// together instead of one after another. Opt-in: NF4FLASH_ATTN_COMBINE=wide.
+//
+//   out[t, h, d] = sum_s c_s acc_s[d] / sum_s c_s l_s,   c_s = 2^(m_s - M), M = max_s m_s
+//
+// Grid (n_heads, T), 128 threads = 4 groups of 32 lanes. Thread s < nact loads split s's (m, l);
+// group g takes the splits g, g + 4, g + 8, ... and lane l its dims DPL*l .. DPL*l + DPL-1
+// (DPL = HD/32: one 16-byte load at HD 128, 8 bytes at HD 64), up to 16 splits per group and
+// batch, all issued before any is used: nact <= 64 costs one round trip to L2 (with the (m, l)
+// loads), <= 128 two. attn_combine_kernel instead loads (m, l) twice in lane-strided loops and
+// the partials 8 splits at a time: ~15 dependent L2 round trips at 66 splits (ncu, H200: 3.9-6.6
+// us per launch at ctx 32768).
+// Sums: each group over its splits in order, then the groups 0..3 in order (deterministic; not
+// bit for bit attn_combine_kernel, whose per-dim sum runs over all splits in order).
+#pragma once
+#include "backend/cuda/kernels/attention.cuh"
+
+namespace nf4flash::cuda {
+
+template <int N>
+struct CombineVec { float v[N]; };
+
+// N floats from p: one vector load where p is aligned to it (vec), else N scalar loads (the
+// partials start at an odd float offset when T * n_heads * nsplit is odd)
+template <int N>
+__device__ __forceinline__ CombineVec<N> ldcg_vec(const float* p, bool vec) {
+  CombineVec<N> r;
+  if (!vec) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) r.v[i] = __ldcg(p + i);
+  } else if constexpr (N == 4) {
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(p));
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+  } else {
+    static_assert(N == 2, "HD 64 or 128");
+    const float2 x = __ldcg(reinterpret_cast<const float2*>(p));
+    r.v[0] = x.x, r.v[1] = x.y;
+  }
+  return r;
+}
+
+template <typename TA, int HD>
+__global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a, int nsplit, int T) {
+  pdl_trigger();
+  pdl_wait();
+  constexpr int NG = 4, B = 16, DPL = HD / 32;
+  static_assert(kDecodeMaxSplits <= 2 * NG * B && kDecodeMaxSplits <= 128, "two batches cover every split");
+  __shared__ float s_c[kDecodeMaxSplits];
+  __shared__ float s_red[NG][HD];
+  __shared__ float s_w[NG];
+  const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
+  const int64_t n_heads = a.n_heads;
+  const float* ws_ml = a.workspace;
+  const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
+  const int L = a.pos0[0] + t + 1;
+  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
+  const int nact = min(nsplit, (L + chunk - 1) / chunk);
+  const int64_t base = (int64_t(t) * n_heads + h) * nsplit;
+  const bool vec = reinterpret_cast<uintptr_t>(ws_acc) % (4 * DPL) == 0;  // HD is a multiple of DPL
+  float ms = -INFINITY, ls = 0.f;
+  if (tid < nact) {
+    ms = __ldcg(ws_ml + (base + tid) * 2);
+    ls = __ldcg(ws_ml + (base + tid) * 2 + 1);
+  }
+  CombineVec<DPL> v[B];
+  auto load_batch = [&](int j0) {  // this group's splits g + NG*(j0 + j), j < B
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const int s = g + NG * (j0 + j);
+      if (s < nact) v[j] = ldcg_vec<DPL>(ws_acc + (base + s) * HD + DPL * lane, vec);
+    }
+  };
+  load_batch(0);
+  // M = max_s m_s, then c_s and sum_s c_s l_s (warp, then the 4 warps in order)
+  float M = warp_max(ms);
+  if (lane == 0) s_w[g] = M;
+  __syncthreads();
+  M = fmaxf(fmaxf(s_w[0], s_w[1]), fmaxf(s_w[2], s_w[3]));
+  const float c = (ms == -INFINITY) ? 0.f : exp2f(ms - M);
+  if (tid < nact) s_c[tid] = c;
+  const float wl = warp_sum(c * ls);
+  __syncthreads();  // s_w read by all before it is reused
+  if (lane == 0) s_w[g] = wl;
+  __syncthreads();
+  const float inv_l = 1.f / (((s_w[0] + s_w[1]) + s_w[2]) + s_w[3]);
+  float acc[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
+  for (int j0 = 0;; j0 += B) {
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      const int s = g + NG * (j0 + j);
+      if (s < nact) {
+        const float cs = s_c[s];
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[i] = fmaf(cs, v[j].v[i], acc[i]);
+      }
+    }
+    if (g + NG * (j0 + B) >= nact) break;
+    load_batch(j0 + B);
+  }
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) s_red[g][DPL * lane + i] = acc[i];
+  __syncthreads();
+  for (int d = tid; d < HD; d += 128) {
+    const float o = ((s_red[0][d] + s_red[1][d]) + s_red[2][d]) + s_red[3][d];
+    static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + d] = from_f32<TA>(o * inv_l);
+  }
+}
+
+}  // namespace nf4flash::cuda
