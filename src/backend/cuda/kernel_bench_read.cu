@@ -4,7 +4,9 @@
 // projection 4096x14336: one 112 KB item per block, 264 streams 112 KB apart), decode attention's
 // splits each walk one slice of a kv head's cache (66 x 8 blocks, two streams each, ~127 KB apart
 // at ctx 32768), the read-only reference reads grid-stride (one window moving through the buffer).
-// Same instructions, same bytes in flight, only the order differs between these rows.
+// Same instructions, same bytes in flight, only the order differs between these rows. The unit
+// sizes between one chunk and one slice show the length scale if the order matters (e.g. a DRAM
+// row whose pieces a stream reaches several steps apart is opened once per piece).
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -71,6 +73,9 @@ void bench_read_patterns(int sms, size_t l2_bytes, int reps, int trials, const R
   const int64_t kAttn = 134217728, kGemv = 30277632;  // decode attention ctx 32768 (one layer); nf4-dq 4096x14336
   const std::vector<Row> table = {
       {kAttn, 4, 1, "one window"},
+      {kAttn, 4, 2, "32 KB units round robin"},
+      {kAttn, 4, 4, "64 KB units round robin"},
+      {kAttn, 4, 8, "128 KB units round robin"},
       {kAttn, 4, 0, "one slice per block"},
       {kAttn, 8, 0, "one slice per block"},
       {kAttn, 2, 0, "one slice per block"},
