@@ -81,6 +81,11 @@ __host__ __device__ __forceinline__ int decode_chunk(int L, int nsplit, int min_
   const int c = (L + nsplit - 1) / nsplit;
   return c < min_chunk ? min_chunk : c;
 }
+// The splits with positions at context length L (slices of `chunk`): what every merge reads.
+__host__ __device__ __forceinline__ int decode_nact(int L, int nsplit, int chunk) {
+  const int n = (L + chunk - 1) / chunk;
+  return n < nsplit ? n : nsplit;
+}
 
 // The work of one decode block: q heads h0 .. h0+nh-1 (at most `per_block`, all of kv head kvh) of
 // token t over the cache slice [s0, s1) of split `split` (slices of `chunk` positions); active =
@@ -99,7 +104,7 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nspli
   b.L = a.pos0[0] + b.t + 1;
   b.chunk = decode_chunk(b.L, nsplit, a.dec_min_chunk);
   b.s0 = b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
-  b.nact = min(nsplit, (b.L + b.chunk - 1) / b.chunk);
+  b.nact = decode_nact(b.L, nsplit, b.chunk);
   return b;
 }
 
@@ -158,6 +163,25 @@ __device__ __forceinline__ float merge_dim(int nact, const float* s_c, GetAcc ge
 #pragma unroll 8
   for (int s = 0; s < nact; ++s) acc = fmaf(s_c[s], get_acc(s), acc);
   return acc;
+}
+
+// The decode splits' partials in the workspace (T tokens x n_heads x nsplit splits): (m, l) pairs
+// [T][n_heads][nsplit][2], then acc [T][n_heads][nsplit][HD]; for (token t, head h) the index of its
+// first split (base) and its active splits at that token's context length (nact).
+struct SplitPartials {
+  const float* ml;
+  const float* acc;
+  int64_t base;
+  int nact;
+};
+__device__ __forceinline__ SplitPartials split_partials(const AttnArgs& a, int nsplit, int T, int t, int h) {
+  const int L = a.pos0[0] + t + 1;
+  SplitPartials p;
+  p.ml = a.workspace;
+  p.acc = a.workspace + int64_t(T) * a.n_heads * nsplit * 2;
+  p.base = (int64_t(t) * a.n_heads + h) * nsplit;
+  p.nact = decode_nact(L, nsplit, decode_chunk(L, nsplit, a.dec_min_chunk));
+  return p;
 }
 
 // Merge the active splits [0, nact) of one (token t, head h) from the workspace partials into the
@@ -475,7 +499,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     namespace cg = cooperative_groups;
     const cg::cluster_group cl = cg::this_cluster();
     const int C = a.dec_cluster, rank = int(cl.block_rank());
-    const int nact = min(nsplit, (L + chunk - 1) / chunk);
+    const int nact = decode_nact(L, nsplit, chunk);
     if (nact <= C) {  // one active cluster: splits s = ranks s
       cl.sync();
       decode_cluster_merge<TA, HD, GT>(
@@ -519,7 +543,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int nact = min(nsplit, (L + chunk - 1) / chunk);
+    const int nact = decode_nact(L, nsplit, chunk);
     int* cnt = a.counters + int64_t(t) * gridDim.x + blockIdx.x;
     const int done = atomicAdd(cnt, 1) + 1;
     s_last = done == nact;
@@ -528,7 +552,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  const int nact = min(nsplit, (L + chunk - 1) / chunk);
+  const int nact = decode_nact(L, nsplit, chunk);
   for (int g = 0; g < nh; ++g)
     attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h0 + g) * nsplit, nact, HD, t, h0 + g, s_cc, s_inv_l);
 }
@@ -541,13 +565,8 @@ __global__ void attn_combine_kernel(const AttnArgs a, int nsplit, int T) {
   __shared__ float s_c[kDecodeMaxSplits];
   __shared__ float s_inv_l;
   const int h = blockIdx.x, t = blockIdx.y;
-  const int64_t n_heads = a.n_heads;
-  const float* ws_ml = a.workspace;
-  const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
-  const int L = a.pos0[0] + t + 1;
-  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
-  const int nact = min(nsplit, (L + chunk - 1) / chunk);
-  attn_merge_head<TA>(a, ws_ml, ws_acc, (int64_t(t) * n_heads + h) * nsplit, nact, a.head_dim, t, h, s_c, s_inv_l);
+  const SplitPartials sp = split_partials(a, nsplit, T, t, h);
+  attn_merge_head<TA>(a, sp.ml, sp.acc, sp.base, sp.nact, a.head_dim, t, h, s_c, s_inv_l);
 }
 
 template <typename TA, typename TK, int HD>

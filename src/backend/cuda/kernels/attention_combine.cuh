@@ -50,13 +50,10 @@ __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a
   __shared__ float s_red[NG][HD];
   __shared__ float s_w[NG];
   const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
-  const int64_t n_heads = a.n_heads;
-  const float* ws_ml = a.workspace;
-  const float* ws_acc = a.workspace + int64_t(T) * n_heads * nsplit * 2;
-  const int L = a.pos0[0] + t + 1;
-  const int chunk = decode_chunk(L, nsplit, a.dec_min_chunk);
-  const int nact = min(nsplit, (L + chunk - 1) / chunk);
-  const int64_t base = (int64_t(t) * n_heads + h) * nsplit;
+  const SplitPartials sp = split_partials(a, nsplit, T, t, h);
+  const float *ws_ml = sp.ml, *ws_acc = sp.acc;
+  const int64_t base = sp.base;
+  const int nact = sp.nact;
   const bool vec = reinterpret_cast<uintptr_t>(ws_acc) % (4 * DPL) == 0;  // HD is a multiple of DPL
   float ms = -INFINITY, ls = 0.f;
   if (tid < nact) {
