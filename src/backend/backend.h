@@ -316,6 +316,10 @@ struct CudaBackendOptions {
   DType compute = DType::BF16;
   int device_index = 0;
   bool tf32 = false;
+  // kernel-bench's layout experiment: 4-bit tiles uploaded in groups of this many column tiles of
+  // all row tiles side by side (cuda::Q4Device::tile_group; read by the lean decode GEMV at T = 1
+  // alone, every other 4-bit path refuses such weights). 0: the tile16x64 layout.
+  int q4_tile_group = 0;
 };
 // Throws Error when built without CUDA or when no device is usable.
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& o);

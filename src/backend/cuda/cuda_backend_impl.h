@@ -35,7 +35,8 @@ using namespace cuda;
 
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(const CudaBackendOptions& o) : act_(o.compute), tf32_(o.tf32) {
+  explicit CudaBackend(const CudaBackendOptions& o) : act_(o.compute), tf32_(o.tf32), q4_tile_group_(o.q4_tile_group) {
+    NF4FLASH_CHECK(q4_tile_group_ >= 0, "q4_tile_group: ", q4_tile_group_, " (0 or a group size)");
     NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
                    "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
     CUDA_CHECK(cudaSetDevice(o.device_index));
@@ -222,6 +223,14 @@ class CudaBackend : public Backend {
       upload(flat.data(), q.packed.data(), q.packed.size());
       w->tiles = std::make_unique<CudaBuffer>(size_t(d.RT * d.KT * 512));
       q4_repack(static_cast<const uint8_t*>(flat.data()), q.rows, q.cols, static_cast<uint8_t*>(w->tiles->data()), stream_);
+      if (q4_tile_group_ > 0 && d.KT % q4_tile_group_ == 0) {  // kernel-bench's grouped layout
+        auto grouped = std::make_unique<CudaBuffer>(w->tiles->bytes());
+        q4_group_tiles(static_cast<const uint8_t*>(w->tiles->data()), d.RT, d.KT, q4_tile_group_,
+                       static_cast<uint8_t*>(grouped->data()), stream_);
+        sync();
+        w->tiles = std::move(grouped);
+        d.tile_group = q4_tile_group_;
+      }
       sync();
     }
     d.tiles = static_cast<const uint8_t*>(w->tiles->data());
@@ -715,6 +724,7 @@ class CudaBackend : public Backend {
 
   DType act_;
   bool tf32_;
+  int q4_tile_group_ = 0;  // CudaBackendOptions::q4_tile_group (kernel-bench's layout experiment)
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

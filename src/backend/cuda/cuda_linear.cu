@@ -474,6 +474,9 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     const std::string qn = cat(quant_type_name(q->quant()), q->double_quant() ? "-dq" : "");
     if (q->fallback) return cat("dense ", dtype_name(act_), " (", qn, " dequantized at load: ", q->fallback_why, ")");
     const int64_t pf_mib = L2PrefetchPlan::configured_bytes(props_.l2CacheSize) >> 20;
+    if (q->dev.tile_group)
+      return cat("gemv_q4 in-order fused ", qn, " (h8u4d3 T=1, tiles in groups of ", q->dev.tile_group, " column tiles, ",
+                 dtype_name(act_), " mma, f32 accum; kernel-bench's layout experiment: other paths refuse it)");
     if (seq_q4(w, rows))
       return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused",

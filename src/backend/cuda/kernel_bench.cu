@@ -147,6 +147,17 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_GEMV_FEED");
   };
   struct Shape { int64_t rows, cols; };
+  // a backend that uploads 4-bit weights in the grouped tile layout (CudaBackendOptions::
+  // q4_tile_group = 32: batches of neighbouring row tiles side by side), made on first use
+  std::unique_ptr<Backend> beg;
+  auto grouped_backend = [&]() -> Backend& {
+    if (!beg) {
+      CudaBackendOptions go = bo;
+      go.q4_tile_group = 32;
+      beg = make_cuda_backend(go);
+    }
+    return *beg;
+  };
   // ---- focused mode (--gemv-shape): the 4-bit GEMV alone on the given shapes and variants
   //   (for ncu: few launches, nothing else in the process's kernel list)
   if (!o.gemv_shapes.empty()) {
@@ -160,6 +171,18 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         auto xb = rand_act(1, K), yb = be->alloc(size_t(R) * 2);
         Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
         for (const std::string& v : variants) {
+          if (v == "grouped") {  // the lean kernel on the grouped tile layout (its own backend and weights)
+            Backend& bg = grouped_backend();
+            std::vector<std::unique_ptr<Weight>> wg;
+            for (int c = 0; c < copies; ++c) wg.push_back(bg.upload_quant4(random_q4(R, K, dq, g)));
+            const double sec = time_graph(bg, [&](int i) { bg.linear(x, *wg[size_t(i % copies)], nullptr, y); },
+                                          o.reps, o.trials);
+            report(cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 grouped"), sec,
+                   double(wg[0]->resident_bytes()) + (K + R) * 2.0,
+                   {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", v},
+                    {"path", bg.linear_path(*wg[0], 1)}});
+            continue;
+          }
           with_variant(v.rfind("seq", 0) == 0 ? "seq" : v.c_str());
           if (v.rfind("seq-", 0) == 0) setenv("NF4FLASH_GEMV_SEQ_CFG", v.c_str() + 4, 1);
           const double sec = time_graph(*be, [&](int i) { be->linear(x, *ws[size_t(i % copies)], nullptr, y); },
@@ -492,6 +515,19 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
           }
           unsetenv("NF4FLASH_GEMV_CFG");
           unsetenv("NF4FLASH_GEMV_Q4");
+        }
+        // the grouped tile layout (batches of neighbouring row tiles side by side, read by the lean
+        // kernel's T = 1 form): whether the order in which blocks meet the bytes moves the GEMV
+        if (T == 1 && dq && (s.cols / 64) % 32 == 0) {
+          Backend& bg = grouped_backend();
+          std::vector<std::unique_ptr<Weight>> wg;
+          for (int c = 0; c < copies; ++c) wg.push_back(bg.upload_quant4(random_q4(s.rows, s.cols, true, g)));
+          const double sec = time_graph(bg, [&](int i) { bg.linear(x, *wg[size_t(i % copies)], nullptr, y); },
+                                        o.reps, o.trials);
+          report(cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 seq grouped"), sec,
+                 double(wg[0]->resident_bytes()) + (s.cols + s.rows) * 2.0,
+                 {{"rows", s.rows}, {"cols", s.cols}, {"T", 1}, {"double_quant", true}, {"copies", copies},
+                  {"variant", "grouped"}, {"path", bg.linear_path(*wg[0], 1)}});
         }
       }
     }

@@ -168,6 +168,29 @@ __global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t row
   tiles[wi] = src(r0, c0) | (src(r1, c0) << 8) | (src(r0, c0 + 1) << 16) | (src(r1, c0 + 1) << 24);
 }
 
+// One thread per 16-byte word of dst: group tile (g, rt, j) <- tile (rt, g*G + j) of the tile16x64 layout.
+__global__ void q4_group_tiles_kernel(const uint4* __restrict__ src, int64_t RT, int64_t KT, int G, int64_t n16,
+                                      uint4* __restrict__ dst) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n16) return;
+  const int64_t tile = i >> 5, word = i & 31;  // 32 words per 512-byte tile
+  const int64_t j = tile % G, rt = (tile / G) % RT, grp = tile / (G * RT);
+  dst[i] = src[(rt * KT + grp * G + j) * 32 + word];
+}
+
+void q4_group_tiles(const uint8_t* tiles_dev, int64_t RT, int64_t KT, int G, uint8_t* dst_dev, cudaStream_t st) {
+  NF4FLASH_CHECK(G > 0 && KT % G == 0, "q4_group_tiles: ", KT, " column tiles in groups of ", G);
+  const int64_t n16 = RT * KT * 32;
+  q4_group_tiles_kernel<<<static_cast<unsigned>((n16 + 255) / 256), 256, 0, st>>>(
+      reinterpret_cast<const uint4*>(tiles_dev), RT, KT, G, n16, reinterpret_cast<uint4*>(dst_dev));
+  CUDA_CHECK_LAUNCH();
+}
+
+void q4_require_tile16x64(const Q4Device& w, const char* who) {
+  NF4FLASH_CHECK(w.tile_group == 0, who, ": this weight's 4-bit tiles are in groups of ", w.tile_group,
+                 " (kernel-bench's layout experiment), which only the lean decode GEMV at T = 1 reads");
+}
+
 void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* tiles_dev, cudaStream_t st) {
   const int64_t RT = (rows + 15) / 16, KT = cols / 64, n_words = RT * KT * 128;
   const int threads = 256;
@@ -178,6 +201,7 @@ void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* t
 
 void gemv_q4(const GemvQ4Args& g, cudaStream_t st) {
   NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, "gemv_q4: T=", g.T, " outside 1..", kGemvMaxRows);
+  q4_require_tile16x64(*g.w, "gemv_q4");
   if (g.act == DType::BF16) {
     if (g.w->double_quant) launch_q4<__nv_bfloat16, true>(g, st);
     else launch_q4<__nv_bfloat16, false>(g, st);
@@ -241,7 +265,8 @@ void fill_multi_args(const GemvQ4MultiArgs& g, K& k, const char* who) {
   for (int s = 0; s < g.nseg; ++s) {
     const Q4Device& w = *g.w[s];
     NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
-                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
+                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code) &&
+                       w.tile_group == w0.tile_group,
                    who, ": segment ", s, " differs in shape or quantization from segment 0");
     Q4StreamSeg& q = k.seg[s];
     q.tiles = w.tiles;
@@ -267,6 +292,7 @@ void fill_multi_args(const GemvQ4MultiArgs& g, K& k, const char* who) {
 
 void gemv_q4_multi(const GemvQ4MultiArgs& g, cudaStream_t st) {
   NF4FLASH_CHECK(gemv_q4_stream_enabled(), "gemv_q4_multi: the stream kernel needs sm_90");
+  q4_require_tile16x64(*g.w[0], "gemv_q4_multi");
   Q4StreamKArgs k{};
   fill_multi_args(g, k, "gemv_q4_multi");
   const Q4Device& w0 = *g.w[0];
@@ -325,6 +351,7 @@ void launch_seq_cfg(Q4SeqArgs& k, cudaStream_t st) {
 
 template <typename TA, bool DQ>
 void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
+  if (k.tile_group) return gemv_q4_lean_grouped(k, std::is_same_v<TA, __nv_bfloat16>, DQ, st);
   std::string_view c = gemv_q4_seq_cfg();
   if (gemv_q4_lean_warps(c) > 0) {  // the lean kernel (ops_gemv_lean.cu)
     if (gemv_q4_lean_applies(k) && gemv_q4_lean(k, c, std::is_same_v<TA, __nv_bfloat16>, DQ, st)) return;
@@ -345,6 +372,7 @@ int gemv_num_sms() { return num_sms(); }
 void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
   Q4SeqArgs k{};
   fill_multi_args(g, k, "gemv_q4_seq");
+  k.tile_group = g.w[0]->tile_group;
   k.pf = g.l2pf;
   k.sk_slots = g.sk_slots;
   k.sk_cap = g.sk_cap;
@@ -375,6 +403,7 @@ bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStr
     const Q4Device& w = *g.w[0];
     if (g.act != st[0].act || w.double_quant != w0.double_quant || !std::equal(w.code, w.code + 16, w0.code))
       return false;
+    if (w.tile_group) return false;  // the grouped layout: one launch per stage
     fill_multi_args(g, k[i], "gemv_q4_chain");
     if (g.norm_w) {
       if (!gemv_q4_norm_fusable(g.T, k[i].cols)) return false;
@@ -386,6 +415,7 @@ bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStr
 }
 
 void q4_dequant(const Q4Device& w, void* out, DType dtype, cudaStream_t st, int64_t row0, int64_t nrows) {
+  q4_require_tile16x64(w, "q4_dequant");
   if (nrows < 0) nrows = w.rows - row0;
   NF4FLASH_CHECK(row0 >= 0 && row0 + nrows <= w.rows, "q4_dequant: rows [", row0, ", ", row0 + nrows,
                  ") out of range (", w.rows, ")");

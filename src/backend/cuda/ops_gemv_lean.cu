@@ -162,7 +162,7 @@ bool gemv_q4_lean_chain(Q4SeqArgs* st, int n, unsigned* counters, bool bf16, boo
   if (n < 2 || n > kChainMaxStages || !gemv_q4_chain_enabled()) return false;
   for (int s = 0; s < n; ++s) {
     const Q4SeqArgs& k = st[s];
-    if (!gemv_q4_lean_applies(k) || k.KT % 32 || k.T != st[0].T || k.log2_blocksize != st[0].log2_blocksize ||
+    if (!gemv_q4_lean_applies(k) || k.tile_group || k.KT % 32 || k.T != st[0].T || k.log2_blocksize != st[0].log2_blocksize ||
         k.log2_nested != st[0].log2_nested)
       return false;
   }
@@ -180,6 +180,20 @@ bool gemv_q4_lean_chain(Q4SeqArgs* st, int n, unsigned* counters, bool bf16, boo
     else launch_lean_cfg<__half, false, true, F, 8, 4, 3, 2, kChainMaxStages>(c, stream);
   }
   return true;
+}
+
+void gemv_q4_lean_grouped(Q4SeqArgs& k, bool bf16, bool dq, cudaStream_t st) {
+  constexpr int F = kLeanXPred | kLeanHalf | kLeanT1 | kLeanGrouped, W = 8, U = 4;  // h8u4d3 at T = 1
+  NF4FLASH_CHECK(k.tile_group == W * U && k.T == 1 && k.KT % (W * U) == 0 && gemv_q4_lean_applies(k),
+                 "gemv_q4: 4-bit tiles in groups of ", k.tile_group, " are read by the lean kernel at T = 1 with ",
+                 W * U, "-tile groups alone (T=", k.T, ", ", k.KT, " column tiles)");
+  if (bf16) {
+    if (dq) launch_lean_cfg<__nv_bfloat16, true, true, F, W, U, 3, 2>(k, st);
+    else launch_lean_cfg<__nv_bfloat16, false, true, F, W, U, 3, 2>(k, st);
+  } else {
+    if (dq) launch_lean_cfg<__half, true, true, F, W, U, 3, 2>(k, st);
+    else launch_lean_cfg<__half, false, true, F, W, U, 3, 2>(k, st);
+  }
 }
 
 bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st) {

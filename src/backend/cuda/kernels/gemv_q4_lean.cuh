@@ -46,6 +46,11 @@
 // range) publishes its per-sub sums as tagged 64-bit values in its slot; the earlier one (holding
 // the unit's start, at the end of its range) adds them after its own (K order: deterministic),
 // runs the epilogue and clears the tags. Measured slower (fourteenth session): opt-in.
+// Grouped tiles (kLeanGrouped; kernel-bench's layout experiment, Q4Device::tile_group = W*U): the
+// weight's batch k of row tile rt sits at tiles (k * RT + rt) * W*U, so the blocks on neighbouring
+// units read neighbouring bytes at the same time (one window moving through the weight instead of
+// one stream per block); the same tiles in the same order per warp, so the outputs are bit for bit
+// the tile16x64 layout's. Only lw's start and step differ (absmax and the nested index as always).
 // ptxas (sm_90, 128 registers): h8u4d3's T=1 forms and the chain spill nothing; the stream-K dq
 // form 24 bytes, l8u4d3 dq 8, h8u4d3's T>1 single-quant form 60-108 (fourteenth session).
 #pragma once
@@ -102,6 +107,8 @@ enum LeanFlags : int {
   kLeanAlu4 = 32,  // gemv_q4.cuh); Alu4: all four
   kLeanT1 = 64,    // T = 1 only (the launcher adds it): token column 1's accumulators left alone
   kLeanSK = 128,   // stream-K ranges ("Stream-K" above; the launcher adds it when opted in)
+  kLeanGrouped = 256,  // the grouped tile layout (Q4Device::tile_group == W*U; kernel-bench only):
+                       // batch k of row tile rt at tiles (k * RT + rt) * W*U, absmax as always
 };
 
 // Stream-K slot protocol (kLeanSK): a 64-bit (tag << 32 | f32 bits) store or load is single-copy
@@ -127,8 +134,9 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   constexpr bool CHAIN = NS > 1;
   constexpr bool ASYNC = FLAGS & kLeanAsync, XPRED = FLAGS & kLeanXPred;
   static_assert(!CHAIN || (!ASYNC && FULL), "chained stages: barrier reduction, whole batches");
-  constexpr bool HALF = FLAGS & kLeanHalf, T1 = FLAGS & kLeanT1, SK = FLAGS & kLeanSK;
+  constexpr bool HALF = FLAGS & kLeanHalf, T1 = FLAGS & kLeanT1, SK = FLAGS & kLeanSK, GROUPED = FLAGS & kLeanGrouped;
   static_assert(!SK || (NS == 1 && FULL && !ASYNC), "stream-K: one GEMV, whole batches, barrier reduction");
+  static_assert(!GROUPED || (NS == 1 && FULL && !SK), "grouped tiles: one GEMV, whole batches, units round robin");
   constexpr int NALU = (FLAGS & kLeanAlu4) ? 4 : (FLAGS / kLeanAlu1) & 3;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
   constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
@@ -173,6 +181,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   const uint8_t* la = nullptr;  // absmax of row r (u8 or f32), same tile
   const float* lnest = nullptr;
   uint32_t lo = 0;  // DQ: row * cols + 64 * kt of the batch's first tile
+  [[maybe_unused]] uint32_t lstep = uint32_t(WU) * 32;  // lw's step per batch (GROUPED: a whole group of row tiles)
   auto lvalid = [&]() { return CHAIN ? ls < c.nst : SK ? lrem > 0 : lu < units0; };
   // CHAIN: move the cursor on to the first stage (from ls) that gives this block a unit
   auto lsettle = [&]() {
@@ -189,7 +198,12 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     const Q4StreamSeg& sg = a.seg[q4_seq_segment(a, lu, lsub, rt)];
     const uint32_t kt0 = uint32_t(warp) + (SK ? uint32_t(lb * WU) : 0u);  // SK: may start mid-item
     const uint32_t tile0 = uint32_t(rt) * uint32_t(KT_of(ls)) + kt0;
-    lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
+    if constexpr (GROUPED) {
+      lw = reinterpret_cast<const uint4*>(sg.tiles) + (size_t(rt) * WU + kt0) * 32 + lane;
+      lstep = uint32_t(sg.RT) * uint32_t(WU) * 32;
+    } else {
+      lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
+    }
     la = static_cast<const uint8_t*>(sg.absmax) + (size_t(tile0) * 16 + r) * (DQ ? 1 : 4);
     lnest = sg.nested_absmax;
     int row = rt * 16 + r;
@@ -222,7 +236,8 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       }
       if (lvalid()) start_item();
     } else {
-      lw += WU * 32;
+      if constexpr (GROUPED) lw += lstep;
+      else lw += WU * 32;
       la += WU * 16 * (DQ ? 1 : 4);
       lo += 64u * WU;
     }

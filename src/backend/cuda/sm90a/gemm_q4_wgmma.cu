@@ -316,6 +316,7 @@ void check_launch(int64_t T, const Q4Device& w) {
   NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(T >= 1 && T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", T, " out of range");
   NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
+  q4_require_tile16x64(w, "gemm_q4_wgmma");
 }
 }  // namespace
 
@@ -365,6 +366,7 @@ void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
     // (the nested code table is taken from weight 0: the caller checks the tables are equal)
     NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && std::equal(w.code, w.code + 16, w0.code),
                    "gemm_q4_wgmma_multi: weight ", i, " differs from weight 0 in cols or quantization parameters");
+    q4_require_tile16x64(w, "gemm_q4_wgmma_multi");
     NF4FLASH_CHECK(!m.swiglu || w.rows == w0.rows, "gemm_q4_wgmma_multi: gate and up rows differ");
     rb += (w.RT + 7) / 8;
   }
