@@ -20,11 +20,12 @@ grep -E "copy|read units|attn decode" "$out/kb-attn.txt" | sed -E 's/ +/ /g' | c
 pack
 [ "${NCU:-1}" = 1 ] || exit 0
 names=(simt simt-interleave mma mma-interleave)
-reps=4 trials=1  # launches of the decode kernel per variant row: reps x (1 + trials)
+reps=4 trials=1  # launches of the decode kernel per variant row: reps x (1 + trials) (one cache layer:
+                 # ncu flushes the caches before each launch it profiles, so K/V come from HBM anyway)
 for ctx in ${NCU_CTXS:-512 32768}; do
   for v in ${NCU_VARIANTS:-0 1}; do
     rep="$out/ncu-attn-$ctx-${names[$v]}"
-    NF4FLASH_KB_ATTN_CTXS=$ctx timeout 240 ncu --clock-control none -k "regex:attn_decode" \
+    NF4FLASH_KB_ATTN_CTXS=$ctx NF4FLASH_KB_ATTN_ROTATE=0 timeout 240 ncu --clock-control none -k "regex:attn_decode" \
       --launch-skip $(( v * reps * (1 + trials) + 2 )) -c 1 \
       --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
       --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats --section LaunchStats \

@@ -108,7 +108,10 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
                      "simt chunk16 wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_MIN_CHUNK=16,NF4FLASH_ATTN_COMBINE=wide",
                      "mma interleave wide:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave,"
                      "NF4FLASH_ATTN_COMBINE=wide"};
-      db.rotate = true;
+      // NF4FLASH_KB_ATTN_ROTATE=0: one cache layer, `reps` launches a row (profiling: ncu flushes the
+      // caches before each launch it profiles anyway, and attn-profile.sh counts launches)
+      const char* rot = std::getenv("NF4FLASH_KB_ATTN_ROTATE");
+      db.rotate = !(rot && std::string_view(rot) == "0");
       bench_decode_attention(*be, db, size_t(prop.l2CacheSize), o.reps, o.trials, g, report);
     }
     out["kernels"] = rows;

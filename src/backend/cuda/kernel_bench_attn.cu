@@ -44,6 +44,9 @@ void bench_decode_attention(Backend& be, const DecodeAttnBench& b, size_t l2_byt
     // layer's cache was last touched one step, i.e. ~4.5 GB of weights, earlier); else one layer
     // (L2-resident across the repeats when it fits: ctx <= ~8192 on the H200)
     const int layers = b.rotate ? int(std::max<int64_t>(2, int64_t(4 * l2_bytes) / layer_bytes + 1)) : 1;
+    // every layer once per replay (else a replay of `reps` launches would cycle through a subset
+    // small enough to stay in L2): ctx 512 runs 121 launches a replay
+    const int nrep = std::max(reps, layers);
     be.kv_allocate({layers, nkv, hd, ctx, DType::BF16});
     auto qb = be.alloc(size_t(nh * hd) * 2), ob = be.alloc(size_t(nh * hd) * 2), pb = be.alloc(4);
     {  // random K/V for every position (the same rows in every layer) and a random q (never zeros)
@@ -65,7 +68,7 @@ void bench_decode_attention(Backend& be, const DecodeAttnBench& b, size_t l2_byt
     for (const std::string& v : b.variants) {
       const auto [label, env] = parse_variant(v);
       for (const auto& [k, val] : env) setenv(k.c_str(), val.c_str(), 1);
-      const double sec = time_graph(be, [&](int i) { be.attention(i % layers, q, ov, ap, st); }, reps, trials);
+      const double sec = time_graph(be, [&](int i) { be.attention(i % layers, q, ov, ap, st); }, nrep, trials);
       nlohmann::json extra = {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd},
                               {"variant", label}, {"layers", layers}, {"kv_from", b.rotate ? "hbm" : "one layer"}};
       for (const auto& [k, val] : env) extra["env"][k] = val;
@@ -84,7 +87,7 @@ void bench_decode_attention(Backend& be, const DecodeAttnBench& b, size_t l2_byt
       setenv("NF4FLASH_DECODE_FUSED", m == "unfused" ? "0" : "1", 1);
       setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
       const double sec = time_graph(
-          be, [&](int i) { be.rope_kv_attention(i % layers, q, ka, ka, ov, rp, ap, st); }, reps, trials);
+          be, [&](int i) { be.rope_kv_attention(i % layers, q, ka, ka, ov, rp, ap, st); }, nrep, trials);
       report(cat("attn+rope decode ctx=", ctx, " ", v, " (32/8, hd128", where, ")"), sec, double(layer_bytes),
              {{"ctx", ctx}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"variant", v}, {"layers", layers},
               {"resident_clusters_of_8", cuda::decode_rope_resident_clusters(8)}});
