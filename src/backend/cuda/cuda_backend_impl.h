@@ -223,14 +223,6 @@ class CudaBackend : public Backend {
       upload(flat.data(), q.packed.data(), q.packed.size());
       w->tiles = std::make_unique<CudaBuffer>(size_t(d.RT * d.KT * 512));
       q4_repack(static_cast<const uint8_t*>(flat.data()), q.rows, q.cols, static_cast<uint8_t*>(w->tiles->data()), stream_);
-      if (q4_tile_group_ > 0 && d.KT % q4_tile_group_ == 0) {  // kernel-bench's grouped layout
-        auto grouped = std::make_unique<CudaBuffer>(w->tiles->bytes());
-        q4_group_tiles(static_cast<const uint8_t*>(w->tiles->data()), d.RT, d.KT, q4_tile_group_,
-                       static_cast<uint8_t*>(grouped->data()), stream_);
-        sync();
-        w->tiles = std::move(grouped);
-        d.tile_group = q4_tile_group_;
-      }
       sync();
     }
     d.tiles = static_cast<const uint8_t*>(w->tiles->data());
@@ -269,6 +261,21 @@ class CudaBackend : public Backend {
       upload(w->nested_code->data(), q.nested_code.data(), 256 * 4);
       d.nested_code = static_cast<const float*>(w->nested_code->data());
       w->nested_code_host.assign(q.nested_code.begin(), q.nested_code.end());
+    }
+    if (q4_tile_group_ > 0 && d.KT % q4_tile_group_ == 0) {  // kernel-bench's grouped layout: codes and absmax
+      auto group = [&](std::unique_ptr<CudaBuffer>& b, int rec_bytes) {
+        auto grouped = std::make_unique<CudaBuffer>(b->bytes());
+        q4_group_tiles(static_cast<const uint8_t*>(b->data()), d.RT, d.KT, q4_tile_group_, rec_bytes,
+                       static_cast<uint8_t*>(grouped->data()), stream_);
+        sync();
+        b = std::move(grouped);
+      };
+      group(w->tiles, 512);
+      group(w->absmax, q.double_quant ? 16 : 64);
+      d.tiles = static_cast<const uint8_t*>(w->tiles->data());
+      if (q.double_quant) d.absq_tiled = static_cast<const uint8_t*>(w->absmax->data());
+      else d.absmax_tiled = static_cast<const float*>(w->absmax->data());
+      d.tile_group = q4_tile_group_;
     }
     // the fused GEMM needs no scratch; rows past q4_fused_max_rows_ take dequantize + cuBLAS, whose
     // scratch is allocated at the first such product (gemm_q4)

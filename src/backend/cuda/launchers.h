@@ -26,15 +26,17 @@ struct Q4Device {
   // 0: tile16x64 (row tile rt's KT tiles contiguous, kernels/gemv_q4.cuh). G > 0 (kernel-bench's
   // experiment, CudaBackendOptions::q4_tile_group): groups of G column tiles of all row tiles side
   // by side, tile (rt, kt) at ((kt / G) * RT + rt) * G + kt % G, so that blocks on neighbouring row
-  // tiles read neighbouring bytes at the same time; absmax keeps its [RT][KT][16] layout. Read by
+  // tiles read neighbouring bytes at the same time; the absmax records (16 per tile) alike. Read by
   // the lean decode GEMV (h8u4d3, T = 1, G = 32) alone; every other 4-bit path refuses it.
   int tile_group = 0;
 };
 
 void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* tiles_dev,
                cudaStream_t st);
-// tiles (tile16x64, RT x KT tiles) -> dst in groups of G column tiles (Q4Device::tile_group); KT % G == 0.
-void q4_group_tiles(const uint8_t* tiles_dev, int64_t RT, int64_t KT, int G, uint8_t* dst_dev, cudaStream_t st);
+// Per-tile records in [RT][KT] order (codes: 512 bytes, absmax: 16 u8 or 16 f32) -> dst in groups of G
+// column tiles (Q4Device::tile_group); KT % G == 0, rec_bytes a multiple of 16.
+void q4_group_tiles(const uint8_t* src_dev, int64_t RT, int64_t KT, int G, int rec_bytes, uint8_t* dst_dev,
+                    cudaStream_t st);
 // Refuses (Error naming `who`) a weight in the grouped tile layout: the paths that read tile16x64 only.
 void q4_require_tile16x64(const Q4Device& w, const char* who);
 

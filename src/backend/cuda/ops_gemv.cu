@@ -168,21 +168,25 @@ __global__ void q4_repack_kernel(const uint8_t* __restrict__ packed, int64_t row
   tiles[wi] = src(r0, c0) | (src(r1, c0) << 8) | (src(r0, c0 + 1) << 16) | (src(r1, c0 + 1) << 24);
 }
 
-// One thread per 16-byte word of dst: group tile (g, rt, j) <- tile (rt, g*G + j) of the tile16x64 layout.
-__global__ void q4_group_tiles_kernel(const uint4* __restrict__ src, int64_t RT, int64_t KT, int G, int64_t n16,
-                                      uint4* __restrict__ dst) {
+// One thread per 16-byte word of dst (records of `words` 16-byte words per tile: codes 32, absmax
+// 1 (u8) or 4 (f32)): group record (g, rt, j) <- record (rt, g*G + j) of the [RT][KT] order.
+__global__ void q4_group_tiles_kernel(const uint4* __restrict__ src, int64_t RT, int64_t KT, int G, int words,
+                                      int64_t n16, uint4* __restrict__ dst) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n16) return;
-  const int64_t tile = i >> 5, word = i & 31;  // 32 words per 512-byte tile
-  const int64_t j = tile % G, rt = (tile / G) % RT, grp = tile / (G * RT);
-  dst[i] = src[(rt * KT + grp * G + j) * 32 + word];
+  const int64_t rec = i / words, word = i % words;
+  const int64_t j = rec % G, rt = (rec / G) % RT, grp = rec / (G * RT);
+  dst[i] = src[(rt * KT + grp * G + j) * words + word];
 }
 
-void q4_group_tiles(const uint8_t* tiles_dev, int64_t RT, int64_t KT, int G, uint8_t* dst_dev, cudaStream_t st) {
-  NF4FLASH_CHECK(G > 0 && KT % G == 0, "q4_group_tiles: ", KT, " column tiles in groups of ", G);
-  const int64_t n16 = RT * KT * 32;
+void q4_group_tiles(const uint8_t* src_dev, int64_t RT, int64_t KT, int G, int rec_bytes, uint8_t* dst_dev,
+                    cudaStream_t st) {
+  NF4FLASH_CHECK(G > 0 && KT % G == 0 && rec_bytes > 0 && rec_bytes % 16 == 0, "q4_group_tiles: ", KT,
+                 " column tiles in groups of ", G, ", records of ", rec_bytes, " bytes");
+  const int words = rec_bytes / 16;
+  const int64_t n16 = RT * KT * words;
   q4_group_tiles_kernel<<<static_cast<unsigned>((n16 + 255) / 256), 256, 0, st>>>(
-      reinterpret_cast<const uint4*>(tiles_dev), RT, KT, G, n16, reinterpret_cast<uint4*>(dst_dev));
+      reinterpret_cast<const uint4*>(src_dev), RT, KT, G, words, n16, reinterpret_cast<uint4*>(dst_dev));
   CUDA_CHECK_LAUNCH();
 }
 

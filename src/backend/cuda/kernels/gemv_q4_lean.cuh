@@ -50,7 +50,8 @@
 // weight's batch k of row tile rt sits at tiles (k * RT + rt) * W*U, so the blocks on neighbouring
 // units read neighbouring bytes at the same time (one window moving through the weight instead of
 // one stream per block); the same tiles in the same order per warp, so the outputs are bit for bit
-// the tile16x64 layout's. Only lw's start and step differ (absmax and the nested index as always).
+// the tile16x64 layout's. Only the start and step of lw and la (absmax records grouped alike)
+// differ; the nested absmax index is the logical one as always.
 // ptxas (sm_90, 128 registers): h8u4d3's T=1 forms and the chain spill nothing; the stream-K dq
 // form 24 bytes, l8u4d3 dq 8, h8u4d3's T>1 single-quant form 60-108 (fourteenth session).
 #pragma once
@@ -108,7 +109,7 @@ enum LeanFlags : int {
   kLeanT1 = 64,    // T = 1 only (the launcher adds it): token column 1's accumulators left alone
   kLeanSK = 128,   // stream-K ranges ("Stream-K" above; the launcher adds it when opted in)
   kLeanGrouped = 256,  // the grouped tile layout (Q4Device::tile_group == W*U; kernel-bench only):
-                       // batch k of row tile rt at tiles (k * RT + rt) * W*U, absmax as always
+                       // batch k of row tile rt at tiles (k * RT + rt) * W*U, its absmax alike
 };
 
 // Stream-K slot protocol (kLeanSK): a 64-bit (tag << 32 | f32 bits) store or load is single-copy
@@ -198,13 +199,10 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     const Q4StreamSeg& sg = a.seg[q4_seq_segment(a, lu, lsub, rt)];
     const uint32_t kt0 = uint32_t(warp) + (SK ? uint32_t(lb * WU) : 0u);  // SK: may start mid-item
     const uint32_t tile0 = uint32_t(rt) * uint32_t(KT_of(ls)) + kt0;
-    if constexpr (GROUPED) {
-      lw = reinterpret_cast<const uint4*>(sg.tiles) + (size_t(rt) * WU + kt0) * 32 + lane;
-      lstep = uint32_t(sg.RT) * uint32_t(WU) * 32;
-    } else {
-      lw = reinterpret_cast<const uint4*>(sg.tiles) + size_t(tile0) * 32 + lane;
-    }
-    la = static_cast<const uint8_t*>(sg.absmax) + (size_t(tile0) * 16 + r) * (DQ ? 1 : 4);
+    const size_t gtile0 = GROUPED ? size_t(rt) * WU + kt0 : size_t(tile0);  // GROUPED: in group 0
+    if constexpr (GROUPED) lstep = uint32_t(sg.RT) * uint32_t(WU) * 32;
+    lw = reinterpret_cast<const uint4*>(sg.tiles) + gtile0 * 32 + lane;
+    la = static_cast<const uint8_t*>(sg.absmax) + (gtile0 * 16 + r) * (DQ ? 1 : 4);
     lnest = sg.nested_absmax;
     int row = rt * 16 + r;
     row = row < int(sg.rows) ? row : int(sg.rows) - 1;
@@ -236,9 +234,13 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       }
       if (lvalid()) start_item();
     } else {
-      if constexpr (GROUPED) lw += lstep;
-      else lw += WU * 32;
-      la += WU * 16 * (DQ ? 1 : 4);
+      if constexpr (GROUPED) {  // the next group: RT row tiles on
+        lw += lstep;
+        la += (lstep >> 1) * (DQ ? 1 : 4);
+      } else {
+        lw += WU * 32;
+        la += WU * 16 * (DQ ? 1 : 4);
+      }
       lo += 64u * WU;
     }
   };
