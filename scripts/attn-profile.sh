@@ -4,7 +4,8 @@
 # decode kernels' block orders) and --attn-decode (contexts 128..32768, cache read from HBM, per
 # kernel and split order), then with NCU=1 ncu's detail sections and source page for single
 # decode-attention launches (NCU_CTXS, default "512 32768"; NCU_VARIANTS, default "0 1" = simt and
-# simt interleave in kernel-bench's order simt, simt interleave, mma, mma interleave).
+# simt interleave in kernel-bench's order simt, simt interleave, mma, mma interleave). KB=0 skips the
+# kernel-bench rows (ncu only).
 # Writes to $OUT (default build-gpu/out): kb-attn.{txt,json}, ncu-attn-<ctx>-<variant>.txt,
 # ...-sass.csv.gz, ...-summary.txt, packed into all.tgz after each step.
 set -uo pipefail
@@ -15,9 +16,11 @@ B=build-gpu/nf4flash
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   NF4FLASH_GPU_TESTS=0 NF4FLASH_GPU_BENCH=0 bash scripts/gpu-check.sh >"$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
 fi
-timeout ${KB_ATTN_TIMEOUT:-240} $B kernel-bench --read-patterns --attn-decode --json "$out/kb-attn.json" >"$out/kb-attn.txt" 2>&1
-grep -E "copy|read units|attn decode" "$out/kb-attn.txt" | sed -E 's/ +/ /g' | cut -c1-100
-pack
+if [ "${KB:-1}" = 1 ]; then  # KB=0: only the ncu launches
+  timeout ${KB_ATTN_TIMEOUT:-240} $B kernel-bench --read-patterns --attn-decode --json "$out/kb-attn.json" >"$out/kb-attn.txt" 2>&1
+  grep -E "copy|read units|attn decode" "$out/kb-attn.txt" | sed -E 's/ +/ /g' | cut -c1-100
+  pack
+fi
 [ "${NCU:-1}" = 1 ] || exit 0
 names=(simt simt-interleave mma mma-interleave)
 reps=4 trials=1  # launches of the decode kernel per variant row: reps x (1 + trials) (one cache layer:
