@@ -18,7 +18,7 @@ if [ "${SKIP_BUILD:-0}" != 1 ]; then
 fi
 if [ "${KB:-1}" = 1 ]; then  # KB=0: only the ncu launches
   timeout ${KB_ATTN_TIMEOUT:-240} $B kernel-bench --read-patterns --attn-decode --json "$out/kb-attn.json" >"$out/kb-attn.txt" 2>&1
-  grep -E "copy|read units|attn decode" "$out/kb-attn.txt" | sed -E 's/ +/ /g' | cut -c1-100
+  python3 scripts/kb-table.py "$out/kb-attn.json" 2>&1 | tee "$out/kb-attn-table.txt"
   pack
 fi
 [ "${NCU:-1}" = 1 ] || exit 0
