@@ -138,12 +138,17 @@ struct QW {
   std::unique_ptr<Weight> cpu, gpu, bcpu, bgpu;
   int64_t N = 0, K = 0;
 };
+// A random [N, K] weight (std 0.05) quantized to 4 bits, blocks of 64.
+inline std::shared_ptr<Quant4Tensor> random_quant4(int64_t N, int64_t K, QuantType type, bool dq) {
+  auto W = randn(size_t(N * K), 0.05f);
+  return std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, N, K, type, 64, dq));
+}
+
 inline QW make_q4(Backends& b, DType dt, QuantType type, bool dq, int64_t N, int64_t K, bool bias) {
   QW w;
   w.N = N;
   w.K = K;
-  auto W = randn(size_t(N * K), 0.05f);
-  auto q = std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, N, K, type, 64, dq));
+  auto q = random_quant4(N, K, type, dq);
   w.cpu = b.cpu->upload_quant4(q);
   w.gpu = b.gpu->upload_quant4(q);
   if (bias) {

@@ -23,11 +23,6 @@ struct Pair {
   }
 };
 
-std::shared_ptr<Quant4Tensor> random_weight(int64_t N, int64_t K, bool dq) {
-  auto W = randn(size_t(N * K), 0.05f);
-  return std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, N, K, QuantType::NF4, 64, dq));
-}
-
 // x [T, K] set alike on both backends
 struct XPair {
   DevAct p, g;
@@ -46,7 +41,7 @@ TEST(CudaGroupedTiles, LeanGemvBitExact) {
       Pair b(dt);
       // lone weights: one group of 32 column tiles, 19 row tiles in 2 groups, 3 groups
       for (auto [N, K] : {std::pair<int64_t, int64_t>{64, 2048}, {300, 4096}, {1000, 6144}}) {
-        auto q = random_weight(N, K, dq);
+        auto q = random_quant4(N, K, QuantType::NF4, dq);
         auto wp = b.plain->upload_quant4(q), wg = b.grouped->upload_quant4(q);
         XPair x(b, dt, 1, K);
         DevAct yp(*b.plain, 1, N), yg(*b.grouped, 1, N);
@@ -63,10 +58,10 @@ TEST(CudaGroupedTiles, LeanGemvBitExact) {
       }
       // q/k/v in one launch (segments of different row tiles), gate+up+SiLU, a residual
       const int64_t H = 2048, KV = 256, I = 1536;
-      auto qq = random_weight(H, H, dq), qk = random_weight(KV, H, dq), qv = random_weight(KV, H, dq);
-      auto qg = random_weight(I, H, dq), qu = random_weight(I, H, dq), qd = random_weight(H, I, dq);
+      auto q4 = [&](int64_t N, int64_t K) { return random_quant4(N, K, QuantType::NF4, dq); };
+      // q, k, v, gate, up, down
+      const std::shared_ptr<Quant4Tensor> qs[6] = {q4(H, H), q4(KV, H), q4(KV, H), q4(I, H), q4(I, H), q4(H, I)};
       std::unique_ptr<Weight> wp[6], wg[6];
-      const std::shared_ptr<Quant4Tensor> qs[6] = {qq, qk, qv, qg, qu, qd};
       for (int i = 0; i < 6; ++i) wp[i] = b.plain->upload_quant4(qs[i]), wg[i] = b.grouped->upload_quant4(qs[i]);
       XPair x(b, dt, 1, H);
       DevAct qp(*b.plain, 1, H), kp(*b.plain, 1, KV), vp(*b.plain, 1, KV);

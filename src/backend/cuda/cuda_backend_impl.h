@@ -90,7 +90,7 @@ class CudaBackend : public Backend {
     chain_cnt_ = std::make_unique<CudaBuffer>(size_t(kGemvChainMaxStages + 1) * 4);
     CUDA_CHECK(cudaMemsetAsync(chain_cnt_->data(), 0, chain_cnt_->bytes(), stream_));
     if (const char* v = std::getenv("NF4FLASH_GEMV_SK"); v && std::string_view(v) == "1") {
-      // the opt-in stream-K GEMV (gemv_q4_lean.cuh): slots for its blocks (2 per SM today)
+      // the opt-in stream-K GEMV (gemv_q4_lean.cuh): slots for up to 4 blocks per SM (2 resident today)
       sk_cap_ = 4 * props_.multiProcessorCount;
       sk_slots_ = std::make_unique<CudaBuffer>(size_t(sk_cap_) * kGemvSkSlotBytes);
       CUDA_CHECK(cudaMemsetAsync(sk_slots_->data(), 0, sk_slots_->bytes(), stream_));

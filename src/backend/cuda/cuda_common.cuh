@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "core/dtype.h"
@@ -90,6 +92,16 @@ __device__ __forceinline__ void pdl_trigger() {
 
 // Whether launch_k() asks for PDL: compute capability >= 9 and NF4FLASH_PDL not "0".
 bool pdl_enabled();
+
+// A two-valued NF4FLASH_* switch, read per call: unset, empty or `off` -> false, `on` -> true, any
+// other value an Error naming the variable and both values.
+inline bool env_switch(const char* name, const char* off, const char* on) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return false;
+  const std::string_view v(e);
+  NF4FLASH_CHECK(v == off || v == on, name, "=", v, ": expected ", off, " or ", on);
+  return v == on;
+}
 
 // The launch configuration of launch_k / launch_k_ptr: the programmatic-serialization attribute
 // (stored in *attr) when pdl_enabled().

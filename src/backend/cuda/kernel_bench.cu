@@ -87,15 +87,11 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       DecodeAttnBench db;
       db.ctxs = {128, 512, 1024, 2048, 4096, 8192, 16384, 32768};
       // NF4FLASH_KB_ATTN_CTXS="512,32768" narrows the ladder (profiling runs: scripts/attn-profile.sh)
-      if (const char* v = std::getenv("NF4FLASH_KB_ATTN_CTXS"); v && *v) {
-        db.ctxs.clear();
-        for (const char* p = v; *p;) {
-          const int c = std::atoi(p);
-          NF4FLASH_CHECK(c >= 1 && c <= (1 << 20), "NF4FLASH_KB_ATTN_CTXS=", v, ": expected contexts 1..1048576, comma-separated");
-          db.ctxs.push_back(c);
-          while (*p && *p != ',') ++p;
-          if (*p == ',') ++p;
-        }
+      if (std::vector<int> c = env_int_list("NF4FLASH_KB_ATTN_CTXS"); !c.empty()) {
+        for (int x : c)
+          NF4FLASH_CHECK(x >= 1 && x <= (1 << 20), "NF4FLASH_KB_ATTN_CTXS=", std::getenv("NF4FLASH_KB_ATTN_CTXS"),
+                         ": expected contexts 1..1048576, comma-separated");
+        db.ctxs = c;
       }
       // (the first four in this order: scripts/attn-profile.sh picks ncu launches by position)
       db.variants = {"simt:NF4FLASH_DECODE_KERNEL=simt",
@@ -161,6 +157,18 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     }
     return *beg;
   };
+  // the lean kernel on the grouped layout: R x K 4-bit weights (copies of them) uploaded there, timed
+  // as `name` (x [1, K], y [1, R] of the default backend: the same device)
+  auto bench_grouped = [&](int64_t R, int64_t K, bool dq, int copies, Act x, Act y, const std::string& name) {
+    Backend& bg = grouped_backend();
+    std::vector<std::unique_ptr<Weight>> wg;
+    for (int c = 0; c < copies; ++c) wg.push_back(bg.upload_quant4(random_q4(R, K, dq, g)));
+    const double sec =
+        time_graph(bg, [&](int i) { bg.linear(x, *wg[size_t(i % copies)], nullptr, y); }, o.reps, o.trials);
+    report(name, sec, double(wg[0]->resident_bytes()) + (K + R) * 2.0,
+           {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", "grouped"},
+            {"path", bg.linear_path(*wg[0], 1)}});
+  };
   // ---- focused mode (--gemv-shape): the 4-bit GEMV alone on the given shapes and variants
   //   (for ncu: few launches, nothing else in the process's kernel list)
   if (!o.gemv_shapes.empty()) {
@@ -175,15 +183,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
         for (const std::string& v : variants) {
           if (v == "grouped") {  // the lean kernel on the grouped tile layout (its own backend and weights)
-            Backend& bg = grouped_backend();
-            std::vector<std::unique_ptr<Weight>> wg;
-            for (int c = 0; c < copies; ++c) wg.push_back(bg.upload_quant4(random_q4(R, K, dq, g)));
-            const double sec = time_graph(bg, [&](int i) { bg.linear(x, *wg[size_t(i % copies)], nullptr, y); },
-                                          o.reps, o.trials);
-            report(cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 grouped"), sec,
-                   double(wg[0]->resident_bytes()) + (K + R) * 2.0,
-                   {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", v},
-                    {"path", bg.linear_path(*wg[0], 1)}});
+            bench_grouped(R, K, dq, copies, x, y, cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 grouped"));
             continue;
           }
           with_variant(v.rfind("seq", 0) == 0 ? "seq" : v.c_str());
@@ -233,29 +233,12 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
       }
       CUDA_CHECK(cudaDeviceSynchronize());
       // its own stream and graph (the backend's stream is not exposed): reps launches per replay
-      cudaStream_t st;
-      CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      for (int i = 0; i < o.reps; ++i)
-        read_only_kernel<<<unsigned(4 * sms), 256, 0, st>>>(static_cast<const uint4*>(bufs[size_t(i % copies)]->data()),
-                                                         bytes / 16, static_cast<uint4*>(sink->data()));
-      CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CUDA_CHECK(cudaGraphLaunch(exec, st));
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      std::vector<double> tt;
-      for (int k = 0; k < o.trials; ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        CUDA_CHECK(cudaGraphLaunch(exec, st));
-        CUDA_CHECK(cudaStreamSynchronize(st));
-        tt.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / o.reps);
-      }
-      CUDA_CHECK(cudaGraphExecDestroy(exec));
-      CUDA_CHECK(cudaGraphDestroy(graph));
-      CUDA_CHECK(cudaStreamDestroy(st));
-      const double sec = median(tt);
+      const double sec = time_stream_graph(
+          [&](int i, cudaStream_t st) {
+            read_only_kernel<<<unsigned(4 * sms), 256, 0, st>>>(
+                static_cast<const uint4*>(bufs[size_t(i % copies)]->data()), bytes / 16, static_cast<uint4*>(sink->data()));
+          },
+          o.reps, o.trials);
       report(cat("read-only ", bytes >> 20, " MiB (", bytes, " B)"), sec, double(bytes), {{"bytes", bytes}});
     }
     // the same bytes in the decode kernels' block orders (kernel_bench_read.cu)
@@ -292,13 +275,9 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_Q4_GEMM");
     json pl = json::array();
     std::vector<int> Ts = {512, 4096};  // NF4FLASH_KB_PREFILL_TS="4096" narrows it (profiling runs)
-    if (const char* v = std::getenv("NF4FLASH_KB_PREFILL_TS"); v && *v) {
+    if (std::vector<int> t = env_int_list("NF4FLASH_KB_PREFILL_TS"); !t.empty()) {
       Ts.clear();
-      for (const char* p = v; *p;) {
-        Ts.push_back(std::max(1, std::atoi(p)));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
-      }
+      for (int x : t) Ts.push_back(std::max(1, x));
     }
     for (Shape s : {Shape{14336, 4096}, Shape{4096, 14336}, Shape{4096, 4096}, Shape{1024, 4096}}) {
       const int copies = copies_for(s.rows * s.cols / 2);
@@ -521,17 +500,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         }
         // the grouped tile layout (batches of neighbouring row tiles side by side, read by the lean
         // kernel's T = 1 form): whether the order in which blocks meet the bytes moves the GEMV
-        if (T == 1 && dq && (s.cols / 64) % 32 == 0) {
-          Backend& bg = grouped_backend();
-          std::vector<std::unique_ptr<Weight>> wg;
-          for (int c = 0; c < copies; ++c) wg.push_back(bg.upload_quant4(random_q4(s.rows, s.cols, true, g)));
-          const double sec = time_graph(bg, [&](int i) { bg.linear(x, *wg[size_t(i % copies)], nullptr, y); },
-                                        o.reps, o.trials);
-          report(cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 seq grouped"), sec,
-                 double(wg[0]->resident_bytes()) + (s.cols + s.rows) * 2.0,
-                 {{"rows", s.rows}, {"cols", s.cols}, {"T", 1}, {"double_quant", true}, {"copies", copies},
-                  {"variant", "grouped"}, {"path", bg.linear_path(*wg[0], 1)}});
-        }
+        if (T == 1 && dq && (s.cols / 64) % 32 == 0)
+          bench_grouped(s.rows, s.cols, true, copies, x, y, cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 seq grouped"));
       }
     }
 

@@ -8,7 +8,6 @@
 // sizes between one chunk and one slice show the length scale if the order matters (e.g. a DRAM
 // row whose pieces a stream reaches several steps apart is opened once per piece).
 #include <algorithm>
-#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -90,8 +89,6 @@ void bench_read_patterns(int sms, size_t l2_bytes, int reps, int trials, const R
     CUDA_CHECK(cudaMalloc(&p, 64));
     sink.reset(p);
   }
-  cudaStream_t st;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   int64_t have_bytes = 0;
   std::vector<void*> bufs;
   auto free_bufs = [&] {
@@ -114,32 +111,17 @@ void bench_read_patterns(int sms, size_t l2_bytes, int reps, int trials, const R
     const uint32_t nch = uint32_t(r.bytes / (16 * kChunkWords));
     const uint32_t G = uint32_t(r.blocks_per_sm * sms);
     const uint32_t uc = r.uc ? uint32_t(r.uc) : (nch + G - 1) / G;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < reps; ++i)
-      read_units_kernel<<<G, 256, 0, st>>>(static_cast<const uint4*>(bufs[size_t(i % copies)]), nch, uc,
-                                           static_cast<uint4*>(sink.get()));
-    CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    CUDA_CHECK(cudaGraphLaunch(exec, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
-    std::vector<double> tt;
-    for (int k = 0; k < trials; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      CUDA_CHECK(cudaGraphLaunch(exec, st));
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      tt.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
-    }
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    const double sec = median(tt);
+    const double sec = time_stream_graph(
+        [&](int i, cudaStream_t st) {
+          read_units_kernel<<<G, 256, 0, st>>>(static_cast<const uint4*>(bufs[size_t(i % copies)]), nch, uc,
+                                               static_cast<uint4*>(sink.get()));
+        },
+        reps, trials);
     report(cat("read units ", r.bytes >> 20, " MiB G=", G, " unit=", uc, "x16KB (", r.what, ")"), sec, double(r.bytes),
            {{"bytes", r.bytes}, {"blocks", G}, {"unit_chunks", uc}, {"chunk_bytes", 16 * kChunkWords},
             {"pattern", r.what}});
   }
   free_bufs();
-  CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 }  // namespace nf4flash::kbench

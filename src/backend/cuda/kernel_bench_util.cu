@@ -61,6 +61,41 @@ double time_graph(Backend& be, const std::function<void(int)>& body, int reps, i
   return median(t);
 }
 
+double time_stream_graph(const std::function<void(int, cudaStream_t)>& launch, int reps, int trials) {
+  cudaStream_t st;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < reps; ++i) launch(i, st);
+  CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_CHECK(cudaGraphLaunch(exec, st));
+  CUDA_CHECK(cudaStreamSynchronize(st));
+  std::vector<double> t;
+  for (int k = 0; k < trials; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CUDA_CHECK(cudaGraphLaunch(exec, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps);
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(st));
+  return median(t);
+}
+
+std::vector<int> env_int_list(const char* name) {
+  std::vector<int> r;
+  const char* v = std::getenv(name);
+  for (const char* p = v ? v : ""; *p;) {
+    r.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return r;
+}
+
 // A [rows, cols] bf16 tensor view of host bits (for upload_dense).
 TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits) {
   TensorInfo ti;

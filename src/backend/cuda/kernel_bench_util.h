@@ -24,6 +24,11 @@ __global__ void read_only_kernel(const uint4* __restrict__ src, int64_t n16, uin
 double median(std::vector<double> v);
 // Median seconds per call of `body` (called reps times per trial), timed via graph replays.
 double time_graph(Backend& be, const std::function<void(int)>& body, int reps, int trials);
+// The same for kernels launched directly, outside any backend: `launch(i, st)` enqueues launch i on
+// st, a stream of its own; reps launches per captured graph, median over trials replays.
+double time_stream_graph(const std::function<void(int, cudaStream_t)>& launch, int reps, int trials);
+// Comma-separated integers from the environment variable `name` (atoi per item; empty when unset).
+std::vector<int> env_int_list(const char* name);
 // A [rows, cols] bf16 tensor view of host bits (for upload_dense).
 TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits);
 // Device buffers: rope frequencies [hd/2] (f32, theta^(-2i/hd)); n random normal bf16 values.

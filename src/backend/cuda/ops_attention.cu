@@ -58,13 +58,7 @@ int decode_ring() {
 // Split order of the decode kernels (NF4FLASH_DECODE_ORDER, read per call): "contiguous" (default)
 // = each split one slice of the context; "interleave" = the active splits take its block steps round
 // robin (decode_span in kernels/attention.cuh). The fused rope form walks slices only.
-bool decode_interleave() {
-  const char* e = std::getenv("NF4FLASH_DECODE_ORDER");
-  if (!e || !*e) return false;
-  const std::string_view v(e);
-  NF4FLASH_CHECK(v == "contiguous" || v == "interleave", "NF4FLASH_DECODE_ORDER=", v, ": expected contiguous or interleave");
-  return v == "interleave";
-}
+bool decode_interleave() { return env_switch("NF4FLASH_DECODE_ORDER", "contiguous", "interleave"); }
 
 template <typename F>
 void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
@@ -188,13 +182,7 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
 // blocks (NF4FLASH_DECODE_CLUSTER=1, 1ab13e7): ctx 512 11.42 vs 10.58 us, 4096 17.29 vs 22.18,
 // 32768 64.22 vs 64.19; layer chain 71.96 vs 70.24 us; decode @512 381.1 vs 388.0, @32768 239.4
 // vs 241.8.
-bool attention_decode_rope_enabled() {
-  const char* e = std::getenv("NF4FLASH_DECODE_FUSED");
-  if (!e || !*e) return false;
-  const std::string_view v(e);
-  NF4FLASH_CHECK(v == "0" || v == "1", "NF4FLASH_DECODE_FUSED=", v, ": expected 0 or 1");
-  return v == "1";
-}
+bool attention_decode_rope_enabled() { return env_switch("NF4FLASH_DECODE_FUSED", "0", "1"); }
 
 // Clusters of C blocks of the fused decode kernel resident at once on this GPU (bf16 instance; the
 // others use the same block size and about the same registers and shared memory).

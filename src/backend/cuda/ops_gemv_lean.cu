@@ -162,7 +162,7 @@ bool gemv_q4_lean_chain(Q4SeqArgs* st, int n, unsigned* counters, bool bf16, boo
   if (n < 2 || n > kChainMaxStages || !gemv_q4_chain_enabled()) return false;
   for (int s = 0; s < n; ++s) {
     const Q4SeqArgs& k = st[s];
-    if (!gemv_q4_lean_applies(k) || k.tile_group || k.KT % 32 || k.T != st[0].T || k.log2_blocksize != st[0].log2_blocksize ||
+    if (!gemv_q4_lean_applies(k) || k.KT % 32 || k.T != st[0].T || k.log2_blocksize != st[0].log2_blocksize ||
         k.log2_nested != st[0].log2_nested)
       return false;
   }

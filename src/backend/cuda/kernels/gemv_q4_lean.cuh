@@ -208,6 +208,16 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     row = row < int(sg.rows) ? row : int(sg.rows) - 1;
     lo = uint32_t(row) * uint32_t(a.cols) + 64u * kt0;
   };
+  auto step_batch = [&]() {  // the load cursor to the item's next batch
+    if constexpr (GROUPED) {  // the next group: RT row tiles on
+      lw += lstep;
+      la += (lstep >> 1) * (DQ ? 1 : 4);
+    } else {
+      lw += WU * 32;
+      la += WU * 16 * (DQ ? 1 : 4);
+    }
+    lo += 64u * WU;
+  };
   auto advance_load = [&]() {
     if constexpr (CHAIN) {
       if (!lvalid()) return;
@@ -219,9 +229,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
         if (++lsub == a0.nsub) lsub = 0, ++lu;
         start_item();
       } else {
-        lw += WU * 32;
-        la += WU * 16 * (DQ ? 1 : 4);
-        lo += 64u * WU;
+        step_batch();
       }
       return;
     }
@@ -234,14 +242,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       }
       if (lvalid()) start_item();
     } else {
-      if constexpr (GROUPED) {  // the next group: RT row tiles on
-        lw += lstep;
-        la += (lstep >> 1) * (DQ ? 1 : 4);
-      } else {
-        lw += WU * 32;
-        la += WU * 16 * (DQ ? 1 : 4);
-      }
-      lo += 64u * WU;
+      step_batch();
     }
   };
   // HALF: this lane's tile within each pair of the batch (its absmax offsets)

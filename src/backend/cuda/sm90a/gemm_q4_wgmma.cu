@@ -162,13 +162,7 @@ Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, c
 
 // Who sums a split unit's slices (NF4FLASH_Q4GEMM_SPLIT_FIXUP, read per launch: kernel-bench
 // switches it): "last" (default) the last of its split blocks, "kernel" a second launch.
-bool split_fixup_kernel() {
-  const char* v = std::getenv("NF4FLASH_Q4GEMM_SPLIT_FIXUP");
-  if (!v || !*v) return false;
-  const std::string_view m(v);
-  NF4FLASH_CHECK(m == "last" || m == "kernel", "NF4FLASH_Q4GEMM_SPLIT_FIXUP=", m, ": expected last or kernel");
-  return m == "kernel";
-}
+bool split_fixup_kernel() { return env_switch("NF4FLASH_Q4GEMM_SPLIT_FIXUP", "last", "kernel"); }
 
 // The dynamic shared-memory opt-in, once per kernel (the template argument is the kernel itself).
 template <auto Kernel>
