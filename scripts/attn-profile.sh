@@ -22,21 +22,15 @@ if [ "${KB:-1}" = 1 ]; then  # KB=0: only the ncu launches
   pack
 fi
 [ "${NCU:-1}" = 1 ] || exit 0
+source scripts/ncu-one.sh
 names=(simt simt-interleave mma mma-interleave)
 reps=4 trials=1  # launches of the decode kernel per variant row: reps x (1 + trials) (one cache layer:
                  # ncu flushes the caches before each launch it profiles, so K/V come from HBM anyway)
 for ctx in ${NCU_CTXS:-512 32768}; do
   for v in ${NCU_VARIANTS:-0 1}; do
     rep="$out/ncu-attn-$ctx-${names[$v]}"
-    NF4FLASH_KB_ATTN_CTXS=$ctx NF4FLASH_KB_ATTN_ROTATE=0 timeout 240 ncu --clock-control none -k "regex:attn_decode" \
-      --launch-skip $(( v * reps * (1 + trials) + 2 )) -c 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats --section LaunchStats \
-      --section SourceCounters -o "$rep" -f $B kernel-bench --attn-decode --reps $reps --trials $trials \
-      >"$rep.log" 2>&1 || { echo "ncu attn $ctx ${names[$v]} failed"; tail -5 "$rep.log"; continue; }
-    ncu -i "$rep.ncu-rep" --page details --print-details all >"$rep.txt" 2>&1
-    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$rep-sass.csv.gz"
-    rm -f "$rep.ncu-rep"
+    NF4FLASH_KB_ATTN_CTXS=$ctx NF4FLASH_KB_ATTN_ROTATE=0 ncu_one "$rep" attn_decode $(( v * reps * (1 + trials) + 2 )) \
+      $B kernel-bench --attn-decode --reps $reps --trials $trials || { echo "ncu attn $ctx ${names[$v]} failed"; continue; }
     python3 scripts/ncu-sass-summary.py "$rep-sass.csv.gz" >"$rep-summary.txt" 2>&1
     echo "attn $ctx ${names[$v]}: $(grep -E '^ +Duration' "$rep.txt" | head -1 | sed -E 's/ +/ /g') |" \
       "$(grep -E '^ +(DRAM Throughput|Memory Throughput)' "$rep.txt" | head -2 | sed -E 's/ +/ /g' | tr '\n' ' ')"

@@ -24,6 +24,7 @@ o=$(find build-gpu -name 'ops_gemv_lean.cu.o' | head -1)
 [ -n "$o" ] && cuobjdump -sass "$o" 2>/dev/null | gzip >"$out/lean-sass.txt.gz"
 pack
 [ "${NCU:-1}" = 1 ] || exit 0
+source scripts/ncu-one.sh
 # launches per variant row: reps x (1 + trials) = 8 x 3; the first variant's nf4-dq row comes
 # first, its nf4 row after all variants' nf4-dq rows
 nv=${#variants[@]}
@@ -32,14 +33,8 @@ for s in "${shapes[@]}"; do
     skip=10
     [ $kind = nf4 ] && skip=$(( 24 * nv + 10 ))
     rep="$out/ncu-$s-$kind"
-    timeout 240 ncu --clock-control none -k "regex:gemv_q4_lean|gemv_q4_seq" --launch-skip $skip -c 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats --section LaunchStats \
-      --section SourceCounters -o "$rep" -f $B kernel-bench --gemv-shape "$s" --gemv-variant "${variants[0]}" \
-      --reps 8 --trials 2 >"$rep.log" 2>&1 || { echo "ncu $s $kind failed"; tail -5 "$rep.log"; continue; }
-    ncu -i "$rep.ncu-rep" --page details --print-details all >"$rep.txt" 2>&1
-    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>&1 | gzip >"$rep-sass.csv.gz"
-    rm -f "$rep.ncu-rep"
+    ncu_one "$rep" "gemv_q4_lean|gemv_q4_seq" $skip $B kernel-bench --gemv-shape "$s" --gemv-variant "${variants[0]}" \
+      --reps 8 --trials 2 || { echo "ncu $s $kind failed"; continue; }
     r=${s%x*} k=${s#*x}
     python3 scripts/ncu-sass-summary.py "$rep-sass.csv.gz" --tiles $(( (r + 15) / 16 * (k / 64) )) >"$rep-summary.txt" 2>&1
     echo "$s $kind: $(grep -E '^ +Duration' "$rep.txt" | head -1 | sed -E 's/ +/ /g')"; head -2 "$rep-summary.txt"
