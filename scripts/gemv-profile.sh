@@ -6,7 +6,9 @@
 # scripts/ncu-sass-summary.py. Writes to $OUT (default build-gpu/out): kb-focus.{txt,json},
 # lean-sass.txt.gz, ncu-<shape>-<dq|nf4>.txt, ...-sass.csv.gz, ...-summary.txt, and all of it
 # packed into all.tgz after each step (the device tool brings back only 8 files one by one).
-#   GEMV_SHAPES="4096x14336 14336x4096"  GEMV_VARIANTS="seq seq-p8u4d3"  NCU=1
+#   GEMV_SHAPES="4096x14336 14336x4096"  GEMV_VARIANTS="seq seq-p8u4d3 grouped ablate"  NCU=1
+# (ablate: the default kernel's speed-of-light ablations, nf4-dq rows only; never first, as ncu
+# profiles the first variant)
 set -uo pipefail
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
@@ -25,13 +27,12 @@ o=$(find build-gpu -name 'ops_gemv_lean.cu.o' | head -1)
 pack
 [ "${NCU:-1}" = 1 ] || exit 0
 source scripts/ncu-one.sh
-# launches per variant row: reps x (1 + trials) = 8 x 3; the first variant's nf4-dq row comes
-# first, its nf4 row after all variants' nf4-dq rows
-nv=${#variants[@]}
+# launches per row: reps x (1 + trials) = 8 x 3; ncu runs the first variant alone, so its nf4
+# row follows its one nf4-dq row (the other variants are only in the timed rows above)
 for s in "${shapes[@]}"; do
   for kind in dq nf4; do
     skip=10
-    [ $kind = nf4 ] && skip=$(( 24 * nv + 10 ))
+    [ $kind = nf4 ] && skip=$(( 24 + 10 ))
     rep="$out/ncu-$s-$kind"
     ncu_one "$rep" "gemv_q4_lean|gemv_q4_seq" $skip $B kernel-bench --gemv-shape "$s" --gemv-variant "${variants[0]}" \
       --reps 8 --trials 2 || { echo "ncu $s $kind failed"; continue; }

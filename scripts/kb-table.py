@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Tables from a kernel-bench JSON (nf4flash kernel-bench --json): the read-order rows ("read units")
-as they are, and the decode attention rows ("attn decode ctx=N <variant> (...)") pivoted into one
-line per context with a column per variant (us, and % of copy with --pct).
+and the read-only rows as they are, the T=1 4-bit GEMV rows ("gemv nf4-dq RxK T=1 <variant>": the
+default, grouped layout, speed-of-light ablations) one line per shape with a column per variant,
+and the decode attention rows ("attn decode ctx=N <variant> (...)") one line per context with a
+column per variant (us, and % of copy with --pct).
 
   scripts/kb-table.py build-gpu/out/attn/kb-attn.json [--pct]
 """
@@ -26,6 +28,23 @@ def main() -> int:
         print(f"\n{'read units':<78} {'us':>8} {'%copy':>6}")
         for r in reads:
             print(f"{r['name']:<78} {r['us']:8.2f} {r['pct_of_copy']:6.1f}")
+    ro = [r for r in rows if r["name"].startswith("read-only")]
+    for r in ro:
+        print(f"{r['name']:<78} {r['us']:8.2f} {r['pct_of_copy']:6.1f}")
+    gpat = re.compile(r"^gemv nf4-dq (\d+x\d+) T=1 (seq|seq grouped|grouped|ablate-[a-z]+)$")
+    gemv, gvars = {}, []
+    for r in rows:
+        m = gpat.match(r["name"])
+        if m:
+            v = "grouped" if m.group(2) == "seq grouped" else m.group(2)
+            if v not in gvars:
+                gvars.append(v)
+            gemv.setdefault(m.group(1), {})[v] = r["pct_of_copy"] if a.pct else r["us"]
+    if gemv:
+        w = max(10, max(len(v) for v in gvars) + 1)
+        print(f"\n{'gemv nf4-dq T=1':<16}" + " ".join(f"{v:>{w}}" for v in gvars) + ("   (% of copy)" if a.pct else "   (us)"))
+        for shape, cells in gemv.items():
+            print(f"{shape:<16}" + " ".join(f"{cells[v]:>{w}.2f}" if v in cells else f"{'-':>{w}}" for v in gvars))
     pat = re.compile(r"^attn decode ctx=(\d+) (.+?) \(32/8, hd128(?:, (\d+) layers)?\)$")
     table, variants = {}, []
     for r in rows:
@@ -42,8 +61,8 @@ def main() -> int:
         for ctx in sorted(table):
             cells = [table[ctx].get(v) for v in variants]
             print(f"{ctx:>6} " + " ".join(f"{c:>{w}.2f}" if c is not None else f"{'-':>{w}}" for c in cells))
-    if not reads and not table:
-        print("no read-units or decode attention rows", file=sys.stderr)
+    if not reads and not table and not gemv and not ro:
+        print("no read-units, read-only, gemv or decode attention rows", file=sys.stderr)
         return 1
     return 0
 

@@ -48,7 +48,8 @@ CommandRun setup(CLI::App& app) {
       });
   app.add_option("--gemv-variant", o->variants,
                  "with --gemv-shape: kernel variants to time (seq = the default; seq-<cfg> = NF4FLASH_GEMV_SEQ_CFG "
-                 "configuration, e.g. seq-h8u4d3; grouped = the lean kernel on the grouped tile layout; repeatable)");
+                 "configuration, e.g. seq-h8u4d3; grouped = the lean kernel on the grouped tile layout; ablate = the "
+                 "default kernel's speed-of-light ablations, wrong results, timing only; repeatable)");
   app.add_option("--device-index", o->device, "CUDA device")->check(CLI::NonNegativeNumber);
   return [o]() -> int {
     const int modes = int(o->attention_only) + int(o->gemv_only) + int(o->prefill_linear_only) + int(o->read_patterns) +

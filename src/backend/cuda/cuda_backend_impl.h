@@ -35,8 +35,11 @@ using namespace cuda;
 
 class CudaBackend : public Backend {
  public:
-  explicit CudaBackend(const CudaBackendOptions& o) : act_(o.compute), tf32_(o.tf32), q4_tile_group_(o.q4_tile_group) {
+  explicit CudaBackend(const CudaBackendOptions& o)
+      : act_(o.compute), tf32_(o.tf32), q4_tile_group_(o.q4_tile_group), gemv_ablate_(o.gemv_ablate) {
     NF4FLASH_CHECK(q4_tile_group_ >= 0, "q4_tile_group: ", q4_tile_group_, " (0 or a group size)");
+    NF4FLASH_CHECK(gemv_ablate_ == 0 || gemv_ablate_ == 1 || gemv_ablate_ == 2 || gemv_ablate_ == 7, "gemv_ablate: ",
+                   gemv_ablate_, " (0; 1: no code table, 2: no absmax path, 7: both and x loaded once)");
     NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
                    "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
     CUDA_CHECK(cudaSetDevice(o.device_index));
@@ -654,6 +657,7 @@ class CudaBackend : public Backend {
     a.counters_len = kQsCounters;
     a.sk_slots = sk_slots_ ? static_cast<unsigned long long*>(sk_slots_->data()) : nullptr;
     a.sk_cap = sk_cap_;
+    a.ablate = gemv_ablate_;
     return a;
   }
   static constexpr int64_t kQsCounters = 1 << 16;
@@ -732,6 +736,7 @@ class CudaBackend : public Backend {
   DType act_;
   bool tf32_;
   int q4_tile_group_ = 0;  // CudaBackendOptions::q4_tile_group (kernel-bench's layout experiment)
+  int gemv_ablate_ = 0;    // CudaBackendOptions::gemv_ablate (kernel-bench's ablations; wrong results)
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;

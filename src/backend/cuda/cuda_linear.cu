@@ -53,6 +53,8 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
   const float* b = bias ? vec_f32(*bias, w.rows(), "linear bias") : nullptr;
   const Weight* wp = &w;
   if (auto* q = dynamic_cast<const CudaQ4*>(&w)) {
+    NF4FLASH_CHECK(!gemv_ablate_ || (!q->fallback && seq_q4(w, x.rows)), "linear: gemv_ablate ", gemv_ablate_,
+                   " ablates the in-order decode GEMV alone; this product takes ", linear_path(w, x.rows));
     if (q->fallback) {
       wp = q->fallback.get();
     } else if (seq_q4(w, x.rows)) {
@@ -477,6 +479,10 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     if (q->dev.tile_group)
       return cat("gemv_q4 in-order fused ", qn, " (h8u4d3 T=1, tiles in groups of ", q->dev.tile_group, " column tiles, ",
                  dtype_name(act_), " mma, f32 accum; kernel-bench's layout experiment: other paths refuse it)");
+    if (gemv_ablate_ && seq_q4(w, rows))
+      return cat("ABLATED gemv_q4 in-order fused ", qn, " (h8u4d3 T=1 less", gemv_ablate_ & 1 ? " the code table" : "",
+                 gemv_ablate_ & 2 ? " the absmax path" : "", gemv_ablate_ & 4 ? " the per-tile x loads" : "",
+                 "; kernel-bench's speed-of-light ablation: WRONG RESULTS)");
     if (seq_q4(w, rows))
       return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),
                  " mma, f32 accum; q/k/v, gate+up+silu and residual fused",

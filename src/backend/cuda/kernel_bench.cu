@@ -146,29 +146,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     unsetenv("NF4FLASH_GEMV_FEED");
   };
   struct Shape { int64_t rows, cols; };
-  // a backend that uploads 4-bit weights in the grouped tile layout (CudaBackendOptions::
-  // q4_tile_group = 32: batches of neighbouring row tiles side by side), made on first use
-  std::unique_ptr<Backend> beg;
-  auto grouped_backend = [&]() -> Backend& {
-    if (!beg) {
-      CudaBackendOptions go = bo;
-      go.q4_tile_group = 32;
-      beg = make_cuda_backend(go);
-    }
-    return *beg;
-  };
-  // the lean kernel on the grouped layout: R x K 4-bit weights (copies of them) uploaded there, timed
-  // as `name` (x [1, K], y [1, R] of the default backend: the same device)
-  auto bench_grouped = [&](int64_t R, int64_t K, bool dq, int copies, Act x, Act y, const std::string& name) {
-    Backend& bg = grouped_backend();
-    std::vector<std::unique_ptr<Weight>> wg;
-    for (int c = 0; c < copies; ++c) wg.push_back(bg.upload_quant4(random_q4(R, K, dq, g)));
-    const double sec =
-        time_graph(bg, [&](int i) { bg.linear(x, *wg[size_t(i % copies)], nullptr, y); }, o.reps, o.trials);
-    report(name, sec, double(wg[0]->resident_bytes()) + (K + R) * 2.0,
-           {{"rows", R}, {"cols", K}, {"T", 1}, {"double_quant", dq}, {"copies", copies}, {"variant", "grouped"},
-            {"path", bg.linear_path(*wg[0], 1)}});
-  };
+  // the grouped tile layout and the default kernel's speed-of-light ablations, on backends of their own
+  GemvAltBench alt(bo, o.reps, o.trials, g, report);
   // ---- focused mode (--gemv-shape): the 4-bit GEMV alone on the given shapes and variants
   //   (for ncu: few launches, nothing else in the process's kernel list)
   if (!o.gemv_shapes.empty()) {
@@ -183,7 +162,11 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         Act x = xb->as_act(DType::BF16, 1, K), y = yb->as_act(DType::BF16, 1, R);
         for (const std::string& v : variants) {
           if (v == "grouped") {  // the lean kernel on the grouped tile layout (its own backend and weights)
-            bench_grouped(R, K, dq, copies, x, y, cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 grouped"));
+            alt.grouped(R, K, dq, copies, x, y, cat("gemv nf4", dq ? "-dq" : "", " ", R, "x", K, " T=1 grouped"));
+            continue;
+          }
+          if (v == "ablate") {  // the three ablation rows (double quant only)
+            if (dq) alt.ablated(ws, R, K, x, y);
             continue;
           }
           with_variant(v.rfind("seq", 0) == 0 ? "seq" : v.c_str());
@@ -500,8 +483,10 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
         }
         // the grouped tile layout (batches of neighbouring row tiles side by side, read by the lean
         // kernel's T = 1 form): whether the order in which blocks meet the bytes moves the GEMV
-        if (T == 1 && dq && (s.cols / 64) % 32 == 0)
-          bench_grouped(s.rows, s.cols, true, copies, x, y, cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 seq grouped"));
+        if (T == 1 && dq && (s.cols / 64) % 32 == 0) {
+          alt.grouped(s.rows, s.cols, true, copies, x, y, cat("gemv nf4-dq ", s.rows, "x", s.cols, " T=1 seq grouped"));
+          alt.ablated(ws, s.rows, s.cols, x, y);  // what each cost of the default kernel bounds
+        }
       }
     }
 

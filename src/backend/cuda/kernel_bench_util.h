@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -68,5 +69,25 @@ void bench_decode_attention(Backend& be, const DecodeAttnBench& b, size_t l2_byt
 // window, GEMV-like items, one slice per block) at the sizes of a decode attention layer at ctx
 // 32768 and of a 4-bit 4096x14336 weight.
 void bench_read_patterns(int sms, size_t l2_bytes, int reps, int trials, const ReportFn& report);
+
+// The 4-bit decode GEMV on backends made differently from the caller's (kernel_bench_gemv_alt.cu),
+// each made on first use from bo: grouped() uploads `copies` random R x K weights in the grouped tile
+// layout and times them as `name`; ablated() times the caller's copies ws of an R x K bf16
+// double-quant weight through each of the default kernel's speed-of-light ablations (rows "gemv
+// nf4-dq RxK T=1 ablate-lut|scale|bare"; wrong results, timing only). x [1, K], y [1, R].
+class GemvAltBench {
+ public:
+  GemvAltBench(const CudaBackendOptions& bo, int reps, int trials, std::mt19937& g, ReportFn report);
+  void grouped(int64_t R, int64_t K, bool dq, int copies, Act x, Act y, const std::string& name);
+  void ablated(const std::vector<std::unique_ptr<Weight>>& ws, int64_t R, int64_t K, Act x, Act y);
+
+ private:
+  Backend& backend(int tile_group, int ablate);
+  CudaBackendOptions bo_;
+  int reps_, trials_;
+  std::mt19937& g_;
+  ReportFn report_;
+  std::map<std::pair<int, int>, std::unique_ptr<Backend>> backends_;
+};
 
 }  // namespace nf4flash::kbench

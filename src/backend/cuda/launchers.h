@@ -112,6 +112,7 @@ struct GemvQ4MultiArgs {
   // sk_cap blocks; null: never stream-K
   unsigned long long* sk_slots = nullptr;
   int sk_cap = 0;
+  int ablate = 0;  // gemv_q4_seq: kernel-bench's ablations (CudaBackendOptions::gemv_ablate; wrong results)
 };
 constexpr int kGemvSkSlotBytes = 2 * 128 * 8;
 void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);

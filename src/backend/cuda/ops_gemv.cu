@@ -356,6 +356,7 @@ void launch_seq_cfg(Q4SeqArgs& k, cudaStream_t st) {
 template <typename TA, bool DQ>
 void launch_seq(Q4SeqArgs& k, cudaStream_t st) {
   if (k.tile_group) return gemv_q4_lean_grouped(k, std::is_same_v<TA, __nv_bfloat16>, DQ, st);
+  if (k.ablate) return gemv_q4_lean_ablated(k, std::is_same_v<TA, __nv_bfloat16>, DQ, st);
   std::string_view c = gemv_q4_seq_cfg();
   if (gemv_q4_lean_warps(c) > 0) {  // the lean kernel (ops_gemv_lean.cu)
     if (gemv_q4_lean_applies(k) && gemv_q4_lean(k, c, std::is_same_v<TA, __nv_bfloat16>, DQ, st)) return;
@@ -377,6 +378,7 @@ void gemv_q4_seq(const GemvQ4MultiArgs& g, cudaStream_t st) {
   Q4SeqArgs k{};
   fill_multi_args(g, k, "gemv_q4_seq");
   k.tile_group = g.w[0]->tile_group;
+  k.ablate = g.ablate;
   k.pf = g.l2pf;
   k.sk_slots = g.sk_slots;
   k.sk_cap = g.sk_cap;
@@ -407,7 +409,7 @@ bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStr
     const Q4Device& w = *g.w[0];
     if (g.act != st[0].act || w.double_quant != w0.double_quant || !std::equal(w.code, w.code + 16, w0.code))
       return false;
-    if (w.tile_group) return false;  // the grouped layout: one launch per stage
+    if (w.tile_group || g.ablate) return false;  // the grouped layout, ablations: one launch per stage
     fill_multi_args(g, k[i], "gemv_q4_chain");
     if (g.norm_w) {
       if (!gemv_q4_norm_fusable(g.T, k[i].cols)) return false;

@@ -196,6 +196,20 @@ void gemv_q4_lean_grouped(Q4SeqArgs& k, bool bf16, bool dq, cudaStream_t st) {
   }
 }
 
+void gemv_q4_lean_ablated(Q4SeqArgs& k, bool bf16, bool dq, cudaStream_t st) {
+  constexpr int F = kLeanXPred | kLeanHalf | kLeanT1, W = 8, U = 4;  // h8u4d3 at T = 1
+  NF4FLASH_CHECK(bf16 && dq && k.T == 1 && k.KT % (W * U) == 0 && gemv_q4_lean_applies(k),
+                 "gemv_q4: the ablations (kernel-bench) exist for the bf16 double-quant GEMV at T = 1 with whole ",
+                 W * U, "-tile batches (", bf16 ? "bf16" : "f16", dq ? " double quant" : " single quant", ", T=", k.T,
+                 ", ", k.KT, " column tiles)");
+  switch (k.ablate) {  // the three rows kernel-bench times (each an instantiation of its own)
+    case 1: return launch_lean_cfg<__nv_bfloat16, true, true, F | kLeanAblLut, W, U, 3, 2>(k, st);
+    case 2: return launch_lean_cfg<__nv_bfloat16, true, true, F | kLeanAblScale, W, U, 3, 2>(k, st);
+    case 7: return launch_lean_cfg<__nv_bfloat16, true, true, F | kLeanAblMask, W, U, 3, 2>(k, st);
+    default: fail("gemv_q4: ablation mask ", k.ablate, " is not built (1: no table, 2: no absmax, 7: both and x once)");
+  }
+}
+
 bool gemv_q4_lean(Q4SeqArgs& k, std::string_view cfg, bool bf16, bool dq, cudaStream_t st) {
   if (bf16) return dq ? launch_lean<__nv_bfloat16, true>(k, cfg, st) : launch_lean<__nv_bfloat16, false>(k, cfg, st);
   return dq ? launch_lean<__half, true>(k, cfg, st) : launch_lean<__half, false>(k, cfg, st);

@@ -52,6 +52,11 @@
 // one stream per block); the same tiles in the same order per warp, so the outputs are bit for bit
 // the tile16x64 layout's. Only the start and step of lw and la (absmax records grouped alike)
 // differ; the nested absmax index is the logical one as always.
+// Ablations (kLeanAbl*; kernel-bench's speed-of-light rows, CudaBackendOptions::gemv_ablate): the
+// T = 1 form of h8u4d3 with one cost taken out at a time -- the code table (fill and lookups), the
+// absmax path (loads, decode, shuffles, scale FMAs), the per-tile x loads -- and everything else
+// as it is, so the time each removes bounds what any cheaper form of that cost can win. The
+// outputs are wrong by design; nothing but kernel-bench can select them.
 // ptxas (sm_90, 128 registers): h8u4d3's T=1 forms and the chain spill nothing; the stream-K dq
 // form 24 bytes, l8u4d3 dq 8, h8u4d3's T>1 single-quant form 60-108 (fourteenth session).
 #pragma once
@@ -110,7 +115,15 @@ enum LeanFlags : int {
   kLeanSK = 128,   // stream-K ranges ("Stream-K" above; the launcher adds it when opted in)
   kLeanGrouped = 256,  // the grouped tile layout (Q4Device::tile_group == W*U; kernel-bench only):
                        // batch k of row tile rt at tiles (k * RT + rt) * W*U, its absmax alike
+  // Speed-of-light ablations (kernel-bench only, CudaBackendOptions::gemv_ablate; WRONG RESULTS by
+  // design, for timing): each removes one cost of h8u4d3's T = 1 form and keeps everything else
+  // (grid, loads, ring, items, barriers, epilogue, mma count)
+  kLeanAblLut = 512,     // no code table: no fill in the prologue, and the byte_perm'd table address
+                         // goes into the mma as the fragment instead of the entry loaded from it
+  kLeanAblScale = 1024,  // no absmax: no scale loads, decode, shuffles or scale FMAs (mma into acc)
+  kLeanAblX = 2048,      // x fragments read from shared memory once per launch, not per tile
 };
+constexpr int kLeanAblMask = kLeanAblLut | kLeanAblScale | kLeanAblX;
 
 // Stream-K slot protocol (kLeanSK): a 64-bit (tag << 32 | f32 bits) store or load is single-copy
 // atomic, so a tagged value needs no fence: the writer stores (1, v), the reader polls until the tag
@@ -130,6 +143,33 @@ __device__ __forceinline__ float sk_take(unsigned long long* p) {
   return __uint_as_float(uint32_t(x));
 }
 
+// One tile of an ablated lean kernel (kLeanAbl*, T = 1; q4_tile_apply's work less what is ablated):
+// NOLUT: the byte_perm'd table address itself is the mma fragment (no shared-memory lookup);
+// NOSCALE: the mma accumulates into acc unscaled (no shuffles, no scale FMAs). Wrong results.
+template <typename TA, bool NOLUT, bool NOSCALE>
+__device__ __forceinline__ void q4_tile_ablated(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
+                                                const uint4& xb, float sv, int src0, int src8, float* acc) {
+  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
+  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+  float dd[4] = {0.f, 0.f, 0.f, 0.f};
+  float* d = NOSCALE ? acc : dd;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t fa[4];
+    if constexpr (NOLUT) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) fa[k] = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
+    } else {
+      q4_word_lds<2>(lut_s, lane_b, wv[j], fa);
+    }
+    mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
+  }
+  if constexpr (!NOSCALE) {
+    acc[0] = fmaf(dd[0], __shfl_sync(0xffffffffu, sv, src0), acc[0]);
+    acc[2] = fmaf(dd[2], __shfl_sync(0xffffffffu, sv, src8), acc[2]);
+  }
+}
+
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS = 1>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4LeanArgs<NS> c) {
   constexpr bool CHAIN = NS > 1;
@@ -138,6 +178,10 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   constexpr bool HALF = FLAGS & kLeanHalf, T1 = FLAGS & kLeanT1, SK = FLAGS & kLeanSK, GROUPED = FLAGS & kLeanGrouped;
   static_assert(!SK || (NS == 1 && FULL && !ASYNC), "stream-K: one GEMV, whole batches, barrier reduction");
   static_assert(!GROUPED || (NS == 1 && FULL && !SK), "grouped tiles: one GEMV, whole batches, units round robin");
+  constexpr bool ABL_LUT = FLAGS & kLeanAblLut, ABL_SCALE = FLAGS & kLeanAblScale, ABL_X = FLAGS & kLeanAblX;
+  static_assert(!(FLAGS & kLeanAblMask) || (NS == 1 && FULL && HALF && T1 && !SK && !GROUPED && !(FLAGS & kLeanAlu4) &&
+                                           !(FLAGS & (kLeanAlu1 | kLeanAlu2))),
+                "ablations: h8u4d3's T = 1 form only");
   constexpr int NALU = (FLAGS & kLeanAlu4) ? 4 : (FLAGS / kLeanAlu1) & 3;
   static_assert(!HALF || U % 2 == 0, "kLeanHalf pairs the tiles of a batch");
   constexpr int US = HALF ? U / 2 : U;  // scale loads per lane and batch
@@ -261,6 +305,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
       const int tu = HALF ? 2 * p : p;  // + hsel: the lane's tile
       bool ok = true;
       if constexpr (!FULL) ok = lb * WU + (tu + hsel) * W + warp < KT0;
+      if constexpr (ABL_SCALE) ok = false;  // ablation: no absmax loads
       if (ok) {
         const uint8_t* ap = la + h_abs;
         if constexpr (DQ) {
@@ -311,7 +356,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     s_ready[tid] = 0;
   }
   __syncthreads();
-  q4_fill_lut<64, W * 32>(lut, s_bits);
+  if constexpr (!ABL_LUT) q4_fill_lut<64, W * 32>(lut, s_bits);
   uint32_t tl[4] = {0, 0, 0, 0}, th[4] = {0, 0, 0, 0};  // NALU: the codes' low / high bytes
   if constexpr (NALU > 0) {
 #pragma unroll
@@ -363,6 +408,12 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
     return true;
   };
   bool more = enter_stage();
+  if constexpr (ABL_X) {  // ablation: one fragment pair for the whole launch
+    if (more && x_load) {
+      xa = reinterpret_cast<const uint4*>(xs_l)[0];
+      xb = reinterpret_cast<const uint4*>(xs_l)[1];
+    }
+  }
   int item = 0;  // items finished by this block (ASYNC: buffer item & 1, its use item >> 1)
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int crem = int(sk_e - sk_s);     // SK: batches left to compute
@@ -457,7 +508,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
         bool ok = true;
         if constexpr (!FULL) ok = cb * WU + uu * W + warp < int(a0.KT);
         if (ok) {  // warp-uniform
-          if (x_load) {
+          if (x_load && !ABL_X) {
             const uint4* xp = reinterpret_cast<const uint4*>(xb_addr + uu * W * 128);
             xa = xp[0];
             xb = xp[1];
@@ -465,9 +516,12 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
           if constexpr (HALF) {
             // the pair's absmax, decoded once at its even tile: lanes 0-15 hold the even tile's
             // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
-            if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
+            if (!ABL_SCALE && (uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
             const int src = g + 16 * (uu & 1);
-            q4_tile_apply<TA, 0, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+            if constexpr (ABL_LUT || ABL_SCALE || ABL_X)
+              q4_tile_ablated<TA, ABL_LUT, ABL_SCALE>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+            else
+              q4_tile_apply<TA, 0, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
           } else {
             q4_tile_scaled<TA, DQ, NALU, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g,
                                              acc, tl, th);

@@ -50,6 +50,7 @@ struct Q4SeqArgs {
   unsigned long long* sk_slots;
   int sk_cap;
   int tile_group;  // the segments' Q4Device::tile_group (0: tile16x64; else the lean kernel's grouped form)
+  int ablate;      // kernel-bench's ablations (CudaBackendOptions::gemv_ablate; 0: none)
 };
 
 // Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
@@ -193,6 +194,9 @@ int gemv_q4_lean_warps(std::string_view cfg);  // warps per block of a lean conf
 // The lean kernel on weights in the grouped tile layout (Q4SeqArgs::tile_group, kernel-bench's
 // experiment): h8u4d3's T = 1 form with kLeanGrouped; refuses (Error) what it cannot serve.
 void gemv_q4_lean_grouped(Q4SeqArgs& k, bool bf16, bool dq, cudaStream_t st);
+// The ablated lean kernel (Q4SeqArgs::ablate, kernel-bench's speed-of-light rows; wrong results):
+// h8u4d3's T = 1 form, bf16, double quant, whole batches; refuses (Error) anything else.
+void gemv_q4_lean_ablated(Q4SeqArgs& k, bool bf16, bool dq, cudaStream_t st);
 // The lean kernel over n chained stages in one launch (gemv_q4_lean.cuh, "Chained stages"): the
 // configured lean configuration must be one the chain is built for (gemv_q4_chain_cfg: h8u4d3), and
 // every stage must fit (x in shared memory, KT a multiple of 32, equal T and block sizes); false
