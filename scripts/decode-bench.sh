@@ -2,7 +2,8 @@
 # Decode speed of the llama3-8b preset (NF4 double quant, bf16, flash, graphs on, batch 1) under
 # several decode-GEMV settings, one `nf4flash bench` per setting, each setting given as
 # "label:ENV=VAL,ENV=VAL" (empty env list: defaults). JSON per setting and a table go to $OUT
-# (default build-gpu/out). Usage: scripts/decode-bench.sh [BIN] [CTX_LIST] [SETTING...]
+# (default build-gpu/out); the pseudo-setting DQ=0 benches single-quant NF4 (f32 absmax) instead.
+# Usage: scripts/decode-bench.sh [BIN] [CTX_LIST] [SETTING...]
 #   scripts/decode-bench.sh build-gpu/nf4flash 512,32768 default: pf0:NF4FLASH_L2_PREFETCH_MB=0
 set -uo pipefail
 bin=${1:-build-gpu/nf4flash}
@@ -17,8 +18,11 @@ for s in "${settings[@]}"; do
   envs=${s#*:}
   (
     IFS=',' read -ra kv <<<"$envs"
-    for e in "${kv[@]}"; do [ -n "$e" ] && export "$e"; done
-    "$bin" bench --preset llama3-8b --device cuda --quant nf4 --double-quant --attn flash -p 16 -n 128 \
+    dq=--double-quant
+    for e in "${kv[@]}"; do
+      if [ "$e" = DQ=0 ]; then dq=; elif [ -n "$e" ]; then export "$e"; fi
+    done
+    "$bin" bench --preset llama3-8b --device cuda --quant nf4 $dq --attn flash -p 16 -n 128 \
       --ctx "$ctx" -r 3 --json "$out/decode-$label.json" >"$out/decode-$label.txt" 2>&1
   ) || echo "decode bench $label failed (see $out/decode-$label.txt)"
 done

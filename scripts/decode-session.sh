@@ -7,7 +7,8 @@
 # lean GEMV's SASS, with PROFILE=1 the ncu step tables of the NF4 and bf16 models, with GEMV_NCU=1
 # the default GEMV alone under ncu (scripts/gemv-profile.sh, into gemv/) and with ATTN=1 the
 # read-order rows and the decode attention ladder (scripts/attn-profile.sh, into attn/; ATTN_NCU=1
-# adds its ncu launches, ATTN_KB=0 leaves the rows out), run right after the gpu suite. Each result is packed into
+# adds its ncu launches, ATTN_KB=0 leaves the rows out), run right after the gpu suite (after the
+# focused GEMV rows of KB_FOCUS="RxK ..." per KB_FOCUS_VARIANTS, default "seq grouped ablate"). Each result is packed into
 # $OUT/all.tgz as it lands (only 8 files come back one by one, and a timed-out call keeps what was
 # packed). Usage on the GPU machine: NF4FLASH_COMMIT=<hash> scripts/decode-session.sh
 set -uo pipefail
@@ -18,6 +19,12 @@ pack() { (cd $OUT && tar czf all.tgz --exclude=all.tgz --exclude='*.csv' --exclu
 export NF4FLASH_COMMIT=${NF4FLASH_COMMIT:-wip} NF4FLASH_GPU_BENCH=0
 bash scripts/gpu-check.sh > $OUT/check.txt 2>&1; tail -3 $OUT/check.txt
 grep -E "tests passed|tests failed|\(Failed\)|Failed  |\*\*\*" $OUT/gpu-tests.log | head -20; pack
+if [ -n "${KB_FOCUS:-}" ]; then  # the 4-bit GEMV alone on these shapes per variant (default: seq, grouped, ablations)
+  args=(); for s in $KB_FOCUS; do args+=(--gemv-shape "$s"); done
+  for v in ${KB_FOCUS_VARIANTS:-seq grouped ablate}; do args+=(--gemv-variant "$v"); done
+  timeout ${KB_FOCUS_TIMEOUT:-120} $B kernel-bench "${args[@]}" --json $OUT/kb-focus.json > $OUT/kb-focus.txt 2>&1
+  python3 scripts/kb-table.py $OUT/kb-focus.json 2>&1 | head -12; pack
+fi
 if [ "${ATTN:-0}" = 1 ]; then  # read orders + decode attention ladder (+ ncu with ATTN_NCU=1), into $OUT/attn
   mkdir -p $OUT/attn && OUT=$OUT/attn SKIP_BUILD=1 NCU=${ATTN_NCU:-0} KB=${ATTN_KB:-1} timeout ${ATTN_TIMEOUT:-420} \
     bash scripts/attn-profile.sh 2>&1 | tail -80; pack
