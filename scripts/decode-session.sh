@@ -42,7 +42,7 @@ if [ "${VRAM:-1}" = 1 ]; then  # VRAM=0 skips the peak-VRAM rows
 fi
 timeout ${KB_TIMEOUT:-180} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
 python3 scripts/kb-table.py $OUT/kb.json 2>&1 | head -24  # read-only rows, the T=1 GEMV per variant (ablations)
-grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|copy|gemv bf16|size sweep|attn decode|attn\+rope|decode layer full" \
+grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|decode layer GEMVs bf16|copy|gemv bf16|size sweep|attn decode|attn\+rope|decode layer full" \
   $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -60; pack
 # DECODE_AB: extra "label:ENV=VAL" settings decoded at 512 and 32768 beside the defaults
 set -- ${DECODE_AB:-}

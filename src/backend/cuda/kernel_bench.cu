@@ -625,6 +625,8 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
     // (kernel_bench_layer.cu)
     const LayerActs acts{x, qa, ka, va, ga, ua, ra, oa};
     bench_decode_layer_full(*be, sets, acts, layer_bytes, o.reps, o.trials, g, report);
+    sets.clear();  // the bf16 layer's 872 MB next
+    bench_dense_layer(*be, acts, o.reps, o.trials, g, report);
   }
 
   // ---- dense bf16 decode GEMV, single weights of the Llama-3-8B layer (o, down, gate), T=1, per

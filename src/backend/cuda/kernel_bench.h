@@ -21,7 +21,8 @@ struct KernelBenchOptions {
                                      // contexts (cache read from HBM), per kernel and split order
   // focused 4-bit GEMV rows (profiling): when set, only these [rows, cols] shapes (T = 1, nf4-dq and
   // nf4) with these variants (names as in the GEMV rows: "seq" = the default, "seq-<cfg>" = a
-  // NF4FLASH_GEMV_SEQ_CFG configuration), then return
+  // NF4FLASH_GEMV_SEQ_CFG configuration, "grouped" = the grouped tile layout, "ablate" = the
+  // default kernel's speed-of-light ablations, nf4-dq only, wrong results), then return
   std::vector<std::pair<int64_t, int64_t>> gemv_shapes;
   std::vector<std::string> gemv_variants;
 };

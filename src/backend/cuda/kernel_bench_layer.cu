@@ -3,10 +3,13 @@
 // residual), layers rotated over the weight sets (one cache layer each). Against "decode layer
 // GEMVs" (kernel_bench.cu), what the layer's attention costs inside the chain of launches, and what
 // running the GEMVs from o to the next layer's q/k/v as one launch (linear_chain,
-// NF4FLASH_GEMV_CHAIN=1) gives.
+// NF4FLASH_GEMV_CHAIN=1) gives. bench_dense_layer: the same layer with bf16 weights, its four GEMV
+// launches one by one and back to back, then the whole layer (the bf16 target's breakdown).
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/kernel_bench_util.h"
 #include "core/dtype.h"
@@ -15,7 +18,8 @@
 namespace nf4flash::kbench {
 
 void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const LayerActs& a, double layer_bytes,
-                             int reps, int trials, std::mt19937& g, const ReportFn& report) {
+                             int reps, int trials, std::mt19937& g, const ReportFn& report, const char* wlabel,
+                             const std::vector<std::string>& variants) {
   const int copies = int(sets.size());
   const int64_t H = a.x.cols;
   const int nh = 32, nkv = 8, hd = 128, ctx = 512;
@@ -75,8 +79,8 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
     one_launch = be.chain_is_one_launch(ch, 2);
   }
   // the attention: 3 launches, 1 (clusters of 8 or plain blocks), left out; the GEMVs chained
-  for (const char* v : {"unfused", "fused", "fused c1", "none", "unfused chain", "none chain"}) {
-    const std::string m = v;
+  for (const std::string& m : variants) {
+    const char* v = m.c_str();
     const bool chain = m.find("chain") != std::string::npos, attn = m.rfind("none", 0) != 0;
     if (chain && !one_launch) {
       std::printf("decode layer full ... %s: skipped (the chain does not run as one launch here)\n", v);
@@ -86,12 +90,50 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
     setenv("NF4FLASH_DECODE_FUSED", m.rfind("fused", 0) == 0 ? "1" : "0", 1);
     setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
     const double sec = time_graph(be, [&](int i) { full(i, attn, chain); }, reps, trials);
-    report(cat("decode layer full nf4-dq T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (attn ? kv_bytes : 0.0),
+    report(cat("decode layer full ", wlabel, " T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (attn ? kv_bytes : 0.0),
            {{"ctx", ctx}, {"attention", v}, {"copies", copies}, {"chain", chain}});
   }
   unsetenv("NF4FLASH_GEMV_CHAIN");
   unsetenv("NF4FLASH_DECODE_FUSED");
   unsetenv("NF4FLASH_DECODE_CLUSTER");
+}
+
+void bench_dense_layer(Backend& be, const LayerActs& a, int reps, int trials, std::mt19937& g, const ReportFn& report) {
+  const int64_t H = a.x.cols, KV = a.k.cols, I = a.g.cols;
+  std::vector<LayerSet> sets(2);  // 2 x 436 MB: every replay reads its weights from HBM
+  uint32_t seed = 1;
+  auto dense = [&](const char* nm, int64_t N, int64_t K) {
+    std::vector<uint16_t> h(size_t(N * K));
+    for (auto& v : h) v = f32_to_bf16(float(int((seed++ * 2654435761u) % 2001) - 1000) * 1e-5f);
+    return be.upload_dense(bf16_tensor(nm, N, K, h), DType::BF16);
+  };
+  for (auto& st : sets) {
+    st.q = dense("q", H, H), st.k = dense("k", KV, H), st.v = dense("v", KV, H), st.o = dense("o", H, H);
+    st.gate = dense("gate", I, H), st.up = dense("up", I, H), st.down = dense("down", H, I);
+  }
+  const double qkv = 2.0 * (H + 2 * KV) * H, o = 2.0 * H * H, gu = 4.0 * I * H, dn = 2.0 * I * H;
+  auto at = [&](int i) -> LayerSet& { return sets[size_t(i % 2)]; };
+  auto qkv_launch = [&](int i) {
+    const Backend::LinearOut outs[3] = {{at(i).q.get(), nullptr, a.q}, {at(i).k.get(), nullptr, a.k},
+                                        {at(i).v.get(), nullptr, a.v}};
+    be.linear_multi(a.x, outs, 3);
+  };
+  auto o_launch = [&](int i) { be.linear_residual(a.x, *at(i).o, nullptr, a.tmp, a.resid); };
+  auto gu_launch = [&](int i) { be.linear_swiglu(a.x, *at(i).gate, nullptr, *at(i).up, nullptr, a.g, a.u); };
+  auto dn_launch = [&](int i) { be.linear_residual(a.u, *at(i).down, nullptr, a.tmp, a.resid); };
+  const struct {
+    const char* name;
+    std::function<void(int)> f;
+    double bytes;
+  } rows[] = {{"gemv bf16 qkv 6144x4096 T=1", qkv_launch, qkv},
+              {"gemv bf16 o+residual 4096x4096 T=1", o_launch, o},
+              {"gemv bf16 gate+up+silu 2x14336x4096 T=1", gu_launch, gu},
+              {"gemv bf16 down+residual 4096x14336 T=1", dn_launch, dn},
+              {"decode layer GEMVs bf16 T=1",
+               [&](int i) { qkv_launch(i), o_launch(i), gu_launch(i), dn_launch(i); }, qkv + o + gu + dn}};
+  for (const auto& r : rows) report(r.name, time_graph(be, r.f, reps, trials), r.bytes, {{"copies", 2}});
+  // the whole layer in the decoder's order (the backend's bf16 defaults), with and without attention
+  bench_decode_layer_full(be, sets, a, qkv + o + gu + dn, reps, trials, g, report, "bf16", {"unfused", "none"});
 }
 
 }  // namespace nf4flash::kbench

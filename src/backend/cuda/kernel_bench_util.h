@@ -48,8 +48,17 @@ using ReportFn = std::function<void(const std::string&, double, double, nlohmann
 // One whole decode layer in the decoder's fused order at ctx 512, layers rotated over the sets:
 // the attention in three launches / one / left out, and the GEMVs one launch each or chained
 // (kernel_bench_layer.cu). layer_bytes: the layer's weight and activation bytes.
+// wlabel names the weights in the rows; variants: of "unfused", "fused", "fused c1", "none",
+// "unfused chain", "none chain".
 void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const LayerActs& a, double layer_bytes,
-                             int reps, int trials, std::mt19937& g, const ReportFn& report);
+                             int reps, int trials, std::mt19937& g, const ReportFn& report,
+                             const char* wlabel = "nf4-dq",
+                             const std::vector<std::string>& variants = {"unfused", "fused", "fused c1", "none",
+                                                                          "unfused chain", "none chain"});
+// A decode layer with bf16 weights (2 sets, from HBM): rows "gemv bf16 qkv|o+residual|gate+up+silu|
+// down+residual ... T=1", "decode layer GEMVs bf16 T=1" and "decode layer full bf16 T=1 ctx=512 attn
+// unfused|none" (kernel_bench_layer.cu); a: the nf4 rows' activations (Llama-3-8B shapes).
+void bench_dense_layer(Backend& be, const LayerActs& a, int reps, int trials, std::mt19937& g, const ReportFn& report);
 // Prefill attention kernels alone (flash / sdpa / eager), Llama-3-8B layer shape.
 nlohmann::json bench_attention_prefill(Backend& be, int trials, std::mt19937& g);
 // Decode attention rows (kernel_bench_attn.cu): at each context, Backend::attention per variant
