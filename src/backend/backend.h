@@ -321,7 +321,8 @@ struct CudaBackendOptions {
   // alone, every other 4-bit path refuses such weights). 0: the tile16x64 layout.
   int q4_tile_group = 0;
   // kernel-bench's speed-of-light ablations of the 4-bit decode GEMV (h8u4d3's T = 1 form, bf16,
-  // double quant): 1 (no code table), 2 (no absmax path), 7 (neither, and x loaded once per launch).
+  // double quant): 1 (no code table), 2 (no absmax path), 7 (no decode at all: neither, no byte
+  // permutes, x loaded once per launch).
   // WRONG RESULTS by design (timing only); 0, the default, for anything else.
   int gemv_ablate = 0;
 };

@@ -39,7 +39,7 @@ class CudaBackend : public Backend {
       : act_(o.compute), tf32_(o.tf32), q4_tile_group_(o.q4_tile_group), gemv_ablate_(o.gemv_ablate) {
     NF4FLASH_CHECK(q4_tile_group_ >= 0, "q4_tile_group: ", q4_tile_group_, " (0 or a group size)");
     NF4FLASH_CHECK(gemv_ablate_ == 0 || gemv_ablate_ == 1 || gemv_ablate_ == 2 || gemv_ablate_ == 7, "gemv_ablate: ",
-                   gemv_ablate_, " (0; 1: no code table, 2: no absmax path, 7: both and x loaded once)");
+                   gemv_ablate_, " (0; 1: no code table, 2: no absmax path, 7: no decode at all)");
     NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
                    "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
     CUDA_CHECK(cudaSetDevice(o.device_index));

@@ -481,7 +481,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
                  dtype_name(act_), " mma, f32 accum; kernel-bench's layout experiment: other paths refuse it)");
     if (gemv_ablate_ && seq_q4(w, rows))
       return cat("ABLATED gemv_q4 in-order fused ", qn, " (h8u4d3 T=1 less", gemv_ablate_ & 1 ? " the code table" : "",
-                 gemv_ablate_ & 2 ? " the absmax path" : "", gemv_ablate_ & 4 ? " the per-tile x loads" : "",
+                 gemv_ablate_ & 2 ? " the absmax path" : "", gemv_ablate_ & 4 ? " the byte permutes and the per-tile x loads" : "",
                  "; kernel-bench's speed-of-light ablation: WRONG RESULTS)");
     if (seq_q4(w, rows))
       return cat("gemv_q4 in-order fused ", qn, " (", gemv_q4_seq_cfg(), ", tile16x64, ", dtype_name(act_),

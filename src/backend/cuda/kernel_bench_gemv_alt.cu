@@ -2,8 +2,9 @@
 // (kernel_bench_util.h, GemvAltBench): the grouped tile layout (CudaBackendOptions::q4_tile_group =
 // 32: batches of neighbouring row tiles side by side, weights uploaded there) and the default
 // kernel's speed-of-light ablations (CudaBackendOptions::gemv_ablate: h8u4d3's T = 1 form less the
-// code table, less the absmax path, less both and the per-tile x loads; wrong results, timed on the
-// caller's weights). x and y are the caller's (the same device); each backend is made on first use.
+// code table, less the absmax path, less all decode work (table, absmax, byte permutes, per-tile x
+// loads); wrong results, timed on the caller's weights). x and y are the caller's (the same
+// device); each backend is made on first use.
 #include <utility>
 
 #include "backend/cuda/kernel_bench_util.h"

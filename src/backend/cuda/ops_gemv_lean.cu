@@ -206,7 +206,7 @@ void gemv_q4_lean_ablated(Q4SeqArgs& k, bool bf16, bool dq, cudaStream_t st) {
     case 1: return launch_lean_cfg<__nv_bfloat16, true, true, F | kLeanAblLut, W, U, 3, 2>(k, st);
     case 2: return launch_lean_cfg<__nv_bfloat16, true, true, F | kLeanAblScale, W, U, 3, 2>(k, st);
     case 7: return launch_lean_cfg<__nv_bfloat16, true, true, F | kLeanAblMask, W, U, 3, 2>(k, st);
-    default: fail("gemv_q4: ablation mask ", k.ablate, " is not built (1: no table, 2: no absmax, 7: both and x once)");
+    default: fail("gemv_q4: ablation mask ", k.ablate, " is not built (1: no table, 2: no absmax, 7: no decode)");
   }
 }
 

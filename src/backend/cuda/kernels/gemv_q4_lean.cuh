@@ -54,8 +54,8 @@
 // differ; the nested absmax index is the logical one as always.
 // Ablations (kLeanAbl*; kernel-bench's speed-of-light rows, CudaBackendOptions::gemv_ablate): the
 // T = 1 form of h8u4d3 with one cost taken out at a time -- the code table (fill and lookups), the
-// absmax path (loads, decode, shuffles, scale FMAs), the per-tile x loads -- and everything else
-// as it is, so the time each removes bounds what any cheaper form of that cost can win. The
+// absmax path (loads, decode, shuffles, scale FMAs), the per-tile x loads, the byte permutes --
+// and everything else as it is, so the time each removes bounds what any cheaper form of that cost can win. The
 // outputs are wrong by design; nothing but kernel-bench can select them.
 // ptxas (sm_90, 128 registers): h8u4d3's T=1 forms and the chain spill nothing; the stream-K dq
 // form 24 bytes, l8u4d3 dq 8, h8u4d3's T>1 single-quant form 60-108 (fourteenth session).
@@ -122,8 +122,10 @@ enum LeanFlags : int {
                          // goes into the mma as the fragment instead of the entry loaded from it
   kLeanAblScale = 1024,  // no absmax: no scale loads, decode, shuffles or scale FMAs (mma into acc)
   kLeanAblX = 2048,      // x fragments read from shared memory once per launch, not per tile
+  kLeanAblPrmt = 4096,   // with kLeanAblLut: no byte permutes either (the code words themselves are
+                         // the fragments: no decode instruction at all)
 };
-constexpr int kLeanAblMask = kLeanAblLut | kLeanAblScale | kLeanAblX;
+constexpr int kLeanAblMask = kLeanAblLut | kLeanAblScale | kLeanAblX | kLeanAblPrmt;
 
 // Stream-K slot protocol (kLeanSK): a 64-bit (tag << 32 | f32 bits) store or load is single-copy
 // atomic, so a tagged value needs no fence: the writer stores (1, v), the reader polls until the tag
@@ -145,8 +147,9 @@ __device__ __forceinline__ float sk_take(unsigned long long* p) {
 
 // One tile of an ablated lean kernel (kLeanAbl*, T = 1; q4_tile_apply's work less what is ablated):
 // NOLUT: the byte_perm'd table address itself is the mma fragment (no shared-memory lookup);
-// NOSCALE: the mma accumulates into acc unscaled (no shuffles, no scale FMAs). Wrong results.
-template <typename TA, bool NOLUT, bool NOSCALE>
+// NOPRMT (with NOLUT): the code word itself, no instruction; NOSCALE: the mma accumulates into acc
+// unscaled (no shuffles, no scale FMAs). Wrong results.
+template <typename TA, bool NOLUT, bool NOSCALE, bool NOPRMT = false>
 __device__ __forceinline__ void q4_tile_ablated(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                                 const uint4& xb, float sv, int src0, int src8, float* acc) {
   const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
@@ -156,7 +159,10 @@ __device__ __forceinline__ void q4_tile_ablated(uint32_t lut_s, uint32_t lane_b,
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t fa[4];
-    if constexpr (NOLUT) {
+    if constexpr (NOPRMT) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) fa[k] = wv[j];
+    } else if constexpr (NOLUT) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) fa[k] = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
     } else {
@@ -179,6 +185,8 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
   static_assert(!SK || (NS == 1 && FULL && !ASYNC), "stream-K: one GEMV, whole batches, barrier reduction");
   static_assert(!GROUPED || (NS == 1 && FULL && !SK), "grouped tiles: one GEMV, whole batches, units round robin");
   constexpr bool ABL_LUT = FLAGS & kLeanAblLut, ABL_SCALE = FLAGS & kLeanAblScale, ABL_X = FLAGS & kLeanAblX;
+  constexpr bool ABL_PRMT = FLAGS & kLeanAblPrmt;
+  static_assert(!ABL_PRMT || ABL_LUT, "ablations: no byte permutes only without the table");
   static_assert(!(FLAGS & kLeanAblMask) || (NS == 1 && FULL && HALF && T1 && !SK && !GROUPED && !(FLAGS & kLeanAlu4) &&
                                            !(FLAGS & (kLeanAlu1 | kLeanAlu2))),
                 "ablations: h8u4d3's T = 1 form only");
@@ -519,7 +527,8 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
             if (!ABL_SCALE && (uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
             const int src = g + 16 * (uu & 1);
             if constexpr (ABL_LUT || ABL_SCALE || ABL_X)
-              q4_tile_ablated<TA, ABL_LUT, ABL_SCALE>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+              q4_tile_ablated<TA, ABL_LUT, ABL_SCALE, ABL_PRMT>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8,
+                                                                acc);
             else
               q4_tile_apply<TA, 0, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
           } else {
