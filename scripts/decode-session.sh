@@ -23,7 +23,7 @@ if [ -n "${KB_FOCUS:-}" ]; then  # the 4-bit GEMV alone on these shapes per vari
   args=(); for s in $KB_FOCUS; do args+=(--gemv-shape "$s"); done
   for v in ${KB_FOCUS_VARIANTS:-seq grouped ablate}; do args+=(--gemv-variant "$v"); done
   timeout ${KB_FOCUS_TIMEOUT:-120} $B kernel-bench "${args[@]}" --json $OUT/kb-focus.json > $OUT/kb-focus.txt 2>&1
-  python3 scripts/kb-table.py $OUT/kb-focus.json 2>&1 | head -12; pack
+  [ -s $OUT/kb-focus.json ] && python3 scripts/kb-table.py $OUT/kb-focus.json 2>&1 | head -12; pack
 fi
 if [ "${ATTN:-0}" = 1 ]; then  # read orders + decode attention ladder (+ ncu with ATTN_NCU=1), into $OUT/attn
   mkdir -p $OUT/attn && OUT=$OUT/attn SKIP_BUILD=1 NCU=${ATTN_NCU:-0} KB=${ATTN_KB:-1} timeout ${ATTN_TIMEOUT:-420} \
@@ -40,8 +40,8 @@ if [ "${VRAM:-1}" = 1 ]; then  # VRAM=0 skips the peak-VRAM rows
   [ "${VRAM_OLD:-0}" = 1 ] && vram p4096-old NF4FLASH_DEQUANT_CHUNK_MB=0 NF4FLASH_CUDA_STACK_BYTES=256
   grep -E "^vram: (context|stack|cublas)" $OUT/vram-p4096.txt; grep -E "^vram: buffer" $OUT/vram-p4096.txt | tail -8; pack
 fi
-timeout ${KB_TIMEOUT:-180} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
-python3 scripts/kb-table.py $OUT/kb.json 2>&1 | head -24  # read-only rows, the T=1 GEMV per variant (ablations)
+timeout ${KB_TIMEOUT:-210} stdbuf -oL $B kernel-bench --gemv-only --json $OUT/kb.json > $OUT/kb.txt 2>&1
+[ -s $OUT/kb.json ] && python3 scripts/kb-table.py $OUT/kb.json 2>&1 | head -24  # read-only, T=1 GEMV per variant
 grep -E "nf4-dq (4096x14336|14336x4096) T=1 (seq|seq-[a-z]8u4d3|regs) |decode layer GEMVs nf4-dq T=1 seq(-[a-z]8u4d3)? prefetch 0|decode layer GEMVs bf16|copy|gemv bf16|size sweep|attn decode|attn\+rope|decode layer full" \
   $OUT/kb.txt | sed -E 's/ +/ /g' | cut -c1-90 | head -60; pack
 # DECODE_AB: extra "label:ENV=VAL" settings decoded at 512 and 32768 beside the defaults
