@@ -1,13 +1,16 @@
-// kernel-bench's speed-of-light ablations of the 4-bit decode GEMV (CudaBackendOptions::gemv_ablate):
+// kernel-bench's ablations. The speed-of-light forms of the 4-bit decode GEMV (CudaBackendOptions::gemv_ablate):
 // each is the default kernel (h8u4d3, T = 1) with one cost taken out, timed by kernel-bench and wrong
 // by design. What is tested: the ablation takes effect (the no-absmax form computes exactly the
 // products of a weight whose absmax are all 1; the others differ from the real GEMV), it is
 // repeatable (no unset memory read: two launches give the same bytes), it is named in linear_path,
 // and everything it is not built for is refused with an error instead of running unablated.
+// The empty-launch guard (cuda::EmptyLaunches): inside it a launch does no work, and the guard
+// ends with its scope (nested guards restore the outer state).
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "backend/cuda/launchers.h"
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
 
@@ -76,6 +79,33 @@ TEST(CudaGemvAblate, TakesEffectRepeatsAndRefuses) {
   xf.set(rounded(randn(size_t(K)), DType::F16));
   EXPECT_THROW(abf16->linear(xf.act, *wf, nullptr, yf.act), Error) << "f16";
   for (int mask : {3, 4, 8, -1}) EXPECT_THROW(ablated_backend(mask), Error) << "gemv_ablate " << mask;
+}
+
+TEST(CudaEmptyLaunches, NoWorkInsideTheGuardOnly) {
+  NF4FLASH_REQUIRE_CUDA();
+  CudaBackendOptions o;
+  auto be = make_cuda_backend(o);
+  const int64_t H = 4096;
+  auto wn = be->upload_dense(f32_tensor(randn(size_t(H)), {H}), DType::BF16);
+  DevAct x(*be, 1, H), y(*be, 1, H);
+  x.set(rounded(randn(size_t(H)), DType::BF16));
+  const std::vector<uint8_t> poison(y.act.bytes(), 0xff);
+  y.poison();
+  {
+    cuda::EmptyLaunches outer;
+    EXPECT_TRUE(cuda::empty_launches());
+    {
+      cuda::EmptyLaunches off(false);  // a guard that is off leaves the outer one on
+      EXPECT_TRUE(cuda::empty_launches());
+    }
+    be->rms_norm(x.act, *wn, 1e-5f, y.act);
+    be->sync();
+    EXPECT_EQ(raw_bytes(y), poison) << "an empty launch wrote its output";
+  }
+  EXPECT_FALSE(cuda::empty_launches());
+  be->rms_norm(x.act, *wn, 1e-5f, y.act);
+  be->sync();
+  EXPECT_NE(raw_bytes(y), poison) << "the launch after the guard did no work";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "backend/cuda/launchers.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -119,10 +120,14 @@ inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, dim3 block, size_t smem, 
   return cfg;
 }
 
+// The empty-launch ablation (EmptyLaunches, launchers.h): launch_k's stand-in kernel.
+void launch_empty(dim3 grid, dim3 block, size_t smem, cudaStream_t st);
+
 // kernel<<<grid, block, smem, st>>>(args...) with the programmatic-serialization attribute when
 // pdl_enabled(). Only for kernels that call pdl_wait() as described above.
 template <typename... KArgs, typename... Args>
 void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
+  if (empty_launches()) return launch_empty(grid, block, smem, st);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(grid, block, smem, st, &attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

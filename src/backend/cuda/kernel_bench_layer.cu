@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernel_bench_util.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -49,12 +50,18 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
   };
   // chain = false: the ops one by one; true: linear_chain from o to the next layer's q/k/v (the
   // decoder's order: the q/k/v at the top of layer i ran at the end of layer i - 1's chain)
-  auto full = [&](int i, bool attn, bool chain) {
+  // empty: 1 = the attention's launches, 2 = every launch of the layer replaced by an empty one
+  // (cuda::EmptyLaunches: the launches and their dependencies without their work)
+  auto full = [&](int i, bool attn, bool chain, int empty) {
+    cuda::EmptyLaunches all(empty == 2);
     LayerSet& st = sets[size_t(i % copies)];
     Backend::LinearOut outs[3];
     qkv_of(st, outs);
     if (!chain) be.rms_norm_linear_multi(a.resid, *nw, 1e-5f, xn, outs, 3);
-    if (attn) be.rope_kv_attention(i % copies, a.q, a.k, a.v, att, rp, ap, ss);
+    if (attn) {
+      cuda::EmptyLaunches attn_only(empty == 1);
+      be.rope_kv_attention(i % copies, a.q, a.k, a.v, att, rp, ap, ss);
+    }
     if (!chain) {
       be.linear_residual(att, *st.o, nullptr, a.tmp, a.resid);
       be.rms_norm_linear_swiglu(a.resid, *nw, 1e-5f, xn, *st.gate, nullptr, *st.up, nullptr, a.g, a.u);
@@ -82,16 +89,18 @@ void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const Lay
   for (const std::string& m : variants) {
     const char* v = m.c_str();
     const bool chain = m.find("chain") != std::string::npos, attn = m.rfind("none", 0) != 0;
+    const int empty = m == "attn empty" ? 1 : m == "all empty" ? 2 : 0;
     if (chain && !one_launch) {
       std::printf("decode layer full ... %s: skipped (the chain does not run as one launch here)\n", v);
       continue;
     }
     setenv("NF4FLASH_GEMV_CHAIN", chain ? "1" : "0", 1);
-    setenv("NF4FLASH_DECODE_FUSED", m.rfind("fused", 0) == 0 ? "1" : "0", 1);
+    setenv("NF4FLASH_DECODE_FUSED", m.rfind("fused", 0) == 0 ? "1" : "0", 1);  // "attn empty": unfused
     setenv("NF4FLASH_DECODE_CLUSTER", m == "fused c1" ? "1" : "8", 1);
-    const double sec = time_graph(be, [&](int i) { full(i, attn, chain); }, reps, trials);
-    report(cat("decode layer full ", wlabel, " T=1 ctx=", ctx, " attn ", v), sec, layer_bytes + (attn ? kv_bytes : 0.0),
-           {{"ctx", ctx}, {"attention", v}, {"copies", copies}, {"chain", chain}});
+    const double sec = time_graph(be, [&](int i) { full(i, attn, chain, empty); }, reps, trials);
+    report(cat("decode layer full ", wlabel, " T=1 ctx=", ctx, " attn ", v), sec,
+           empty == 2 ? 0.0 : layer_bytes + (attn && !empty ? kv_bytes : 0.0),
+           {{"ctx", ctx}, {"attention", v}, {"copies", copies}, {"chain", chain}, {"empty", empty}});
   }
   unsetenv("NF4FLASH_GEMV_CHAIN");
   unsetenv("NF4FLASH_DECODE_FUSED");
@@ -133,7 +142,8 @@ void bench_dense_layer(Backend& be, const LayerActs& a, int reps, int trials, st
                [&](int i) { qkv_launch(i), o_launch(i), gu_launch(i), dn_launch(i); }, qkv + o + gu + dn}};
   for (const auto& r : rows) report(r.name, time_graph(be, r.f, reps, trials), r.bytes, {{"copies", 2}});
   // the whole layer in the decoder's order (the backend's bf16 defaults), with and without attention
-  bench_decode_layer_full(be, sets, a, qkv + o + gu + dn, reps, trials, g, report, "bf16", {"unfused", "none"});
+  bench_decode_layer_full(be, sets, a, qkv + o + gu + dn, reps, trials, g, report, "bf16",
+                          {"unfused", "none", "attn empty"});
 }
 
 }  // namespace nf4flash::kbench

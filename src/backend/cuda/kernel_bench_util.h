@@ -49,12 +49,14 @@ using ReportFn = std::function<void(const std::string&, double, double, nlohmann
 // the attention in three launches / one / left out, and the GEMVs one launch each or chained
 // (kernel_bench_layer.cu). layer_bytes: the layer's weight and activation bytes.
 // wlabel names the weights in the rows; variants: of "unfused", "fused", "fused c1", "none",
-// "unfused chain", "none chain".
+// "unfused chain", "none chain", and the empty-launch ablations (cuda::EmptyLaunches, timing only)
+// "attn empty" (the attention's three launches empty) and "all empty" (every launch of the layer).
 void bench_decode_layer_full(Backend& be, std::vector<LayerSet>& sets, const LayerActs& a, double layer_bytes,
                              int reps, int trials, std::mt19937& g, const ReportFn& report,
                              const char* wlabel = "nf4-dq",
                              const std::vector<std::string>& variants = {"unfused", "fused", "fused c1", "none",
-                                                                          "unfused chain", "none chain"});
+                                                                          "unfused chain", "none chain",
+                                                                          "attn empty", "all empty"});
 // A decode layer with bf16 weights (2 sets, from HBM): rows "gemv bf16 qkv|o+residual|gate+up+silu|
 // down+residual ... T=1", "decode layer GEMVs bf16 T=1" and "decode layer full bf16 T=1 ctx=512 attn
 // unfused|none" (kernel_bench_layer.cu); a: the nf4 rows' activations (Llama-3-8B shapes).

@@ -11,6 +11,23 @@
 
 namespace nf4flash::cuda {
 
+// kernel-bench's empty-launch ablation: while an EmptyLaunches guard is alive on this thread,
+// launch_k and launch_k_ptr (cuda_common.cuh) launch an empty kernel (pdl_trigger, pdl_wait,
+// return) with the same grid, block and dynamic shared memory instead of the kernel asked for:
+// the launches and their dependencies, none of their work. WRONG RESULTS by design; nothing but
+// kernel-bench (and its test) sets one. Kernels launched with <<<>>> are not affected.
+bool empty_launches();
+class EmptyLaunches {
+ public:
+  explicit EmptyLaunches(bool on = true);
+  ~EmptyLaunches();
+  EmptyLaunches(const EmptyLaunches&) = delete;
+  EmptyLaunches& operator=(const EmptyLaunches&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // ---- 4-bit weights (layout: kernels/gemv_q4.cuh) --------------------------------------------
 struct Q4Device {
   const uint8_t* tiles = nullptr;         // repacked codes, RT*KT tiles of 512 bytes
