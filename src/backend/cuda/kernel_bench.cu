@@ -636,11 +636,9 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   //   weights rotated over copies >= 256 MB so they come from HBM
   for (const auto& [N, K, nm] : {std::tuple<int64_t, int64_t, const char*>{4096, 4096, "o"}, {4096, 14336, "down"},
                                  {14336, 4096, "gate"}}) {
-    std::vector<uint16_t> wh(size_t(N * K));
-    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
     const int copies = int(std::max<int64_t>(2, (int64_t(256) << 20) / (N * K * 2) + 1));
     std::vector<std::unique_ptr<Weight>> ws;
-    for (int c = 0; c < copies; ++c) ws.push_back(be->upload_dense(bf16_tensor(nm, N, K, wh), DType::BF16));
+    for (int c = 0; c < copies; ++c) ws.push_back(upload_bf16_pattern(*be, nm, N, K));
     auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 2);
     CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -728,11 +726,7 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
   // ---- dense bf16 GEMV, lm_head shape (the default kernel, then the vec kernel)
   {
     const int64_t N = 128256, K = 4096;
-    std::vector<uint16_t> wh(size_t(N * K));
-    for (size_t i = 0; i < wh.size(); ++i) wh[i] = f32_to_bf16(float(int(i * 2654435761u % 2001) - 1000) * 1e-5f);
-    auto w = be->upload_dense(bf16_tensor("lm_head", N, K, wh), DType::BF16);
-    wh.clear();
-    wh.shrink_to_fit();
+    auto w = upload_bf16_pattern(*be, "lm_head", N, K);
     auto xb = be->alloc(size_t(K) * 2), yb = be->alloc(size_t(N) * 4);
     CUDA_CHECK(cudaMemset(xb->data(), 0x3c, size_t(K) * 2));
     CUDA_CHECK(cudaDeviceSynchronize());

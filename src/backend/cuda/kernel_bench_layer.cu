@@ -112,9 +112,9 @@ void bench_dense_layer(Backend& be, const LayerActs& a, int reps, int trials, st
   std::vector<LayerSet> sets(2);  // 2 x 436 MB: every replay reads its weights from HBM
   uint32_t seed = 1;
   auto dense = [&](const char* nm, int64_t N, int64_t K) {
-    std::vector<uint16_t> h(size_t(N * K));
-    for (auto& v : h) v = f32_to_bf16(float(int((seed++ * 2654435761u) % 2001) - 1000) * 1e-5f);
-    return be.upload_dense(bf16_tensor(nm, N, K, h), DType::BF16);
+    auto w = upload_bf16_pattern(be, nm, N, K, seed);
+    seed += uint32_t(N * K);
+    return w;
   };
   for (auto& st : sets) {
     st.q = dense("q", H, H), st.k = dense("k", KV, H), st.v = dense("v", KV, H), st.o = dense("o", H, H);

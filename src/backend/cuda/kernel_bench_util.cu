@@ -96,6 +96,13 @@ std::vector<int> env_int_list(const char* name) {
   return r;
 }
 
+std::unique_ptr<Weight> upload_bf16_pattern(Backend& be, const char* name, int64_t N, int64_t K, uint32_t first) {
+  std::vector<uint16_t> h(size_t(N * K));
+  for (size_t i = 0; i < h.size(); ++i)
+    h[i] = f32_to_bf16(float(int((uint64_t(first) + i) * 2654435761u % 2001) - 1000) * 1e-5f);
+  return be.upload_dense(bf16_tensor(name, N, K, h), DType::BF16);
+}
+
 // A [rows, cols] bf16 tensor view of host bits (for upload_dense).
 TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits) {
   TensorInfo ti;

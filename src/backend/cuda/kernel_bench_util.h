@@ -32,6 +32,9 @@ double time_stream_graph(const std::function<void(int, cudaStream_t)>& launch, i
 std::vector<int> env_int_list(const char* name);
 // A [rows, cols] bf16 tensor view of host bits (for upload_dense).
 TensorInfo bf16_tensor(const char* name, int64_t rows, int64_t cols, const std::vector<uint16_t>& bits);
+// A dense [N, K] bf16 weight uploaded to be with values from a cheap hash of the element index
+// first + i (|w| <= 0.01; fast to make at hundreds of MB).
+std::unique_ptr<Weight> upload_bf16_pattern(Backend& be, const char* name, int64_t N, int64_t K, uint32_t first = 0);
 // Device buffers: rope frequencies [hd/2] (f32, theta^(-2i/hd)); n random normal bf16 values.
 std::unique_ptr<Buffer> upload_rope_freqs(Backend& be, int hd, float theta);
 std::unique_ptr<Buffer> upload_randn_bf16(Backend& be, size_t n, std::mt19937& g);

@@ -103,7 +103,9 @@ __device__ __forceinline__ void q4_word_alu(uint32_t w, const uint32_t* tl, cons
 
 // One tile: the lane's 4 code words through the table (q4_word_lds), the first NALU of them
 // decoded by q4_word_alu instead (tl/th: its register tables), each against its x fragments (mma).
-template <typename TA, int ADDR, int NALU = 0>
+// ABL (kernel-bench's ablations, gemv_q4_lean.cuh; wrong results): 1 = the byte_perm'd table
+// address itself is the fragment (no shared-memory lookup), 2 = the code word itself (no decode).
+template <typename TA, int ADDR, int NALU = 0, int ABL = 0>
 __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                                  const uint4& xb, float* d, const uint32_t* tl = nullptr,
                                                  const uint32_t* th = nullptr) {
@@ -112,8 +114,17 @@ __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t fa[4];
-    if (j < NALU) q4_word_alu(wv[j], tl, th, fa);
-    else q4_word_lds<ADDR>(lut_s, lane_b, wv[j], fa);
+    if constexpr (ABL == 2) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) fa[k] = wv[j];
+    } else if constexpr (ABL == 1) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) fa[k] = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
+    } else if (j < NALU) {
+      q4_word_alu(wv[j], tl, th, fa);
+    } else {
+      q4_word_lds<ADDR>(lut_s, lane_b, wv[j], fa);
+    }
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }
 }

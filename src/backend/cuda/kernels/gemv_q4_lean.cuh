@@ -145,37 +145,6 @@ __device__ __forceinline__ float sk_take(unsigned long long* p) {
   return __uint_as_float(uint32_t(x));
 }
 
-// One tile of an ablated lean kernel (kLeanAbl*, T = 1; q4_tile_apply's work less what is ablated):
-// NOLUT: the byte_perm'd table address itself is the mma fragment (no shared-memory lookup);
-// NOPRMT (with NOLUT): the code word itself, no instruction; NOSCALE: the mma accumulates into acc
-// unscaled (no shuffles, no scale FMAs). Wrong results.
-template <typename TA, bool NOLUT, bool NOSCALE, bool NOPRMT = false>
-__device__ __forceinline__ void q4_tile_ablated(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                                const uint4& xb, float sv, int src0, int src8, float* acc) {
-  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-  float dd[4] = {0.f, 0.f, 0.f, 0.f};
-  float* d = NOSCALE ? acc : dd;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t fa[4];
-    if constexpr (NOPRMT) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) fa[k] = wv[j];
-    } else if constexpr (NOLUT) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) fa[k] = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
-    } else {
-      q4_word_lds<2>(lut_s, lane_b, wv[j], fa);
-    }
-    mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
-  }
-  if constexpr (!NOSCALE) {
-    acc[0] = fmaf(dd[0], __shfl_sync(0xffffffffu, sv, src0), acc[0]);
-    acc[2] = fmaf(dd[2], __shfl_sync(0xffffffffu, sv, src8), acc[2]);
-  }
-}
-
 template <typename TA, bool DQ, bool FULL, int FLAGS, int W, int U, int D, int MINB, int NS = 1>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid_constant__ Q4LeanArgs<NS> c) {
   constexpr bool CHAIN = NS > 1;
@@ -526,11 +495,8 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_lean_kernel(const __grid
             // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
             if (!ABL_SCALE && (uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
             const int src = g + 16 * (uu & 1);
-            if constexpr (ABL_LUT || ABL_SCALE || ABL_X)
-              q4_tile_ablated<TA, ABL_LUT, ABL_SCALE, ABL_PRMT>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8,
-                                                                acc);
-            else
-              q4_tile_apply<TA, 0, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc);
+            q4_tile_apply<TA, 0, T1, ABL_PRMT ? 2 : ABL_LUT ? 1 : 0, ABL_SCALE>(lut_s, lane_b, wb[d][uu], xa, xb,
+                                                                               sv_pair, src, src + 8, acc);
           } else {
             q4_tile_scaled<TA, DQ, NALU, T1>(lut_s, lane_b, wb[d][uu], xa, xb, sb[d][uu], offset, s_nested_code, g,
                                              acc, tl, th);

@@ -143,14 +143,20 @@ __device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const
 // NALU, tl, th: q4_tile_mma_prmt's register-table decode of the first NALU code words.
 // T1: one token (T = 1): the accumulators of token column 1 (acc[1], acc[3]) are never stored, so
 // they are not scaled and added.
-template <typename TA, int NALU = 0, bool T1 = false>
+// ABL, NOSCALE (kernel-bench's ablations, gemv_q4_lean.cuh; wrong results): q4_tile_mma_prmt's
+// ablated decode; NOSCALE: the mma accumulates into acc unscaled (no shuffles, no scale FMAs).
+template <typename TA, int NALU = 0, bool T1 = false, int ABL = 0, bool NOSCALE = false>
 __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                               const uint4& xb, float sv, int src0, int src8, float* acc,
                                               const uint32_t* tl = nullptr, const uint32_t* th = nullptr) {
+  if constexpr (NOSCALE) {
+    q4_tile_mma_prmt<TA, 2, NALU, ABL>(lut_s, lane_b, wq, xa, xb, acc, tl, th);
+    return;
+  }
   const float s0 = __shfl_sync(0xffffffffu, sv, src0);
   const float s8 = __shfl_sync(0xffffffffu, sv, src8);
   float dd[4] = {0.f, 0.f, 0.f, 0.f};
-  q4_tile_mma_prmt<TA, 2, NALU>(lut_s, lane_b, wq, xa, xb, dd, tl, th);
+  q4_tile_mma_prmt<TA, 2, NALU, ABL>(lut_s, lane_b, wq, xa, xb, dd, tl, th);
   acc[0] = fmaf(dd[0], s0, acc[0]);
   acc[2] = fmaf(dd[2], s8, acc[2]);
   if constexpr (!T1) {
