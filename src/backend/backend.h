@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "nf4flash/options.h"
 #include "quant/quant4.h"
 
@@ -304,6 +305,23 @@ class Backend {
   // (sampling/sampler.h). Returns false when the backend leaves sampling to the host.
   virtual bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history,
                       float uniform, int32_t* out_id_host) { return false; }
+
+  // ---- pipelined decode (optional) ----------------------------------------------------------
+  // The decode loop without a host round trip per token: sample_to_device() picks the id as
+  // sample() does (no history: the engine pipelines only without the repetition penalty), queued
+  // in order with the ops, and writes it to `next_id` (backend memory: the next step's input id),
+  // advances `*pos` (backend memory: the next step's position) by one and copies the id to host
+  // slot `slot` (< kSampleSlots); sampled(slot) waits for that copy and returns the id. So the
+  // step after it can be queued before its input id reaches the host. Returns false when the
+  // backend does not do this (the engine then samples each step with sample()).
+  static constexpr int kSampleSlots = 4;
+  virtual bool sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
+                                int slot) { return false; }
+  virtual int32_t sampled(int slot) { fail("sampled: this backend does not pipeline decode"); }
+  // Whether the engine pipelines decode by default: true where the steps run asynchronously to
+  // the host (CUDA); a CPU step runs inside the call, so queuing one ahead only adds a step
+  // computed in vain when generation stops (the engine may still be told to, for its tests).
+  virtual bool pipelines_decode() const { return false; }
 };
 
 struct CpuBackendOptions {

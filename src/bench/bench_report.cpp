@@ -166,6 +166,7 @@ nlohmann::json report_to_json(const EngineReport& r) {
           {"linear_prefill", r.linear_prefill},
           {"use_cache", r.use_cache},
           {"graphs", r.graphs},
+          {"decode_pipelined", r.decode_pipelined},
           {"weight_bytes", r.weight_bytes},
           {"kv_bytes", r.kv_bytes},
           {"ctx_size", r.ctx_size},

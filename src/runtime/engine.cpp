@@ -59,9 +59,14 @@ void Engine::Impl::forward_tokens(const int32_t* tokens, int64_t n, int64_t pos0
 
 void Engine::Impl::decode_step(int32_t token, int64_t pos) {
   NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
-  Act lg = logits_act(1).slice_rows(0, 1);
   be->upload(ids_buf->data(), &token, 4);
   set_pos(pos);
+  run_step(pos);
+}
+
+void Engine::Impl::run_step(int64_t pos) {
+  NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
+  Act lg = logits_act(1).slice_rows(0, 1);
   if (opts.graphs && be->graphs_supported()) {
     if (graph_id >= 0 && graph_ws_epoch != dec->workspace_epoch()) graph_id = -1;  // workspace reallocated
     if (graph_id < 0) {
@@ -73,8 +78,16 @@ void Engine::Impl::decode_step(int32_t token, int64_t pos) {
     }
     be->replay(graph_id);
   } else {
+    state.pos0_host = pos;
     dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
   }
+}
+
+void Engine::Impl::queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot) {
+  run_step(pos);
+  NF4FLASH_CHECK(be->sample_to_device(logits_act(1).slice_rows(0, 1), p, uniform, static_cast<int32_t*>(ids_buf->data()),
+                                      state.pos0, slot),
+                 "pipelined decode: the ", be->name(), " backend cannot sample on the device (NF4FLASH_DECODE_PIPELINE=0)");
 }
 
 std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
@@ -148,6 +161,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   im->pos_buf = im->be->alloc(4);
   im->hist_buf = im->be->alloc(static_cast<size_t>(ctx) * 4);
   im->state.pos0 = static_cast<int32_t*>(im->pos_buf->data());
+  im->pipeline = resolve_decode_pipeline(*im->be);
 
   EngineReport& r = im->report;
   r.model = model_name;
@@ -163,6 +177,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.linear_prefill = im->dec->linear_path(max_rows);
   r.use_cache = opts.use_cache;
   r.graphs = opts.graphs && im->be->graphs_supported();
+  r.decode_pipelined = im->pipeline;
   r.weight_bytes = im->dec->stats().weight_bytes;
   r.kv_bytes = im->be->kv_bytes();
   r.ctx_size = ctx;
@@ -283,7 +298,21 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
   res.timing.cached_tokens = reuse;
   res.timing.prefill_ms = ms_since(t0);
   const auto t1 = Clock::now();
-  for (;;) {
+  // Pipelined (Impl::pipelined): the step that consumes generated token k is queued before token
+  // k reaches the host (its id and position stay on the device), so the device runs it while the
+  // host handles token k. It is queued only where the loop below will need it (can_feed); a stop
+  // on a token the host had not seen yet leaves at most one step computed in vain (it writes the
+  // K/V of that last token at its own position, which kv_tokens does not claim).
+  const bool pipe = im.pipelined(g.sampling);
+  auto can_feed = [&](int64_t k) { return k + 1 < g.max_new_tokens && n + k + 1 <= im.ctx; };
+  auto uniform = [&] { return g.sampling.greedy() ? 0.0f : sampler.next_uniform(); };
+  constexpr int S = Backend::kSampleSlots;
+  if (pipe && can_feed(0)) {
+    im.be->upload(im.ids_buf->data(), &next, 4);
+    im.set_pos(n);
+    im.queue_step(n, g.sampling, uniform(), 0);
+  }
+  for (int64_t k = 0;; ++k) {
     res.tokens.push_back(next);
     all.push_back(next);
     if (on_token && !on_token(next)) {
@@ -300,18 +329,21 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
       res.stop_reason = "context";
       break;
     }
-    if (im.opts.use_cache) {
+    if (pipe) {  // here can_feed(k) holds: the step consuming token k is queued, its id goes to slot k % S
+      if (can_feed(k + 1)) im.queue_step(pos + 1, g.sampling, uniform(), static_cast<int>((k + 1) % S));
+      next = im.be->sampled(static_cast<int>(k % S));
+    } else if (im.opts.use_cache) {
       im.decode_step(next, pos);
       next = pick(im.logits_act(1).slice_rows(0, 1));
     } else {
       im.forward_tokens(all.data(), static_cast<int64_t>(all.size()), 0, false, [&](int64_t, Act lg) { next = pick(lg); });
     }
   }
+  res.timing.decode_tokens = static_cast<int64_t>(res.tokens.size()) - 1;
+  res.timing.decode_ms = res.timing.decode_tokens > 0 ? ms_since(t1) : 0;  // the last token is on the host
   im.be->sync();
   // every token but the last sampled one has its K/V in the cache (no-cache runs rewrite it all)
   if (im.opts.use_cache) im.kv_tokens.assign(all.begin(), all.end() - 1);
-  res.timing.decode_tokens = static_cast<int64_t>(res.tokens.size()) - 1;
-  res.timing.decode_ms = res.timing.decode_tokens > 0 ? ms_since(t1) : 0;
   return res;
 }
 
@@ -336,16 +368,29 @@ double Engine::bench_decode(int64_t n, int64_t pos0) {
   im.kv_tokens.clear();
   im.be->sync();
   const auto t0 = Clock::now();
-  for (int64_t i = 0; i < n; ++i) {
-    im.decode_step(tok, pos0 + i);
-    int32_t id = -1;
-    Act lg = im.logits_act(1).slice_rows(0, 1);
-    if (!im.be->sample(lg, g.sampling, nullptr, 0, 0.0f, &id)) {
-      std::vector<float> logits(im.cfg.vocab_size);
-      im.be->download(logits.data(), lg.data, logits.size() * 4);
-      id = argmax(logits.data(), im.cfg.vocab_size);
+  if (im.pipelined(g.sampling)) {  // as generate(): step i+1 queued before token i reaches the host
+    constexpr int S = Backend::kSampleSlots;
+    if (n > 0) {
+      im.be->upload(im.ids_buf->data(), &tok, 4);
+      im.set_pos(pos0);
+      im.queue_step(pos0, g.sampling, 0.0f, 0);
     }
-    tok = id;
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + 1 < n) im.queue_step(pos0 + i + 1, g.sampling, 0.0f, static_cast<int>((i + 1) % S));
+      tok = im.be->sampled(static_cast<int>(i % S));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      im.decode_step(tok, pos0 + i);
+      int32_t id = -1;
+      Act lg = im.logits_act(1).slice_rows(0, 1);
+      if (!im.be->sample(lg, g.sampling, nullptr, 0, 0.0f, &id)) {
+        std::vector<float> logits(im.cfg.vocab_size);
+        im.be->download(logits.data(), lg.data, logits.size() * 4);
+        id = argmax(logits.data(), im.cfg.vocab_size);
+      }
+      tok = id;
+    }
   }
   im.be->sync();
   return ms_since(t0);

@@ -44,6 +44,20 @@ struct Engine::Impl {
                       const std::function<void(int64_t, Act)>& on_logits);
   // One decode step for `token` at position `pos`; logits of that row land in logits row 0.
   void decode_step(int32_t token, int64_t pos);
+  // The same step for the id already in ids_buf at the position already in pos_buf (`pos`: the
+  // host's copy of it): the captured graph replayed, or the ops run.
+  void run_step(int64_t pos);
+
+  // Pipelined decode (Backend::sample_to_device): the step that consumes a token is queued before
+  // that token reaches the host, so the device runs it while the host handles the token. Resolved
+  // at load: the backend's default (pipelines_decode: CUDA yes, CPU no), NF4FLASH_DECODE_PIPELINE=0|1
+  // overrides; tests set it. Applies with the KV cache and without the repetition penalty (whose
+  // history would need the token on the host first).
+  bool pipeline = false;
+  bool pipelined(const SamplingParams& p) const { return pipeline && opts.use_cache && p.repeat_penalty == 1.0f; }
+  // Queues run_step(pos) and the sampling of its logits into ids_buf / pos_buf (the next step's
+  // input) and host slot `slot`, read by be->sampled(slot).
+  void queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot);
   Act logits_act(int64_t rows);
   void set_pos(int64_t pos0);
 };

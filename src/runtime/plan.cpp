@@ -1,5 +1,8 @@
 #include "runtime/plan.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "core/error.h"
 #include "io/bnb_checkpoint.h"
 
@@ -74,6 +77,16 @@ Plan make_plan(const LoadOptions& o, const ModelConfig& cfg) {
     case AttnChoice::Eager: p.attn = AttnImpl::Eager; break;
   }
   return p;
+}
+
+bool resolve_decode_pipeline(const Backend& be) {
+  if (const char* v = std::getenv("NF4FLASH_DECODE_PIPELINE"); v && *v) {
+    const std::string_view s(v);
+    if (s != "0" && s != "1")
+      fail("NF4FLASH_DECODE_PIPELINE=", s, ": expected 0 (one decode step per host round trip) or 1 (steps queued ahead)");
+    return s == "1";
+  }
+  return be.pipelines_decode();
 }
 
 }  // namespace nf4flash

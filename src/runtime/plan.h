@@ -26,6 +26,11 @@ inline int64_t resolve_ubatch(int64_t ubatch, Device d) {
   return ubatch > 0 ? ubatch : (d == Device::CUDA ? kCudaDefaultUbatch : kCpuDefaultUbatch);
 }
 
+// Whether decode steps are queued ahead of the host (Engine::Impl::pipeline): the backend's
+// default (Backend::pipelines_decode), overridden by NF4FLASH_DECODE_PIPELINE=0|1 (any other value
+// is an error).
+bool resolve_decode_pipeline(const Backend& be);
+
 // The bitsandbytes settings of a pre-quantized checkpoint (config.json quantization_config).
 struct CheckpointQuant {
   bool present = false;

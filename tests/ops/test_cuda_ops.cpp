@@ -1,10 +1,12 @@
 // Every CUDA op against the CPU f32 backend on fresh random inputs: elementwise ops, dense and
 // 4-bit linear (GEMV and GEMM paths), RoPE, KV cache + attention (decode and prefill, GQA,
 // head_dim 64/128, pos0 > 0), graphs, sampling (greedy and
-// temperature/top-k/top-p/min-p/penalty against the host's sample_with_uniform).
+// temperature/top-k/top-p/min-p/penalty against the host's sample_with_uniform; the pipelined
+// loop's sample_to_device against sample()).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string_view>
 
 #include "backend/cuda/launchers.h"
@@ -607,6 +609,54 @@ TEST(CudaOps, SampleMatchesHost) {
   }
   std::printf("[sample] %d draws equal to the host's, %d skipped at a boundary\n", checked, skipped);
   EXPECT_LT(skipped, checked / 100 + 1);
+}
+
+// sample_to_device (the pipelined decode loop): the id sample() picks for the same logits and u,
+// with every slot queued before any is read, handed to the next step's id buffer and position;
+// the repetition penalty (a host history) is refused.
+TEST(CudaOps, SampleToDeviceQueuesTheSameIds) {
+  NF4FLASH_REQUIRE_CUDA();
+  Backends b;
+  const int64_t vocab = 128256;
+  constexpr int S = Backend::kSampleSlots;
+  std::vector<std::unique_ptr<DevAct>> lg;
+  for (int i = 0; i < S; ++i) {
+    lg.push_back(std::make_unique<DevAct>(*b.gpu, 1, vocab, DType::F32));
+    lg.back()->set(randn(size_t(vocab), 3.f));
+  }
+  auto ids = b.gpu->alloc(4), pos = b.gpu->alloc(4);
+  int32_t* ids_d = static_cast<int32_t*>(ids->data());
+  int32_t* pos_d = static_cast<int32_t*>(pos->data());
+  const int32_t p0 = 17, id0 = -5;
+  b.gpu->upload(pos_d, &p0, 4);
+  b.gpu->upload(ids_d, &id0, 4);
+  int round = 0;
+  for (float T : {0.0f, 0.8f}) {
+    SamplingParams sp;
+    sp.temperature = T;
+    sp.top_k = T > 0 ? 50 : 0;
+    sp.top_p = T > 0 ? 0.9f : 1.0f;
+    auto u = [](int i) { return 0.31f + 0.17f * float(i); };
+    for (int i = 0; i < S; ++i) ASSERT_TRUE(b.gpu->sample_to_device(lg[size_t(i)]->act, sp, u(i), ids_d, pos_d, i));
+    ++round;
+    int32_t last = -1;
+    for (int i = 0; i < S; ++i) {
+      const int32_t got = b.gpu->sampled(i);
+      int32_t want = -1;
+      ASSERT_TRUE(b.gpu->sample(lg[size_t(i)]->act, sp, nullptr, 0, u(i), &want));
+      EXPECT_EQ(got, want) << "slot " << i << " temperature " << T;
+      last = got;
+    }
+    int32_t hp = 0, hid = 0;
+    b.gpu->download(&hp, pos_d, 4);
+    b.gpu->download(&hid, ids_d, 4);
+    EXPECT_EQ(hp, p0 + S * round);
+    EXPECT_EQ(hid, last);
+  }
+  SamplingParams pen;
+  pen.repeat_penalty = 1.1f;
+  EXPECT_THROW(b.gpu->sample_to_device(lg[0]->act, pen, 0.f, ids_d, pos_d, 0), Error);
+  EXPECT_THROW(b.gpu->sample_to_device(lg[0]->act, SamplingParams{}, 0.f, ids_d, pos_d, S), Error);
 }
 
 }  // namespace

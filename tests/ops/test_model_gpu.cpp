@@ -120,4 +120,58 @@ TEST(GpuModelGreedy, GreedyWithGraphsEqualsWithoutAndMatchesGoldenPrefix) {
   EXPECT_EQ(a.tokens, g.i32("greedy_f32_from_1"));
 }
 
+// The pipelined decode loop (the CUDA default: each step queued before the host has the token it
+// consumes) against the synchronous one: the same tokens for greedy (graphs on and off, 4-bit and
+// bf16), a stop on a token mid-way, seeded sampling, and the cache reused after that stop.
+TEST(GpuModelGreedy, PipelinedDecodeEqualsSynchronous) {
+  NF4FLASH_REQUIRE_CUDA();
+  const GpuCase cases[] = {{"llama-gqa-hd64", "nf4", "", QuantChoice::NF4, true, ComputeDType::BF16},
+                           {"llama3-hd128-ropescaled", "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16}};
+  for (const GpuCase& c : cases) {
+    const auto prompt = Golden(c.model).i32("tokens_1");
+    for (bool graphs : {true, false}) {
+      auto e = load_gpu(c, AttnChoice::Auto, graphs);
+      auto& im = e->internals();
+      ASSERT_TRUE(im.pipeline) << "pipelined decode is the CUDA default";
+      auto run = [&](bool pipe, const GenerateOptions& go) {
+        im.pipeline = pipe;
+        return e->generate(prompt, go);
+      };
+      const std::string what = cat(c.model, " ", c.variant, graphs ? " graphs" : " no graphs");
+      GenerateOptions go;
+      go.max_new_tokens = 20;
+      go.ignore_eos = true;
+      go.reuse_cache = false;
+      const GenerateResult a = run(false, go), b = run(true, go);
+      EXPECT_EQ(a.tokens, b.tokens) << what;
+      EXPECT_EQ(b.timing.decode_tokens, 19) << what;
+      GenerateOptions gs = go;
+      gs.ignore_eos = false;
+      gs.stop_ids = {a.tokens[7]};
+      const GenerateResult as = run(false, gs), bs = run(true, gs);
+      EXPECT_EQ(as.tokens, bs.tokens) << what << " stop";
+      EXPECT_EQ(bs.stop_reason, "eos") << what;
+      GenerateOptions gr = go;  // temperature sampling, seeded: the same uniforms in the same order
+      gr.sampling.temperature = 1.2f;
+      gr.sampling.top_p = 0.9f;
+      gr.sampling.seed = 99;
+      EXPECT_EQ(run(false, gr).tokens, run(true, gr).tokens) << what << " sampled";
+      // a second turn after a pipelined stop: the cache it claims is exact
+      im.pipeline = true;
+      const GenerateResult t1 = e->generate(prompt, gs);
+      std::vector<int32_t> turn2 = prompt;
+      turn2.insert(turn2.end(), t1.tokens.begin(), t1.tokens.end());
+      turn2.push_back(5);
+      GenerateOptions g2 = go;
+      g2.reuse_cache = true;
+      g2.max_new_tokens = 8;
+      const GenerateResult reused = e->generate(turn2, g2);
+      EXPECT_GE(reused.timing.cached_tokens, static_cast<int64_t>(prompt.size())) << what;
+      g2.reuse_cache = false;
+      EXPECT_EQ(reused.tokens, e->generate(turn2, g2).tokens) << what << " turn 2";
+      EXPECT_GT(e->bench_decode(16, 40), 0.0) << what;
+    }
+  }
+}
+
 }  // namespace

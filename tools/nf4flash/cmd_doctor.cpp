@@ -224,6 +224,7 @@ class Doctor {
                    {"linear_prefill", "(not loaded: pass --load for the exact kernel)"},
                    {"use_cache", o.use_cache},
                    {"graphs", o.graphs && be->graphs_supported()},
+                   {"decode_pipelined", resolve_decode_pipeline(*be)},
                    {"tf32", o.tf32},
                    {"loaded", false}};
     int64_t ctx = o.ctx_size > 0 ? o.ctx_size : cfg.max_positions;
@@ -246,6 +247,7 @@ class Doctor {
         plan_j["linear_decode"] = r.linear_decode;
         plan_j["linear_prefill"] = r.linear_prefill;
         plan_j["graphs"] = r.graphs;
+        plan_j["decode_pipelined"] = r.decode_pipelined;
         plan_j["loaded"] = true;
         plan_j["load_ms"] = r.load_ms;
         weight_bytes = r.weight_bytes;
@@ -363,6 +365,9 @@ class Doctor {
                   format_bytes(mem["kv_bytes"].get<size_t>()).c_str(), static_cast<long long>(mem["ctx"].get<int64_t>()),
                   format_bytes(mem["kv_bytes_per_token"].get<size_t>()).c_str());
       std::printf("  graphs     %s\n", p["graphs"].get<bool>() ? "on" : "off");
+      std::printf("  decode     %s\n", p["decode_pipelined"].get<bool>()
+                                          ? "pipelined (each step queued before the host has the token it consumes)"
+                                          : "one step per host round trip");
       std::printf("  memory     weights %s%s + KV %s + workspace ~%s = %s of %s free %s: %s\n",
                   mem["weights_estimated"].get<bool>() ? "~" : "", format_bytes(mem["weight_bytes"].get<size_t>()).c_str(),
                   format_bytes(mem["kv_bytes"].get<size_t>()).c_str(),

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
+#include "sampling/sampler.h"
 
 namespace nf4flash {
 namespace {
@@ -126,6 +127,25 @@ class CpuBackend final : public Backend {
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void sync() override {}
+
+  // The pipelined decode interface, run in the call (backend memory is host memory): the same id
+  // as sampling on the host. Not the engine's default on the CPU (pipelines_decode() is false).
+  bool sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
+                        int slot) override {
+    NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == 1, "sample_to_device: logits must be F32 [1, vocab]");
+    NF4FLASH_CHECK(slot >= 0 && slot < kSampleSlots, "sample_to_device: slot ", slot, " out of range");
+    NF4FLASH_CHECK(p.repeat_penalty == 1.0f, "sample_to_device: no history (repetition penalty) here");
+    const int32_t id = sample_with_uniform(static_cast<const float*>(logits.data), logits.cols, p, {},
+                                           p.greedy() ? 0.0f : uniform);
+    *next_id = id;
+    *pos += 1;
+    slots_[slot] = id;
+    return true;
+  }
+  int32_t sampled(int slot) override {
+    NF4FLASH_CHECK(slot >= 0 && slot < kSampleSlots, "sampled: slot ", slot, " out of range");
+    return slots_[slot];
+  }
 
   std::unique_ptr<Weight> upload_dense(const TensorInfo& t, DType store) override {
     return std::make_unique<CpuDense>(t, store);
@@ -294,6 +314,7 @@ class CpuBackend final : public Backend {
   }
 
   DType compute_;
+  int32_t slots_[kSampleSlots] = {};
   KVCacheDesc kv_;
   std::vector<float> k_cache_, v_cache_;
 };

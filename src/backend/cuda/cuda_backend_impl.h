@@ -104,11 +104,14 @@ class CudaBackend : public Backend {
       CUDA_CHECK(cudaMemsetAsync(qs_counters_->data(), 0, qs_counters_->bytes(), stream_));
       sync();
     }
-    CUDA_CHECK(cudaMallocHost(&host_id_, sizeof(int32_t)));
+    CUDA_CHECK(cudaMallocHost(&host_ids_, sizeof(int32_t) * (kSampleSlots + 1)));
+    for (auto& e : slot_ev_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   ~CudaBackend() override {
     for (auto e : graphs_) cudaGraphExecDestroy(e);
-    if (host_id_) cudaFreeHost(host_id_);
+    for (auto e : slot_ev_)
+      if (e) cudaEventDestroy(e);
+    if (host_ids_) cudaFreeHost(host_ids_);
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -490,51 +493,15 @@ class CudaBackend : public Backend {
     CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(id)], stream_));
   }
 
-  // ---- sampling ----
+  // ---- sampling (cuda_backend.cu) ----
   // Every parameter set runs on the device (kernels/sample.cuh, kernels/sample_topk.cuh); only the
   // history ids go up (when the penalty is on) and the 4-byte id comes back.
   bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history, float uniform,
-              int32_t* out_id_host) override {
-    NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == 1, "sample: logits must be F32 [1, vocab]");
-    NF4FLASH_CHECK(!capturing_, "sample: not capturable (it synchronizes to return the id)");
-    cuda::SampleArgs a;
-    a.logits = static_cast<const float*>(logits.data);
-    a.vocab = logits.cols;
-    a.temperature = p.temperature;
-    a.top_k = p.top_k;
-    a.top_p = p.top_p;
-    a.min_p = p.min_p;
-    a.repeat_penalty = p.repeat_penalty;
-    a.uniform = p.greedy() ? 0.0f : uniform;
-    const size_t ws = cuda::sample_workspace_bytes(a.vocab);
-    if (!sample_scratch_ || sample_scratch_->bytes() < ws || sample_vocab_ != a.vocab) {
-      if (!sample_scratch_ || sample_scratch_->bytes() < ws) {
-        sample_scratch_.reset();
-        sample_scratch_ = std::make_unique<CudaBuffer>(ws);
-      }
-      // the history marks start at zero; their place depends on the vocabulary (the layout)
-      CUDA_CHECK(cudaMemsetAsync(sample_scratch_->data(), 0, sample_scratch_->bytes(), stream_));
-      sample_vocab_ = a.vocab;
-    }
-    a.workspace = sample_scratch_->data();
-    a.workspace_bytes = sample_scratch_->bytes();
-    if (p.repeat_penalty != 1.0f && n_history > 0 && history) {
-      const size_t hb = size_t(n_history) * sizeof(int32_t);
-      if (!sample_hist_ || sample_hist_->bytes() < hb) {
-        sync();  // the previous history may still be read
-        sample_hist_.reset();
-        sample_hist_ = std::make_unique<CudaBuffer>(std::max<size_t>(hb * 2, 4096));
-      }
-      CUDA_CHECK(cudaMemcpyAsync(sample_hist_->data(), history, hb, cudaMemcpyHostToDevice, stream_));
-      a.history = static_cast<const int32_t*>(sample_hist_->data());
-      a.n_history = n_history;
-    }
-    const int32_t* dev_id = cuda::sample(a, stream_);
-    CUDA_CHECK(cudaMemcpyAsync(host_id_, dev_id, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));
-    *out_id_host = *host_id_;
-    return true;
-  }
+              int32_t* out_id_host) override;
+  bool sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
+                        int slot) override;
+  int32_t sampled(int slot) override;
+  bool pipelines_decode() const override { return true; }
 
  private:
   RopeArgs rope_args(const Act& q, const Act& k, const RopeParams& p, const StepState& s) const {
@@ -746,7 +713,13 @@ class CudaBackend : public Backend {
   int sk_cap_ = 0;
   std::unique_ptr<CudaBuffer> sample_hist_;  // device copy of the sampling history (grown as needed)
   int64_t sample_vocab_ = -1;  // the vocabulary the sampling workspace is laid out for
-  int32_t* host_id_ = nullptr;
+  // pinned: the ids of sample_to_device()'s slots, then sample()'s; an event per slot
+  int32_t* host_ids_ = nullptr;
+  cudaEvent_t slot_ev_[kSampleSlots] = {};
+  // sample()'s and sample_to_device()'s arguments: the parameters, the workspace (allocated or
+  // re-laid out for this vocabulary outside capture) and, with the penalty, the history uploaded
+  cuda::SampleArgs sample_args(Act logits, const SamplingParams& p, float uniform, const int32_t* history,
+                               int n_history);
   KVCacheDesc kv_;
   std::vector<cudaGraphExec_t> graphs_;
   bool capturing_ = false;

@@ -412,5 +412,7 @@ constexpr int64_t kSampleMaxVocab = int64_t(1) << 24;
 size_t sample_workspace_bytes(int64_t vocab);
 // Enqueues the sampling kernels; returns the device address of the chosen id (in the workspace).
 const int32_t* sample(const SampleArgs& a, cudaStream_t st);
+// After sample(): next_id[0] = id[0], pos[0] += 1 (device; the pipelined decode loop's hand-over).
+void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, cudaStream_t st);
 
 }  // namespace nf4flash::cuda

@@ -22,6 +22,11 @@ void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_hi
   CUDA_CHECK_LAUNCH();
 }
 
+void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, cudaStream_t st) {
+  launch_k(decode_advance_kernel, dim3(1), dim3(32), 0, st, id, next_id, pos);
+  CUDA_CHECK_LAUNCH();
+}
+
 size_t sample_workspace_bytes(int64_t vocab) { return sample_ws_layout(nullptr, vocab, nullptr); }
 
 const int32_t* sample(const SampleArgs& a, cudaStream_t st) {

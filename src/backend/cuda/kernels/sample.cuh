@@ -82,4 +82,15 @@ __global__ void __launch_bounds__(256) argmax_final_kernel(const float* pv, cons
   if (threadIdx.x == 0) out[0] = idx == INT_MAX ? 0 : idx;
 }
 
+// The pipelined decode loop's hand-over (one thread): the sampled id becomes the next step's input
+// id and the step position advances by one. Shapes: id, next_id, pos one int32 each (device).
+__global__ void decode_advance_kernel(const int32_t* id, int32_t* next_id, int32_t* pos) {
+  pdl_trigger();
+  pdl_wait();
+  if (threadIdx.x == 0) {
+    next_id[0] = id[0];
+    pos[0] += 1;
+  }
+}
+
 }  // namespace nf4flash::cuda
