@@ -33,7 +33,7 @@ struct EngineReport {
   std::string linear_prefill;    // matmul kernel for many rows
   bool use_cache = true;
   bool graphs = false;
-  bool decode_pipelined = false; // decode steps queued ahead of the host (with the KV cache, no repetition penalty)
+  bool decode_pipelined = false; // decode steps queued ahead of the host (with the KV cache)
   size_t weight_bytes = 0;       // resident weights
   size_t kv_bytes = 0;
   int64_t ctx_size = 0;

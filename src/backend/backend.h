@@ -308,15 +308,17 @@ class Backend {
 
   // ---- pipelined decode (optional) ----------------------------------------------------------
   // The decode loop without a host round trip per token: sample_to_device() picks the id as
-  // sample() does (no history: the engine pipelines only without the repetition penalty), queued
-  // in order with the ops, and writes it to `next_id` (backend memory: the next step's input id),
-  // advances `*pos` (backend memory: the next step's position) by one and copies the id to host
-  // slot `slot` (< kSampleSlots); sampled(slot) waits for that copy and returns the id. So the
-  // step after it can be queued before its input id reaches the host. Returns false when the
+  // sample() does, queued in order with the ops, and writes it to `next_id` (backend memory: the
+  // next step's input id), advances `*pos` (backend memory: the next step's position) by one and
+  // copies the id to host slot `slot` (< kSampleSlots); sampled(slot) waits for that copy and
+  // returns the id. So the step after it can be queued before its input id reaches the host. The
+  // repetition penalty's history is in backend memory too: `history` holds `*history_count` ids
+  // (capacity `history_capacity`) and the chosen id is appended to it. Returns false when the
   // backend does not do this (the engine then samples each step with sample()).
   static constexpr int kSampleSlots = 4;
   virtual bool sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
-                                int slot) { return false; }
+                                int slot, int32_t* history = nullptr, int32_t* history_count = nullptr,
+                                int history_capacity = 0) { return false; }
   virtual int32_t sampled(int slot) { fail("sampled: this backend does not pipeline decode"); }
   // Whether the engine pipelines decode by default: true where the steps run asynchronously to
   // the host (CUDA); a CPU step runs inside the call, so queuing one ahead only adds a step

@@ -85,8 +85,11 @@ void Engine::Impl::run_step(int64_t pos) {
 
 void Engine::Impl::queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot) {
   run_step(pos);
+  const bool pen = p.repeat_penalty != 1.0f;
   NF4FLASH_CHECK(be->sample_to_device(logits_act(1).slice_rows(0, 1), p, uniform, static_cast<int32_t*>(ids_buf->data()),
-                                      state.pos0, slot),
+                                      state.pos0, slot, pen ? static_cast<int32_t*>(hist_buf->data()) : nullptr,
+                                      pen ? static_cast<int32_t*>(hist_cnt_buf->data()) : nullptr,
+                                      pen ? static_cast<int>(ctx) : 0),
                  "pipelined decode: the ", be->name(), " backend cannot sample on the device (NF4FLASH_DECODE_PIPELINE=0)");
 }
 
@@ -160,6 +163,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   im->ids_buf = im->be->alloc(static_cast<size_t>(max_rows) * 4);
   im->pos_buf = im->be->alloc(4);
   im->hist_buf = im->be->alloc(static_cast<size_t>(ctx) * 4);
+  im->hist_cnt_buf = im->be->alloc(4);
   im->state.pos0 = static_cast<int32_t*>(im->pos_buf->data());
   im->pipeline = resolve_decode_pipeline(*im->be);
 
@@ -303,13 +307,20 @@ GenerateResult Engine::generate(const std::vector<int32_t>& prompt, const Genera
   // host handles token k. It is queued only where the loop below will need it (can_feed); a stop
   // on a token the host had not seen yet leaves at most one step computed in vain (it writes the
   // K/V of that last token at its own position, which kv_tokens does not claim).
-  const bool pipe = im.pipelined(g.sampling);
+  const bool pipe = im.pipelined();
   auto can_feed = [&](int64_t k) { return k + 1 < g.max_new_tokens && n + k + 1 <= im.ctx; };
   auto uniform = [&] { return g.sampling.greedy() ? 0.0f : sampler.next_uniform(); };
   constexpr int S = Backend::kSampleSlots;
   if (pipe && can_feed(0)) {
     im.be->upload(im.ids_buf->data(), &next, 4);
     im.set_pos(n);
+    if (g.sampling.repeat_penalty != 1.0f) {  // the penalty's history (prompt + token 0) goes up once
+      std::vector<int32_t> h = all;
+      h.push_back(next);
+      const int32_t c = static_cast<int32_t>(h.size());  // <= ctx (n < ctx)
+      im.be->upload(im.hist_buf->data(), h.data(), h.size() * 4);
+      im.be->upload(im.hist_cnt_buf->data(), &c, 4);
+    }
     im.queue_step(n, g.sampling, uniform(), 0);
   }
   for (int64_t k = 0;; ++k) {
@@ -368,7 +379,7 @@ double Engine::bench_decode(int64_t n, int64_t pos0) {
   im.kv_tokens.clear();
   im.be->sync();
   const auto t0 = Clock::now();
-  if (im.pipelined(g.sampling)) {  // as generate(): step i+1 queued before token i reaches the host
+  if (im.pipelined()) {  // as generate(): step i+1 queued before token i reaches the host
     constexpr int S = Backend::kSampleSlots;
     if (n > 0) {
       im.be->upload(im.ids_buf->data(), &tok, 4);

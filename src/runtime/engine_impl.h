@@ -28,7 +28,7 @@ struct Engine::Impl {
   int64_t ctx = 0;
 
   // device buffers
-  std::unique_ptr<Buffer> ids_buf, pos_buf, hist_buf, logits_buf;
+  std::unique_ptr<Buffer> ids_buf, pos_buf, hist_buf, hist_cnt_buf, logits_buf;  // hist: ctx ids and their count
   int64_t logits_rows = 0;
   int graph_id = -1;
   int64_t graph_ws_epoch = -1;  // the decoder workspace the captured step uses
@@ -51,12 +51,12 @@ struct Engine::Impl {
   // Pipelined decode (Backend::sample_to_device): the step that consumes a token is queued before
   // that token reaches the host, so the device runs it while the host handles the token. Resolved
   // at load: the backend's default (pipelines_decode: CUDA yes, CPU no), NF4FLASH_DECODE_PIPELINE=0|1
-  // overrides; tests set it. Applies with the KV cache and without the repetition penalty (whose
-  // history would need the token on the host first).
+  // overrides; tests set it. Applies with the KV cache (the repetition penalty's history then lives
+  // in hist_buf / hist_cnt_buf, appended to on the device).
   bool pipeline = false;
-  bool pipelined(const SamplingParams& p) const { return pipeline && opts.use_cache && p.repeat_penalty == 1.0f; }
+  bool pipelined() const { return pipeline && opts.use_cache; }
   // Queues run_step(pos) and the sampling of its logits into ids_buf / pos_buf (the next step's
-  // input) and host slot `slot`, read by be->sampled(slot).
+  // input), the history (with the penalty) and host slot `slot`, read by be->sampled(slot).
   void queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot);
   Act logits_act(int64_t rows);
   void set_pos(int64_t pos0);

@@ -613,7 +613,7 @@ TEST(CudaOps, SampleMatchesHost) {
 
 // sample_to_device (the pipelined decode loop): the id sample() picks for the same logits and u,
 // with every slot queued before any is read, handed to the next step's id buffer and position;
-// the repetition penalty (a host history) is refused.
+// with the repetition penalty, over a history in device memory that each call appends to.
 TEST(CudaOps, SampleToDeviceQueuesTheSameIds) {
   NF4FLASH_REQUIRE_CUDA();
   Backends b;
@@ -653,9 +653,39 @@ TEST(CudaOps, SampleToDeviceQueuesTheSameIds) {
     EXPECT_EQ(hp, p0 + S * round);
     EXPECT_EQ(hid, last);
   }
+  // the repetition penalty over a device history: each queued call reads the ids appended by the
+  // ones before it (the host reference grows its history the same way)
+  const int cap = 64;
+  auto hist = b.gpu->alloc(cap * 4), hcnt = b.gpu->alloc(4);
+  int32_t* hist_d = static_cast<int32_t*>(hist->data());
+  int32_t* hcnt_d = static_cast<int32_t*>(hcnt->data());
+  std::vector<int32_t> h = {3, 17, 99, 4096, 17};
+  for (int i = 0; i < S; ++i) {  // the ids the plain sampler would pick go into the history: the penalty must move them
+    int32_t best = -1;
+    ASSERT_TRUE(b.gpu->sample(lg[size_t(i)]->act, SamplingParams{}, nullptr, 0, 0.f, &best));
+    h.push_back(best);
+  }
+  const int32_t c0 = int32_t(h.size());
+  b.gpu->upload(hist_d, h.data(), h.size() * 4);
+  b.gpu->upload(hcnt_d, &c0, 4);
   SamplingParams pen;
-  pen.repeat_penalty = 1.1f;
-  EXPECT_THROW(b.gpu->sample_to_device(lg[0]->act, pen, 0.f, ids_d, pos_d, 0), Error);
+  pen.repeat_penalty = 1e6f;
+  for (int i = 0; i < S; ++i)
+    ASSERT_TRUE(b.gpu->sample_to_device(lg[size_t(i)]->act, pen, 0.f, ids_d, pos_d, i, hist_d, hcnt_d, cap));
+  for (int i = 0; i < S; ++i) {
+    int32_t want = -1;
+    ASSERT_TRUE(b.gpu->sample(lg[size_t(i)]->act, pen, h.data(), int(h.size()), 0.f, &want));
+    EXPECT_EQ(b.gpu->sampled(i), want) << "penalty, slot " << i;
+    EXPECT_NE(want, h[size_t(5 + i)]) << "the penalty moved the choice";
+    h.push_back(want);
+  }
+  std::vector<int32_t> hd(h.size());
+  int32_t cd = 0;
+  b.gpu->download(&cd, hcnt_d, 4);
+  b.gpu->download(hd.data(), hist_d, hd.size() * 4);
+  EXPECT_EQ(cd, int32_t(h.size()));
+  EXPECT_EQ(hd, h);
+  EXPECT_THROW(b.gpu->sample_to_device(lg[0]->act, pen, 0.f, ids_d, pos_d, 0), Error);  // a penalty needs a history
   EXPECT_THROW(b.gpu->sample_to_device(lg[0]->act, SamplingParams{}, 0.f, ids_d, pos_d, S), Error);
 }
 

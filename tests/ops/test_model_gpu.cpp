@@ -122,7 +122,8 @@ TEST(GpuModelGreedy, GreedyWithGraphsEqualsWithoutAndMatchesGoldenPrefix) {
 
 // The pipelined decode loop (the CUDA default: each step queued before the host has the token it
 // consumes) against the synchronous one: the same tokens for greedy (graphs on and off, 4-bit and
-// bf16), a stop on a token mid-way, seeded sampling, and the cache reused after that stop.
+// bf16), a stop on a token mid-way, seeded sampling with and without the repetition penalty, and
+// the cache reused after that stop.
 TEST(GpuModelGreedy, PipelinedDecodeEqualsSynchronous) {
   NF4FLASH_REQUIRE_CUDA();
   const GpuCase cases[] = {{"llama-gqa-hd64", "nf4", "", QuantChoice::NF4, true, ComputeDType::BF16},
@@ -156,6 +157,9 @@ TEST(GpuModelGreedy, PipelinedDecodeEqualsSynchronous) {
       gr.sampling.top_p = 0.9f;
       gr.sampling.seed = 99;
       EXPECT_EQ(run(false, gr).tokens, run(true, gr).tokens) << what << " sampled";
+      GenerateOptions gp = gr;  // the penalty's history on the device
+      gp.sampling.repeat_penalty = 1.4f;
+      EXPECT_EQ(run(false, gp).tokens, run(true, gp).tokens) << what << " penalty";
       // a second turn after a pipelined stop: the cache it claims is exact
       im.pipeline = true;
       const GenerateResult t1 = e->generate(prompt, gs);

@@ -45,14 +45,10 @@ TEST(DecodePipeline, CpuDefaultIsSynchronousAndTheInterfaceWorks) {
   auto e = load();
   EXPECT_FALSE(e->internals().pipeline);  // CPU: a step queued ahead would only be computed in vain
   EXPECT_FALSE(e->report().decode_pipelined);
-  GenerateOptions g;
-  g.sampling.repeat_penalty = 1.2f;
   e->internals().pipeline = true;
-  EXPECT_FALSE(e->internals().pipelined(g.sampling));  // the penalty needs the history on the host
-  g.sampling.repeat_penalty = 1.0f;
-  EXPECT_TRUE(e->internals().pipelined(g.sampling));
-  e->internals().opts.use_cache = false;
-  EXPECT_FALSE(e->internals().pipelined(g.sampling));
+  EXPECT_TRUE(e->internals().pipelined());
+  e->internals().opts.use_cache = false;  // --no-cache recomputes the context on the host's turn
+  EXPECT_FALSE(e->internals().pipelined());
 }
 
 TEST(DecodePipeline, SameTokensForEveryStop) {
@@ -128,6 +124,27 @@ TEST(DecodePipeline, SeededSamplingDrawsTheSameTokens) {
   GenerateOptions gg = g;
   gg.sampling.temperature = 0.0f;
   EXPECT_NE(gen(*e, false, prompt, gg).tokens, a.tokens);
+}
+
+// The repetition penalty's history lives on the device in the pipelined loop (prompt and token 0
+// uploaded once, each sampled id appended): the same tokens as the host history gives, greedy and
+// sampled, and the penalty does change them (else the history would not be tested).
+TEST(DecodePipeline, RepetitionPenaltyHistoryOnTheDevice) {
+  Golden gd("llama-gqa-hd64");
+  const auto prompt = gd.i32("tokens_1");
+  auto e = load();
+  GenerateOptions g;
+  g.max_new_tokens = 24;
+  g.ignore_eos = true;
+  g.reuse_cache = false;
+  const GenerateResult plain = gen(*e, false, prompt, g);
+  g.sampling.repeat_penalty = 5.0f;
+  const GenerateResult a = gen(*e, false, prompt, g), b = gen(*e, true, prompt, g);
+  expect_same(a, b, "penalty greedy");
+  EXPECT_NE(a.tokens, plain.tokens);
+  g.sampling.temperature = 0.9f;
+  g.sampling.seed = 5;
+  expect_same(gen(*e, false, prompt, g), gen(*e, true, prompt, g), "penalty sampled");
 }
 
 // A pipelined generation that stops on EOS leaves a step computed in vain (it consumed the last

@@ -131,14 +131,18 @@ class CpuBackend final : public Backend {
   // The pipelined decode interface, run in the call (backend memory is host memory): the same id
   // as sampling on the host. Not the engine's default on the CPU (pipelines_decode() is false).
   bool sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
-                        int slot) override {
+                        int slot, int32_t* history, int32_t* history_count, int history_capacity) override {
     NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == 1, "sample_to_device: logits must be F32 [1, vocab]");
     NF4FLASH_CHECK(slot >= 0 && slot < kSampleSlots, "sample_to_device: slot ", slot, " out of range");
-    NF4FLASH_CHECK(p.repeat_penalty == 1.0f, "sample_to_device: no history (repetition penalty) here");
-    const int32_t id = sample_with_uniform(static_cast<const float*>(logits.data), logits.cols, p, {},
+    NF4FLASH_CHECK(p.repeat_penalty == 1.0f || (history && history_count && history_capacity > 0),
+                   "sample_to_device: the repetition penalty needs the history in backend memory");
+    std::vector<int32_t> hist;
+    if (history) hist.assign(history, history + std::clamp(*history_count, 0, history_capacity));
+    const int32_t id = sample_with_uniform(static_cast<const float*>(logits.data), logits.cols, p, hist,
                                            p.greedy() ? 0.0f : uniform);
     *next_id = id;
     *pos += 1;
+    if (history && *history_count < history_capacity) history[(*history_count)++] = id;
     slots_[slot] = id;
     return true;
   }

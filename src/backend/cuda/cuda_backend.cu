@@ -61,12 +61,19 @@ bool CudaBackend::sample(Act logits, const SamplingParams& p, const int32_t* his
 // The sampling kernels, the hand-over to the next step (decode_advance) and the id's copy to its
 // pinned slot, all queued: nothing here waits for the device.
 bool CudaBackend::sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
-                                   int slot) {
+                                   int slot, int32_t* history, int32_t* history_count, int history_capacity) {
   NF4FLASH_CHECK(slot >= 0 && slot < kSampleSlots, "sample_to_device: slot ", slot, " out of range");
-  NF4FLASH_CHECK(p.repeat_penalty == 1.0f, "sample_to_device: no history (repetition penalty) here");
+  NF4FLASH_CHECK(p.repeat_penalty == 1.0f || (history && history_count && history_capacity > 0),
+                 "sample_to_device: the repetition penalty needs the history in device memory");
   NF4FLASH_CHECK(next_id && pos, "sample_to_device: no next-id or position buffer");
-  const int32_t* dev_id = cuda::sample(sample_args(logits, p, uniform, nullptr, 0), stream_);
-  cuda::decode_advance(dev_id, next_id, pos, stream_);
+  cuda::SampleArgs a = sample_args(logits, p, uniform, nullptr, 0);
+  if (history && p.repeat_penalty != 1.0f) {  // the history and its count stay on the device
+    a.history = history;
+    a.n_history = history_capacity;
+    a.history_count = history_count;
+  }
+  const int32_t* dev_id = cuda::sample(a, stream_);
+  cuda::decode_advance(dev_id, next_id, pos, history, history_count, history_capacity, stream_);
   CUDA_CHECK(cudaMemcpyAsync(host_ids_ + slot, dev_id, sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaEventRecord(slot_ev_[slot], stream_));
   return true;

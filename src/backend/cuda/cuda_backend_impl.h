@@ -499,7 +499,7 @@ class CudaBackend : public Backend {
   bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history, float uniform,
               int32_t* out_id_host) override;
   bool sample_to_device(Act logits, const SamplingParams& p, float uniform, int32_t* next_id, int32_t* pos,
-                        int slot) override;
+                        int slot, int32_t* history, int32_t* history_count, int history_capacity) override;
   int32_t sampled(int slot) override;
   bool pipelines_decode() const override { return true; }
 

@@ -402,6 +402,9 @@ struct SampleArgs {
   int64_t vocab = 0;                 // 1 .. kSampleMaxVocab
   const int32_t* history = nullptr;  // [n_history] ids, device (used when repeat_penalty != 1)
   int n_history = 0;
+  // device count of the history ids (the pipelined decode loop, whose history grows on the device);
+  // then n_history is the history's capacity and the kernels read min(*history_count, n_history)
+  const int32_t* history_count = nullptr;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f, repeat_penalty = 1.0f;
   int top_k = 0;
   float uniform = 0.0f;              // in [0, 1)
@@ -412,7 +415,9 @@ constexpr int64_t kSampleMaxVocab = int64_t(1) << 24;
 size_t sample_workspace_bytes(int64_t vocab);
 // Enqueues the sampling kernels; returns the device address of the chosen id (in the workspace).
 const int32_t* sample(const SampleArgs& a, cudaStream_t st);
-// After sample(): next_id[0] = id[0], pos[0] += 1 (device; the pipelined decode loop's hand-over).
-void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, cudaStream_t st);
+// After sample(): next_id[0] = id[0], pos[0] += 1, and with a history (capacity hist_cap) the id
+// appended to it, *hist_count += 1 (device; the pipelined decode loop's hand-over).
+void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, int32_t* hist, int32_t* hist_count,
+                    int hist_cap, cudaStream_t st);
 
 }  // namespace nf4flash::cuda

@@ -22,8 +22,10 @@ void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_hi
   CUDA_CHECK_LAUNCH();
 }
 
-void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, cudaStream_t st) {
-  launch_k(decode_advance_kernel, dim3(1), dim3(32), 0, st, id, next_id, pos);
+void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, int32_t* hist, int32_t* hist_count,
+                    int hist_cap, cudaStream_t st) {
+  NF4FLASH_CHECK(!hist || (hist_count && hist_cap > 0), "decode_advance: a history needs its count and capacity");
+  launch_k(decode_advance_kernel, dim3(1), dim3(32), 0, st, id, next_id, pos, hist, hist_count, hist_cap);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -45,6 +47,7 @@ const int32_t* sample(const SampleArgs& a, cudaStream_t st) {
   k.V = static_cast<int>(a.vocab);
   k.hist = a.history;
   k.nh = a.repeat_penalty != 1.f && a.history ? a.n_history : 0;
+  k.nh_dev = k.nh > 0 ? a.history_count : nullptr;
   k.pen = a.repeat_penalty;
   k.top_p = a.top_p;
   k.min_p = a.min_p;

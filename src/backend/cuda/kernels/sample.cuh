@@ -83,13 +83,23 @@ __global__ void __launch_bounds__(256) argmax_final_kernel(const float* pv, cons
 }
 
 // The pipelined decode loop's hand-over (one thread): the sampled id becomes the next step's input
-// id and the step position advances by one. Shapes: id, next_id, pos one int32 each (device).
-__global__ void decode_advance_kernel(const int32_t* id, int32_t* next_id, int32_t* pos) {
+// id, the step position advances by one and, with a history (the repetition penalty's), the id is
+// appended to it. Shapes: id, next_id, pos, hist_count one int32 each; hist [hist_cap] (device).
+__global__ void decode_advance_kernel(const int32_t* id, int32_t* next_id, int32_t* pos, int32_t* hist,
+                                      int32_t* hist_count, int hist_cap) {
   pdl_trigger();
   pdl_wait();
   if (threadIdx.x == 0) {
-    next_id[0] = id[0];
+    const int32_t v = id[0];
+    next_id[0] = v;
     pos[0] += 1;
+    if (hist) {
+      const int32_t c = hist_count[0];
+      if (c < hist_cap) {
+        hist[c] = v;
+        hist_count[0] = c + 1;
+      }
+    }
   }
 }
 

@@ -12,7 +12,8 @@
 //   key_i = ordered_bits(s_i) << 32 | ~i          (u64, unique per token)
 //
 // Launches (launcher: ops_sample.cu):
-//   mark    (history)      s[h] = penalized(l[h]) / T for h in history; bits[h] = 1
+//   mark    (history)      s[h] = penalized(l[h]) / T for h in history; bits[h] = 1 (the history's
+//                          count from the host, or from the device in the pipelined decode loop)
 //   prep    (256 blocks)   s[i] = l[i] / T for unmarked i (clears the marks); per-block max/min
 //   small   (1 block)      0 < top_k <= kGather: top-k select, then everything in shared memory
 // or
@@ -83,7 +84,8 @@ struct SampleKArgs {
   const float* logits;
   int V;
   const int32_t* hist;
-  int nh;
+  int nh;               // history ids (nh_dev: the capacity)
+  const int32_t* nh_dev;  // null, or the device count of history ids (min with nh)
   float T, pen, top_p, min_p, u;
   int top_k;
   SampleWs ws;
@@ -135,7 +137,8 @@ __device__ __forceinline__ double warp_incl_scan_d(double v) {
 __global__ void __launch_bounds__(256) sample_mark_kernel(SampleKArgs a) {
   pdl_trigger();
   pdl_wait();
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < a.nh; j += gridDim.x * blockDim.x) {
+  const int nh = a.nh_dev ? min(*a.nh_dev, a.nh) : a.nh;
+  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < nh; j += gridDim.x * blockDim.x) {
     const int h = a.hist[j];
     if (h < 0 || h >= a.V) continue;
     const float l = a.logits[h];
