@@ -70,7 +70,14 @@ void run_rope_attention(DType dt, const RopeAttnCase& c) {
   Backends b(dt);
   RopeSide cpu(*b.cpu, c, DType::F32, Kc, Vc, Q, K, V), gpu(*b.gpu, c, dt, Kc, Vc, Q, K, V);
   const auto ref = cpu.run(c);
+  // with the default slices (at least 16 positions) and merge (the wide combine) against the reference
   setenv("NF4FLASH_DECODE_FUSED", "1", 1);
+  EXPECT_LT(rel_err(gpu.run(c), ref), tol_for(dt)) << "fused rope + attention, min chunk 16, " << what;
+  gpu.reset(Q, K, V);
+  // the bit-for-bit comparisons below: slices of at least 64 positions and the combine kernel, the
+  // merge the fused launch's own (in split order) matches
+  setenv("NF4FLASH_DECODE_MIN_CHUNK", "64", 1);
+  setenv("NF4FLASH_ATTN_COMBINE", "kernel", 1);
   const auto fused = gpu.run(c);  // one launch
   EXPECT_LT(rel_err(fused, ref), tol_for(dt)) << "fused rope + attention, " << what;
   // again (several clusters: the merge counters were left zero)
@@ -105,6 +112,8 @@ void run_rope_attention(DType dt, const RopeAttnCase& c) {
     EXPECT_LT(rel_err(unfused, ref), tol_for(dt)) << "unfused rope_kv_write + attention, " << what;
     if (same_chunks) EXPECT_EQ(unfused, fused) << "fused vs unfused, " << what;
   }
+  unsetenv("NF4FLASH_DECODE_MIN_CHUNK");
+  unsetenv("NF4FLASH_ATTN_COMBINE");
 }
 
 TEST(CudaOps, RopeAttentionDecodeFused) {

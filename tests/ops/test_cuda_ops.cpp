@@ -379,12 +379,20 @@ void run_attention(DType dt, const AttnCase& c) {
       return og.get();
     };
     const std::string what = cat("heads ", c.n_heads, "/", c.n_kv, " hd ", c.hd, " pos0 ", c.pos0, " T ", c.T);
+    const auto dflt = og.get();
+    // the default is the CUDA-core kernel, the wide combine and slices of at least 16 positions
     setenv("NF4FLASH_DECODE_KERNEL", "simt", 1);
+    setenv("NF4FLASH_ATTN_COMBINE", "wide", 1);
+    setenv("NF4FLASH_DECODE_MIN_CHUNK", "16", 1);
+    EXPECT_EQ(run(), dflt) << "default vs simt, wide combine, min chunk 16, " << what;
+    unsetenv("NF4FLASH_DECODE_MIN_CHUNK");
+    // the bit-for-bit comparisons below go through the combine kernel (the fused merge is its twin)
+    setenv("NF4FLASH_ATTN_COMBINE", "kernel", 1);
     const auto simt = run();
     EXPECT_LT(rel_err(simt, oc.get()), tol_for(dt)) << "simt decode kernel, " << what;
     setenv("NF4FLASH_ATTN_COMBINE", "fused", 1);
     for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(run(), simt) << "fused combine (launch " << rep << ") vs kernel, " << what;
-    unsetenv("NF4FLASH_ATTN_COMBINE");
+    setenv("NF4FLASH_ATTN_COMBINE", "kernel", 1);
     setenv("NF4FLASH_DECODE_RING", "0", 1);
     EXPECT_EQ(run(), simt) << "decode ring 0 vs 4, " << what;
     unsetenv("NF4FLASH_DECODE_RING");
@@ -406,7 +414,7 @@ void run_attention(DType dt, const AttnCase& c) {
     unsetenv("NF4FLASH_DECODE_RING");
     setenv("NF4FLASH_ATTN_COMBINE", "fused", 1);
     for (int rep = 0; rep < 2; ++rep) EXPECT_EQ(run(), il) << "interleaved: fused combine (launch " << rep << "), " << what;
-    unsetenv("NF4FLASH_ATTN_COMBINE");
+    setenv("NF4FLASH_ATTN_COMBINE", "kernel", 1);
     if (dt != DType::F32) {
       setenv("NF4FLASH_DECODE_KERNEL", "mma", 1);
       EXPECT_LT(rel_err(run(), oc.get()), tol_for(dt)) << "mma decode kernel, interleaved, " << what;
@@ -415,8 +423,9 @@ void run_attention(DType dt, const AttnCase& c) {
     EXPECT_THROW(b.gpu->attention(layer, qg.act, og.act, p, StepState{pg.ptr()}), Error) << what;
     unsetenv("NF4FLASH_DECODE_ORDER");
     unsetenv("NF4FLASH_DECODE_KERNEL");
+    unsetenv("NF4FLASH_ATTN_COMBINE");
     // the wide combine (NF4FLASH_ATTN_COMBINE=wide) against the reference with either kernel and
-    // split order, also with splits of 16 positions (NF4FLASH_DECODE_MIN_CHUNK=16: the interleaved
+    // split order, with splits of 64 and 16 positions (NF4FLASH_DECODE_MIN_CHUNK=16: the interleaved
     // tensor-core kernel's steps of 64 positions then leave some splits empty)
     setenv("NF4FLASH_ATTN_COMBINE", "wide", 1);
     for (const char* chunk : {"64", "16"})

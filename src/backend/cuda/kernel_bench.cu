@@ -98,12 +98,10 @@ std::string cuda_kernel_bench(const KernelBenchOptions& o) {
                      "simt interleave:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_ORDER=interleave",
                      "mma:NF4FLASH_DECODE_KERNEL=mma",
                      "mma interleave:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave",
-                     "simt wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_ATTN_COMBINE=wide",
-                     "simt interleave wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_ORDER=interleave,"
-                     "NF4FLASH_ATTN_COMBINE=wide",
-                     "simt chunk16 wide:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_MIN_CHUNK=16,NF4FLASH_ATTN_COMBINE=wide",
-                     "mma interleave wide:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_DECODE_ORDER=interleave,"
-                     "NF4FLASH_ATTN_COMBINE=wide"};
+                     // the defaults before 2026-12-05: the one-split-at-a-time combine, 64-position slices
+                     "simt kernel c64:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_ATTN_COMBINE=kernel,NF4FLASH_DECODE_MIN_CHUNK=64",
+                     "simt c64:NF4FLASH_DECODE_KERNEL=simt,NF4FLASH_DECODE_MIN_CHUNK=64",
+                     "mma kernel c64:NF4FLASH_DECODE_KERNEL=mma,NF4FLASH_ATTN_COMBINE=kernel,NF4FLASH_DECODE_MIN_CHUNK=64"};
       // NF4FLASH_KB_ATTN_ROTATE=0: one cache layer, `reps` launches a row (profiling: ncu flushes the
       // caches before each launch it profiles anyway, and attn-profile.sh counts launches)
       const char* rot = std::getenv("NF4FLASH_KB_ATTN_ROTATE");

@@ -31,13 +31,17 @@ int decode_splits(const AttnArgs& a, int hchunks, bool mma) {
   return std::clamp(n, 1, kDecodeMaxSplits);
 }
 
-// Fewest cache positions per decode split (NF4FLASH_DECODE_MIN_CHUNK, 16..1024, default 64): fewer
+// Fewest cache positions per decode split (NF4FLASH_DECODE_MIN_CHUNK, 16..1024, default 16): fewer
 // positions per block put more blocks on a short context (each block walks its slice in steps of
-// 16 positions with one load round trip per step), at the price of more partials to merge. Read
-// per call (kernel-bench switches it).
+// 16 positions with one load round trip per step), at the price of more partials to merge, which
+// the wide combine loads together. Only contexts under ~64 positions per split see it (L < 64 *
+// nsplit, ~4200 on 132 SMs): longer ones split into slices of L / nsplit either way. H100,
+// 2026-12-05 (kernel-bench decode attention ladder, wide combine, Llama-3-8B layer): 16 against 64
+// positions 5.46 / 7.43 / 8.66 / 10.71 us against 6.97 / 8.17 / 9.96 / 12.89 at ctx 128 / 512 /
+// 1024 / 2048. Read per call (kernel-bench switches it).
 int decode_min_chunk() {
   const char* e = std::getenv("NF4FLASH_DECODE_MIN_CHUNK");
-  if (!e || !*e) return 64;
+  if (!e || !*e) return 16;
   char* end = nullptr;
   const long c = std::strtol(e, &end, 10);
   NF4FLASH_CHECK(*end == 0 && c >= 16 && c <= 1024, "NF4FLASH_DECODE_MIN_CHUNK=", e, ": expected 16..1024");
@@ -79,16 +83,19 @@ void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
 // fused form measured slower, 366.8 vs 386.4 tok/s (ncu: decode attention 16.6 us per launch
 // against 9.0 + 4.3 for the two launches; the last block merges its 4 heads one after the other
 // and every block fences its partials), so it stays opt-in.
-// "wide" = the combine launch with every split's loads in flight together
-// (kernels/attention_combine.cuh; opt-in until measured).
+// "wide" (the default, unset) = the combine launch with every split's loads in flight together
+// (kernels/attention_combine.cuh); "kernel" = attn_combine_kernel, the default before 2026-12-05.
+// H100, 2026-12-05 (llama3-8b NF4-dq, decode, interleaved order beside it): wide 386.0 / 241.7
+// tok/s at ctx 512 / 32768 against 378.6 / 229.9; kernel-bench ladder, split kernel + combine at
+// ctx 32768: 58.5 against 66.0 us.
 namespace {
 enum class CombineMode { Kernel, Fused, Wide };
 CombineMode attention_combine_mode() {
   const char* v = std::getenv("NF4FLASH_ATTN_COMBINE");
-  if (!v || !*v || std::string_view(v) == "kernel") return CombineMode::Kernel;
+  if (!v || !*v || std::string_view(v) == "wide") return CombineMode::Wide;
+  if (std::string_view(v) == "kernel") return CombineMode::Kernel;
   if (std::string_view(v) == "fused") return CombineMode::Fused;
-  if (std::string_view(v) == "wide") return CombineMode::Wide;
-  fail("NF4FLASH_ATTN_COMBINE=", v, ": expected kernel, wide or fused");
+  fail("NF4FLASH_ATTN_COMBINE=", v, ": expected wide, kernel or fused");
 }
 }  // namespace
 bool attention_combine_fused() { return attention_combine_mode() == CombineMode::Fused; }

@@ -1,6 +1,7 @@
 // attn_combine_wide_kernel: the decode splits' merge (attn_combine_kernel's job: the active splits'
 // workspace partials (m, l, acc[HD]) of one (head, token) -> out) with the split loads in flight
-// together instead of one after another. Opt-in: NF4FLASH_ATTN_COMBINE=wide.
+// together instead of one after another. The default (NF4FLASH_ATTN_COMBINE unset or wide;
+// =kernel selects attn_combine_kernel).
 //
 //   out[t, h, d] = sum_s c_s acc_s[d] / sum_s c_s l_s,   c_s = 2^(m_s - M), M = max_s m_s
 //
