@@ -35,6 +35,15 @@ GenerateResult gen(Engine& e, bool pipelined, const std::vector<int32_t>& prompt
   return e.generate(prompt, g, cb);
 }
 
+// n tokens past any EOS, from a cold cache
+GenerateOptions cold_run(int n) {
+  GenerateOptions g;
+  g.max_new_tokens = n;
+  g.ignore_eos = true;
+  g.reuse_cache = false;
+  return g;
+}
+
 void expect_same(const GenerateResult& a, const GenerateResult& b, const char* what) {
   EXPECT_EQ(a.tokens, b.tokens) << what;
   EXPECT_EQ(a.stop_reason, b.stop_reason) << what;
@@ -55,10 +64,7 @@ TEST(DecodePipeline, SameTokensForEveryStop) {
   Golden gd("llama-gqa-hd64");
   const auto prompt = gd.i32("tokens_1");  // 33 tokens
   auto e = load();
-  GenerateOptions g;
-  g.max_new_tokens = 14;
-  g.ignore_eos = true;
-  g.reuse_cache = false;
+  GenerateOptions g = cold_run(14);
   const GenerateResult sync_len = gen(*e, false, prompt, g), pipe_len = gen(*e, true, prompt, g);
   expect_same(sync_len, pipe_len, "length");
   ASSERT_EQ(sync_len.tokens.size(), 14u);
@@ -95,10 +101,7 @@ TEST(DecodePipeline, ContextLimitStopsAtTheSameToken) {
   Golden gd("llama-gqa-hd64");
   const auto prompt = gd.i32("tokens_1");  // 33 tokens; context 40: 7 steps after the prefill
   auto e = load(40);
-  GenerateOptions g;
-  g.max_new_tokens = 30;
-  g.ignore_eos = true;
-  g.reuse_cache = false;
+  GenerateOptions g = cold_run(30);
   const GenerateResult a = gen(*e, false, prompt, g), b = gen(*e, true, prompt, g);
   expect_same(a, b, "context");
   EXPECT_EQ(b.stop_reason, "context");
@@ -110,10 +113,7 @@ TEST(DecodePipeline, SeededSamplingDrawsTheSameTokens) {
   Golden gd("llama-gqa-hd64");
   const auto prompt = gd.i32("tokens_0");
   auto e = load();
-  GenerateOptions g;
-  g.max_new_tokens = 16;
-  g.ignore_eos = true;
-  g.reuse_cache = false;
+  GenerateOptions g = cold_run(16);
   g.sampling.temperature = 1.3f;
   g.sampling.top_k = 40;
   g.sampling.top_p = 0.95f;
@@ -133,10 +133,7 @@ TEST(DecodePipeline, RepetitionPenaltyHistoryOnTheDevice) {
   Golden gd("llama-gqa-hd64");
   const auto prompt = gd.i32("tokens_1");
   auto e = load();
-  GenerateOptions g;
-  g.max_new_tokens = 24;
-  g.ignore_eos = true;
-  g.reuse_cache = false;
+  GenerateOptions g = cold_run(24);
   const GenerateResult plain = gen(*e, false, prompt, g);
   g.sampling.repeat_penalty = 5.0f;
   const GenerateResult a = gen(*e, false, prompt, g), b = gen(*e, true, prompt, g);
