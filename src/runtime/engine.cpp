@@ -85,11 +85,12 @@ void Engine::Impl::run_step(int64_t pos) {
 
 void Engine::Impl::queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot) {
   run_step(pos);
+  // the penalty's history (hist_buf: ctx ids, count in hist_cnt_buf); none without the penalty
   const bool pen = p.repeat_penalty != 1.0f;
+  int32_t* hist = pen ? static_cast<int32_t*>(hist_buf->data()) : nullptr;
+  int32_t* hist_cnt = pen ? static_cast<int32_t*>(hist_cnt_buf->data()) : nullptr;
   NF4FLASH_CHECK(be->sample_to_device(logits_act(1).slice_rows(0, 1), p, uniform, static_cast<int32_t*>(ids_buf->data()),
-                                      state.pos0, slot, pen ? static_cast<int32_t*>(hist_buf->data()) : nullptr,
-                                      pen ? static_cast<int32_t*>(hist_cnt_buf->data()) : nullptr,
-                                      pen ? static_cast<int>(ctx) : 0),
+                                      state.pos0, slot, hist, hist_cnt, pen ? static_cast<int>(ctx) : 0),
                  "pipelined decode: the ", be->name(), " backend cannot sample on the device (NF4FLASH_DECODE_PIPELINE=0)");
 }
 

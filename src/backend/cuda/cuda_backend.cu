@@ -67,7 +67,7 @@ bool CudaBackend::sample_to_device(Act logits, const SamplingParams& p, float un
                  "sample_to_device: the repetition penalty needs the history in device memory");
   NF4FLASH_CHECK(next_id && pos, "sample_to_device: no next-id or position buffer");
   cuda::SampleArgs a = sample_args(logits, p, uniform, nullptr, 0);
-  if (history && p.repeat_penalty != 1.0f) {  // the history and its count stay on the device
+  if (history) {  // the history and its count stay on the device (cuda::sample reads it only with a penalty)
     a.history = history;
     a.n_history = history_capacity;
     a.history_count = history_count;
