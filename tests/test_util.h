@@ -2,9 +2,11 @@
 #pragma once
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "backend/cuda_tuning.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 
@@ -63,6 +65,15 @@ inline std::vector<float> flatten(const std::vector<std::vector<float>>& rows, s
   std::vector<float> out;
   for (size_t i = first; i < rows.size(); ++i) out.insert(out.end(), rows[i].begin(), rows[i].end());
   return out;
+}
+
+// ---- scoped backend tuning (tests set the tuning struct, not the environment) ----
+// The default CudaTuning with `edit` applied: for CudaBackendOptions::tuning, or for
+// ScopedCudaTuning (backend/cuda_tuning.h) where the engine creates the backend.
+inline CudaTuning tuning_with(const std::function<void(CudaTuning&)>& edit) {
+  CudaTuning t;
+  edit(t);
+  return t;
 }
 
 }  // namespace nf4flash::test

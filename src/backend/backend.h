@@ -13,9 +13,11 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/cuda_tuning.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "nf4flash/options.h"
@@ -197,72 +199,10 @@ class Backend {
     rms_norm(x, norm_w, eps, xn);
     linear_swiglu(xn, gate, bg, up, bu, g_tmp, out);
   }
-  // One GEMV of a chain (linear_chain): what linear_residual, rms_norm_linear_multi or
-  // rms_norm_linear_swiglu take, by kind.
-  struct ChainStage {
-    enum class Kind { Residual, NormMulti, NormSwiGLU };
-    Kind kind = Kind::Residual;
-    Act x;                          // the input (Norm*: the rows normalized first)
-    const Weight* norm = nullptr;   // Norm*: the norm weight, eps, scratch xn
-    float eps = 0.f;
-    Act xn;
-    LinearOut outs[3];              // Residual: {w, bias, tmp}; NormMulti: n outputs;
-    int n = 1;                      // NormSwiGLU: {gate, bg, g_tmp}, {up, bu, out} (built by the
-                                    // factories below)
-    Act resid;                      // Residual: resid += x W^T + b
-
-    // resid += x W^T + b with w = {W, b, tmp} (tmp: scratch [x.rows, W.rows])
-    static ChainStage residual(Act x, LinearOut w, Act resid) {
-      ChainStage c;
-      c.kind = Kind::Residual, c.x = x, c.outs[0] = w, c.resid = resid;
-      return c;
-    }
-    // outs = linear_multi(rms_norm(x)) (n <= 3 outputs)
-    static ChainStage norm_multi(Act x, const Weight& norm, float eps, Act xn, const LinearOut* outs, int n) {
-      ChainStage c = normed(Kind::NormMulti, x, norm, eps, xn);
-      for (int i = 0; i < n; ++i) c.outs[i] = outs[i];
-      c.n = n;
-      return c;
-    }
-    // up.out = silu(rms_norm(x) G^T + bg) * (rms_norm(x) U^T + bu); gate.out: the g_tmp scratch
-    static ChainStage norm_swiglu(Act x, const Weight& norm, float eps, Act xn, LinearOut gate, LinearOut up) {
-      ChainStage c = normed(Kind::NormSwiGLU, x, norm, eps, xn);
-      c.outs[0] = gate, c.outs[1] = up, c.n = 2;
-      return c;
-    }
-
-   private:
-    static ChainStage normed(Kind k, Act x, const Weight& norm, float eps, Act xn) {
-      ChainStage c;
-      c.kind = k, c.x = x, c.norm = &norm, c.eps = eps, c.xn = xn;
-      return c;
-    }
-  };
-  // Stages run in order, each reading what the ones before wrote (a decode step's o + residual,
-  // norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v). A backend may run them
-  // as one launch; the results are those of the ops one by one.
-  virtual void linear_chain(const ChainStage* st, int n) {
-    for (int i = 0; i < n; ++i) {
-      const ChainStage& c = st[i];
-      switch (c.kind) {
-        case ChainStage::Kind::Residual:
-          linear_residual(c.x, *c.outs[0].w, c.outs[0].bias, c.outs[0].out, c.resid);
-          break;
-        case ChainStage::Kind::NormMulti:
-          rms_norm_linear_multi(c.x, *c.norm, c.eps, c.xn, c.outs, c.n);
-          break;
-        case ChainStage::Kind::NormSwiGLU:
-          rms_norm_linear_swiglu(c.x, *c.norm, c.eps, c.xn, *c.outs[0].w, c.outs[0].bias, *c.outs[1].w,
-                                 c.outs[1].bias, c.outs[0].out, c.outs[1].out);
-          break;
-      }
-    }
-  }
-  // Whether linear_chain runs these stages as one launch.
-  virtual bool chain_is_one_launch(const ChainStage* /*st*/, int /*n*/) const { return false; }
   // Whether rms_norm_*_linear_* with weight w at `rows` rows runs as one fused launch (and
   // linear_residual fuses its add): the decoder then orders a layer as norm+linear, residual-adding
-  // linears; otherwise as add_rms_norm + linear (one pass for the add and the next norm).
+  // linears (the 4-bit decode step on CUDA); otherwise as add_rms_norm + linear (one pass for the
+  // add and the next norm).
   virtual bool fuses_norm_linear(const Weight& w, int64_t rows) const { return false; }
   // rope(q, k) then kv_write(layer, k, v).
   virtual void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) {
@@ -336,15 +276,8 @@ struct CudaBackendOptions {
   DType compute = DType::BF16;
   int device_index = 0;
   bool tf32 = false;
-  // kernel-bench's layout experiment: 4-bit tiles uploaded in groups of this many column tiles of
-  // all row tiles side by side (cuda::Q4Device::tile_group; read by the lean decode GEMV at T = 1
-  // alone, every other 4-bit path refuses such weights). 0: the tile16x64 layout.
-  int q4_tile_group = 0;
-  // kernel-bench's speed-of-light ablations of the 4-bit decode GEMV (h8u4d3's T = 1 form, bf16,
-  // double quant): 1 (no code table), 2 (no absmax path), 7 (no decode at all: neither, no byte
-  // permutes, x loaded once per launch).
-  // WRONG RESULTS by design (timing only); 0, the default, for anything else.
-  int gemv_ablate = 0;
+  // unset: cuda_tuning_current() (the scoped override of the tests, else the environment)
+  std::optional<CudaTuning> tuning;
 };
 // Throws Error when built without CUDA or when no device is usable.
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& o);

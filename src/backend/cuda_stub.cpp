@@ -12,7 +12,7 @@ int cuda_device_count() { return 0; }
 
 }  // namespace nf4flash
 
-// ---- device_info.h without CUDA (appended by the bench/doctor work) ------------------------------
+// ---- device_info.h without CUDA ---------------------------------------------------------------
 #include "backend/device_info.h"
 
 namespace nf4flash {

@@ -187,14 +187,12 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   NF4FLASH_CHECK((gtmp ? al(T * I) : 0) + T * I <= gu_cap_, "forward: the workspace's gate/up region is too small");
   const float eps = static_cast<float>(cfg_.rms_eps);
 
-  // Two orders of the same arithmetic. Prompts (and backends without the fusion): each sublayer's
-  // output o is added to the residual x by the next norm (add_rms_norm: one pass). Decode steps
-  // where the backend folds the norm into the GEMV (fuses_norm_linear): the o and down GEMVs add
-  // their output to x in their epilogue and the next GEMV normalizes x in its prologue, two
-  // launches per layer fewer; and from a layer's o GEMV to the next layer's q/k/v the GEMVs go to
-  // the backend as one chain (linear_chain: one launch where the backend can).
+  // Two orders of the same arithmetic, each the measured default where it runs. Prompts, dense
+  // weights and the CPU: each sublayer's output o is added to the residual x by the next norm
+  // (add_rms_norm: one pass). The 4-bit decode step on CUDA, where the backend folds the norm into
+  // the GEMV (fuses_norm_linear): the o and down GEMVs add their output to x in their epilogue and
+  // the next GEMV normalizes x in its prologue, two launches per layer fewer.
   const bool fused = be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
-  using Stage = Backend::ChainStage;
   auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* o) {
     o[0] = {L.wq.get(), L.bq.get(), q};
     o[1] = {L.wk.get(), L.bk.get(), k};
@@ -206,7 +204,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     Backend::LinearOut qkv[3];
     qkv_of(L, qkv);
     if (fused) {
-      if (i == 0) be_.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);  // later: the previous chain's
+      if (i == 0) be_.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);  // later: the previous layer's end
     } else {
       if (i == 0) be_.rms_norm(x, *L.attn_norm, eps, xn);
       else be_.add_rms_norm(x, o, *L.attn_norm, eps, xn);
@@ -219,18 +217,15 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     be_.rope_kv_attention(i, q, k, v, att, rope_, attn_, s);
     if (fused) {
       // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
-      Stage ch[4] = {Stage::residual(att, {L.wo.get(), L.bo.get(), o}, x),
-                     Stage::norm_swiglu(x, *L.mlp_norm, eps, xn, {L.gate.get(), L.b_gate.get(), g},
-                                        {L.up.get(), L.b_up.get(), u}),
-                     Stage::residual(u, {L.down.get(), L.b_down.get(), o}, x)};
-      int n = 3;
+      be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
+      be_.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+      be_.linear_residual(u, *L.down, L.b_down.get(), o, x);
       if (i + 1 < cfg_.n_layers) {
         const LayerWeights& N = layers_[i + 1];
         Backend::LinearOut next[3];
         qkv_of(N, next);
-        ch[n++] = Stage::norm_multi(x, *N.attn_norm, eps, xn, next, 3);
+        be_.rms_norm_linear_multi(x, *N.attn_norm, eps, xn, next, 3);
       }
-      be_.linear_chain(ch, n);
     } else {
       be_.linear(att, *L.wo, L.bo.get(), o);
       be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);

@@ -101,7 +101,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   im->opts = opts;
   im->arch = resolve_arch(cfg);
   const Plan plan = make_plan(opts, cfg);
-  im->be = plan.device == Device::CUDA ? make_cuda_backend({plan.compute, 0, opts.tf32})
+  im->be = plan.device == Device::CUDA ? make_cuda_backend({plan.compute, 0, opts.tf32, std::nullopt})
                                        : make_cpu_backend({plan.compute, opts.threads});
   // Attention: an explicit request must be servable (else an error, never a fallback); auto
   // takes the first implementation the backend serves, in the order flash, sdpa, eager.

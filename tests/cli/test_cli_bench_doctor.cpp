@@ -150,24 +150,6 @@ TEST_F(BenchDoctorCli, BenchRefusesBadInput) {
   EXPECT_NE(r.out.find("--graphs on"), std::string::npos) << r.out;
 }
 
-TEST_F(BenchDoctorCli, KernelBenchHelpAndModes) {
-  nf4flash::test::CliResult r = run("kernel-bench --help");
-  EXPECT_EQ(r.code, 0) << r.err;
-  for (const char* f : {"--json", "--reps", "--trials", "--attention-only", "--gemv-only", "--prefill-linear-only",
-                        "--read-patterns", "--attn-decode", "--gemv-shape", "--gemv-variant"})
-    EXPECT_NE(r.out.find(f), std::string::npos) << f << "\n" << r.out;
-  // focused modes exclude each other (checked before any GPU is touched)
-  r = run("kernel-bench --gemv-only --attn-decode");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("choose one"), std::string::npos) << r.err;
-  r = run("kernel-bench --read-patterns --gemv-shape 4096x4096");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("choose one"), std::string::npos) << r.err;
-  r = run("kernel-bench --gemv-shape 4096x100");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.err.find("4096x100"), std::string::npos) << r.err;
-}
-
 TEST_F(BenchDoctorCli, DoctorCleanOnCpuExitsZero) {
   if (have_gpu()) GTEST_SKIP() << "a GPU is present: --device cpu is itself a warning there";
   const nf4flash::test::CliResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu");

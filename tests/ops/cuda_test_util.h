@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "io/safetensors.h"
 #include "quant/blockwise.h"
+#include "test_util.h"
 
 namespace nf4flash::test {
 
@@ -122,12 +123,14 @@ inline TensorInfo f32_tensor(const std::vector<float>& v, std::vector<int64_t> s
   return t;
 }
 
+// The CPU f32 reference and a CUDA backend with the default tuning, or with `t` (tuning_with).
 struct Backends {
   std::unique_ptr<Backend> cpu, gpu;
-  explicit Backends(DType compute = DType::BF16) {
+  explicit Backends(DType compute = DType::BF16, const CudaTuning& t = {}) {
     cpu = make_cpu_backend({DType::F32, 0});
     CudaBackendOptions o;
     o.compute = compute;
+    o.tuning = t;
     gpu = make_cuda_backend(o);
   }
 };

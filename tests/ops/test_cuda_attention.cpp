@@ -48,36 +48,35 @@ void run_case(const Case& c) {
     cpu.be->attention(1, q.act, o.act, p, StepState{pos.ptr(), c.pos0});
     ref = o.get();
   }
+  // flash: the mma.sync kernel (every GPU) and, on Hopper builds, the wgmma one, each selected through
+  // CudaTuning::flash_kernel
+  std::vector<FlashKernelChoice> kernels = {FlashKernelChoice::Mma};
+  if (cuda::attention_flash_wgmma_supported()) kernels.push_back(FlashKernelChoice::Wgmma);
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
-    CudaBackendOptions bo;
-    bo.compute = dt;
-    Side gpu(make_cuda_backend(bo), c, K, V, dt);
-    DevAct q(*gpu.be, c.T, qw), o(*gpu.be, c.T, qw);
-    q.set(Q);
-    DevInts pos(*gpu.be, {c.pos0});
-    for (AttnImpl impl : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager}) {
-      if (dt == DType::F32 && impl != AttnImpl::Eager) continue;  // sdpa f32 is covered in test_cuda_ops
-      AttnParams pi = p;
-      pi.impl = impl;
-      // flash: the mma.sync kernel and, on Hopper builds, the wgmma one (NF4FLASH_FLASH_KERNEL)
-      std::vector<const char*> kernels = {"mma"};
-      if (impl == AttnImpl::Flash && cuda::attention_flash_wgmma_supported()) {
-        kernels.push_back("wgmma");
-        kernels.push_back("wgmma-serial");
-      }
-      for (const char* kern : kernels) {
-        setenv("NF4FLASH_FLASH_KERNEL", kern, 1);
+    for (FlashKernelChoice kern : kernels) {
+      CudaBackendOptions bo;
+      bo.compute = dt;
+      bo.tuning = tuning_with([&](CudaTuning& t) { t.flash_kernel = kern; });
+      Side gpu(make_cuda_backend(bo), c, K, V, dt);
+      DevAct q(*gpu.be, c.T, qw), o(*gpu.be, c.T, qw);
+      q.set(Q);
+      DevInts pos(*gpu.be, {c.pos0});
+      for (AttnImpl impl : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager}) {
+        if (dt == DType::F32 && impl != AttnImpl::Eager) continue;  // sdpa f32 is covered in test_cuda_ops
+        if (impl != AttnImpl::Flash && kern != kernels[0]) continue;  // the kernel choice is flash's alone
+        AttnParams pi = p;
+        pi.impl = impl;
         // eager: with the host-known length, and (short cases) over the whole capacity as in a graph
         for (int64_t host : {int64_t(c.pos0), int64_t(-1)}) {
           if (host < 0 && (impl != AttnImpl::Eager || c.T > 128)) continue;
           o.poison();
           gpu.be->attention(1, q.act, o.act, pi, StepState{pos.ptr(), host});
           EXPECT_LT(rel_err(o.get(), ref), tol_for(dt))
-              << impl_str(impl) << (impl == AttnImpl::Flash ? cat(" (", kern, ")") : std::string()) << " "
+              << impl_str(impl)
+              << (impl == AttnImpl::Flash ? cat(" (", flash_kernel_choice_name(kern), ")") : std::string()) << " "
               << dtype_name(dt) << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
               << " T " << c.T << (host < 0 ? " (length = capacity)" : "");
         }
-        unsetenv("NF4FLASH_FLASH_KERNEL");
       }
     }
   }

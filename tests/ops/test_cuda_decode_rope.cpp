@@ -1,12 +1,10 @@
-// The fused decode attention (rope_kv_attention on CUDA: rope + cache write + split attention +
-// the splits' merge in one launch, attention_decode_rope) against the CPU f32 reference and
-// against the unfused GPU ops on fresh random inputs: GQA 8/2, 32/8, 14/2 (two head chunks, the
-// second short), 16/1, 8/8; head_dim 64 and 128; bf16, f16 and f32; one cluster of splits (short
-// contexts, merged in distributed shared memory) and several (merged by the last cluster, twice in
-// a row: its counters reset themselves); the cache entry it writes; a captured graph replayed as
-// the position grows; the switch NF4FLASH_DECODE_FUSED (opt-in: =1).
+// A decode layer's attention on CUDA (rope_kv_attention: rope + cache write in one kernel, then
+// flash-decoding's split kernel and the wide combine) against the CPU f32 reference on fresh random
+// inputs: GQA 8/2, 32/8, 14/2 (two head chunks, the second short), 16/1, 8/8; head_dim 64 and 128;
+// bf16, f16 and f32; contexts from empty to 9000 positions (slices of the minimum 16 positions and
+// up to 128 splits); the cache entry it writes; a captured decode step replayed as the position
+// grows.
 #include <cmath>
-#include <cstdlib>
 
 #include "backend/cuda/launchers.h"
 #include "core/error.h"
@@ -70,101 +68,34 @@ void run_rope_attention(DType dt, const RopeAttnCase& c) {
   Backends b(dt);
   RopeSide cpu(*b.cpu, c, DType::F32, Kc, Vc, Q, K, V), gpu(*b.gpu, c, dt, Kc, Vc, Q, K, V);
   const auto ref = cpu.run(c);
-  // with the default slices (at least 16 positions) and merge (the wide combine) against the reference
-  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
-  EXPECT_LT(rel_err(gpu.run(c), ref), tol_for(dt)) << "fused rope + attention, min chunk 16, " << what;
-  gpu.reset(Q, K, V);
-  // the bit-for-bit comparisons below: slices of at least 64 positions and the combine kernel, the
-  // merge the fused launch's own (in split order) matches
-  setenv("NF4FLASH_DECODE_MIN_CHUNK", "64", 1);
-  setenv("NF4FLASH_ATTN_COMBINE", "kernel", 1);
-  const auto fused = gpu.run(c);  // one launch
-  EXPECT_LT(rel_err(fused, ref), tol_for(dt)) << "fused rope + attention, " << what;
-  // again (several clusters: the merge counters were left zero)
-  gpu.reset(Q, K, V);
-  EXPECT_EQ(gpu.run(c), fused) << "fused, second launch, " << what;
-  // the unfused ops on the GPU (rope_kv_write, then attention reading the cache) give the same bits
-  // where both cut the sequence alike: chunks of the minimum 64 positions (L <= 64 x the splits)
-  // or the same split count (the fused count is rounded down to whole clusters of 8; on the H200's
-  // 132 SMs the two differ for 8 kv-head columns only: 66 vs 64)
-  // (plain blocks, NF4FLASH_DECODE_CLUSTER=1, keep the split kernel's count)
-  const int L = c.pos0 + 1;
-  const char* cl = std::getenv("NF4FLASH_DECODE_CLUSTER");
-  const bool same_chunks = L <= 64 * 64 || c.n_kv * ((c.n_heads / c.n_kv + 3) / 4) != 8 || (cl && *cl == '1');
-  // the cache entry the fused launch wrote, read back by the plain attention with q rotated apart
-  {
-    DevAct q2(*b.gpu, 1, qw), k2(*b.gpu, 1, kvw);
-    q2.set(Q);
-    k2.set(K);
-    b.gpu->rope(q2.act, k2.act, gpu.rope(c.hd), StepState{gpu.pos.ptr()});
-    DevAct o2(*b.gpu, 1, qw);
-    o2.poison();
-    setenv("NF4FLASH_DECODE_FUSED", "0", 1);
-    AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
-    b.gpu->attention(1, q2.act, o2.act, p, StepState{gpu.pos.ptr()});
-    const auto plain = o2.get();
-    EXPECT_LT(rel_err(plain, ref), tol_for(dt)) << "attention over the fused launch's cache entry, " << what;
-    if (same_chunks) EXPECT_EQ(plain, fused) << "fused vs rope + attention over its cache entry, " << what;
-    // the unfused pair end to end (it rewrites the entry with the same values)
-    gpu.reset(Q, K, V);
-    const auto unfused = gpu.run(c);
-    unsetenv("NF4FLASH_DECODE_FUSED");
-    EXPECT_LT(rel_err(unfused, ref), tol_for(dt)) << "unfused rope_kv_write + attention, " << what;
-    if (same_chunks) EXPECT_EQ(unfused, fused) << "fused vs unfused, " << what;
-  }
-  unsetenv("NF4FLASH_DECODE_MIN_CHUNK");
-  unsetenv("NF4FLASH_ATTN_COMBINE");
+  const auto got = gpu.run(c);
+  EXPECT_LT(rel_err(got, ref), tol_for(dt)) << "rope + cache write + decode attention, " << what;
+  // the cache entry it wrote, read back by the attention alone with q rotated apart: the same bits
+  DevAct q2(*b.gpu, 1, qw), k2(*b.gpu, 1, kvw), o2(*b.gpu, 1, qw);
+  q2.set(Q);
+  k2.set(K);
+  b.gpu->rope(q2.act, k2.act, gpu.rope(c.hd), StepState{gpu.pos.ptr()});
+  o2.poison();
+  AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
+  b.gpu->attention(1, q2.act, o2.act, p, StepState{gpu.pos.ptr()});
+  EXPECT_EQ(o2.get(), got) << "attention over the written cache entry, " << what;
 }
 
-TEST(CudaOps, RopeAttentionDecodeFused) {
+TEST(CudaOps, RopeAttentionDecode) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* cl : {"8", "1"}) {  // clusters of 8 splits; plain blocks (the last block merges)
-  setenv("NF4FLASH_DECODE_CLUSTER", cl, 1);
-  SCOPED_TRACE(cat("NF4FLASH_DECODE_CLUSTER=", cl));
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
     for (RopeAttnCase c : {RopeAttnCase{8, 2, 128, 0}, RopeAttnCase{8, 2, 64, 50}, RopeAttnCase{32, 8, 128, 511},
                            RopeAttnCase{32, 8, 128, 512}, RopeAttnCase{32, 8, 128, 3000}, RopeAttnCase{14, 2, 64, 700},
                            RopeAttnCase{16, 1, 64, 257}, RopeAttnCase{8, 8, 64, 1000}, RopeAttnCase{32, 8, 128, 9000}})
       run_rope_attention(dt, c);
-  }
-  unsetenv("NF4FLASH_DECODE_CLUSTER");
 }
 
-TEST(CudaOps, RopeAttentionDecodeSwitch) {
+// A captured decode step (norm -> 4-bit q and k -> rope + attention -> add) replayed at growing
+// positions gives what running it eagerly there gives.
+TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
   NF4FLASH_REQUIRE_CUDA();
-  const RopeAttnCase c{8, 2, 64, 10};
-  const auto Q = rounded(randn(size_t(8 * 64)), DType::BF16), K = rounded(randn(size_t(2 * 64)), DType::BF16);
-  Backends b;
-  RopeSide gpu(*b.gpu, c, DType::BF16, rounded(randn(size_t(10 * 128)), DType::BF16),
-               rounded(randn(size_t(10 * 128)), DType::BF16), Q, K, K);
-  setenv("NF4FLASH_DECODE_FUSED", "yes", 1);
-  EXPECT_THROW(gpu.run(c), Error) << "a bad NF4FLASH_DECODE_FUSED is refused by name";
-  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
-  setenv("NF4FLASH_DECODE_CLUSTER", "3", 1);
-  EXPECT_THROW(gpu.run(c), Error) << "a bad NF4FLASH_DECODE_CLUSTER is refused by name";
-  unsetenv("NF4FLASH_DECODE_CLUSTER");
-  unsetenv("NF4FLASH_DECODE_FUSED");
-  // off by default; T = 2 takes the unfused ops (the fused kernel is one token per step)
-  cuda::AttnArgs a;
-  a.T = 1;
-  a.k_new = a.v_new = &a;
-  a.inv_freq = reinterpret_cast<const float*>(&a);
-  EXPECT_NE(cuda::attention_decode_rope_unsupported(a).find("NF4FLASH_DECODE_FUSED=1"), std::string::npos);
-  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
-  a.T = 2;
-  a.k_new = a.v_new = &a;
-  a.inv_freq = reinterpret_cast<const float*>(&a);
-  EXPECT_NE(cuda::attention_decode_rope_unsupported(a).find("T=2"), std::string::npos);
-  unsetenv("NF4FLASH_DECODE_FUSED");
-}
-
-// A captured decode step (norm -> 4-bit q and k -> fused rope + attention -> add) replayed at
-// growing positions gives what running it eagerly there gives; positions past one cluster's reach
-// (the counters of the last-cluster merge reset between replays).
-void graph_replay_case() {
   Backends b;
   auto& g = *b.gpu;
-  setenv("NF4FLASH_DECODE_FUSED", "1", 1);
   const int64_t H = 256, hd = 64, nh = 4, nkv = 2, P = 700;
   g.kv_allocate({1, int(nkv), int(hd), P + 16, DType::BF16});
   {  // the existing context
@@ -211,19 +142,8 @@ void graph_replay_case() {
     x.set(xs[size_t(p - P)]);
     g.replay(id);
     g.sync();
-    EXPECT_EQ(o.get(), eager[size_t(p - P)]) << "graph replay of the fused decode attention at position " << p;
+    EXPECT_EQ(o.get(), eager[size_t(p - P)]) << "graph replay of the decode attention at position " << p;
   }
-  unsetenv("NF4FLASH_DECODE_FUSED");
-}
-
-TEST(CudaOps, RopeAttentionDecodeGraphReplay) {
-  NF4FLASH_REQUIRE_CUDA();
-  for (const char* cl : {"8", "1"}) {
-    setenv("NF4FLASH_DECODE_CLUSTER", cl, 1);
-    SCOPED_TRACE(cat("NF4FLASH_DECODE_CLUSTER=", cl));
-    graph_replay_case();
-  }
-  unsetenv("NF4FLASH_DECODE_CLUSTER");
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
-// The fused decode ops of the CUDA backend against the CPU backend's unfused composition, on fresh
-// random inputs: q/k/v in one GEMV launch (linear_multi; in-order and stream-K kernels), the GEMV with the residual add
-// (linear_residual), gate+up+SiLU (linear_swiglu), rope + KV write (rope_kv_write). Shapes cover
-// units cut between blocks (large K), launches with fewer tiles than blocks, odd row counts,
-// 1..8 tokens, NF4/FP4, plain and double-quant absmax, bias, bf16 and f16; every launch is run
-// twice and must give bit-identical results (the stream-K counters reset themselves).
+// The fused ops of the CUDA backend against the CPU backend's unfused composition, on fresh random
+// inputs: the decode GEMV's q/k/v in one launch (linear_multi), residual add (linear_residual),
+// gate+up+SiLU (linear_swiglu) and folded rms_norm (rms_norm_linear_*), x staged in shared memory
+// or read from global memory; the fused GEMM's multi-weight launches and split tail (prompt rows);
+// rope + KV write (rope_kv_write). Shapes cover large K, launches with fewer tiles than blocks,
+// column tiles that are no whole number of batches, odd row counts, 1..8 tokens, NF4/FP4, plain and
+// double-quant absmax, bias, bf16 and f16; every launch is run twice and must give bit-identical
+// results.
 #include "backend/cuda/launchers.h"
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
@@ -23,8 +25,8 @@ struct MultiCase {
   int64_t T;
 };
 
-void run_multi(DType dt, const MultiCase& c) {
-  Backends b(dt);
+void run_multi(DType dt, const MultiCase& c, const CudaTuning& t = {}) {
+  Backends b(dt, t);
   std::vector<QW> ws;
   for (size_t i = 0; i < c.N.size(); ++i) ws.push_back(make_q4(b, dt, c.type, c.dq, c.N[i], c.K, i != 1));
   auto X = rounded(randn(size_t(c.T * c.K)), dt);
@@ -53,23 +55,14 @@ void run_multi(DType dt, const MultiCase& c) {
   for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(yg[i]->get(), first[i]) << "second launch differs, seg " << i;
 }
 
-// NF4FLASH_GEMV_Q4 modes whose decode paths the fused tests cover: the in-order kernel (default)
-// and the stream-K kernel (the stream-K mode runs only on sm_90+; elsewhere it is the unfused path).
-const char* const kGemvModes[] = {"auto", "streamk"};
-
 TEST(CudaFused, LinearMulti) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* mode : kGemvModes)
-  for (DType dt : {DType::BF16, DType::F16}) {
-    setenv("NF4FLASH_GEMV_Q4", mode, 1);
-    SCOPED_TRACE(cat("NF4FLASH_GEMV_Q4=", mode));
+  for (DType dt : {DType::BF16, DType::F16})
     for (const MultiCase& c :
          {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 1}, MultiCase{QuantType::NF4, false, 512, {100, 37, 37}, 3},
           MultiCase{QuantType::FP4, true, 64, {16}, 1}, MultiCase{QuantType::NF4, true, 1536, {333, 70}, 8},
           MultiCase{QuantType::NF4, true, 14336, {4096}, 2}, MultiCase{QuantType::FP4, false, 3072, {2050, 512, 512}, 5}})
       run_multi(dt, c);
-    unsetenv("NF4FLASH_GEMV_Q4");
-  }
 }
 
 void run_residual(DType dt, QuantType type, bool dq, int64_t N, int64_t K, int64_t T, bool bias) {
@@ -90,21 +83,18 @@ void run_residual(DType dt, QuantType type, bool dq, int64_t N, int64_t K, int64
 
 TEST(CudaFused, LinearResidual) {
   NF4FLASH_REQUIRE_CUDA();
-  // default: the in-order kernel's residual epilogue; streamk: register GEMV + add; stream: the
-  // stream-K kernel's residual epilogue
-  for (const char* mode : {"auto", "streamk", "stream"})
   for (DType dt : {DType::BF16, DType::F16}) {
-    setenv("NF4FLASH_GEMV_Q4", mode, 1);
     run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, false);
+    run_residual(dt, QuantType::NF4, true, 4096, 14336, 4, true);  // x in global memory
     run_residual(dt, QuantType::NF4, true, 4096, 4096, 4, true);
     run_residual(dt, QuantType::FP4, false, 77, 192, 8, true);
     run_residual(dt, QuantType::NF4, false, 16, 64, 1, false);
-    unsetenv("NF4FLASH_GEMV_Q4");
   }
 }
 
-void run_swiglu(DType dt, QuantType type, bool dq, int64_t I, int64_t H, int64_t T, bool bias) {
-  Backends b(dt);
+void run_swiglu(DType dt, QuantType type, bool dq, int64_t I, int64_t H, int64_t T, bool bias,
+                const CudaTuning& t = {}) {
+  Backends b(dt, t);
   QW g = make_q4(b, dt, type, dq, I, H, bias), u = make_q4(b, dt, type, dq, I, H, bias);
   auto X = rounded(randn(size_t(T * H)), dt);
   DevAct xc(*b.cpu, T, H), xg(*b.gpu, T, H), tc(*b.cpu, T, I), tg(*b.gpu, T, I), oc(*b.cpu, T, I), og(*b.gpu, T, I);
@@ -120,23 +110,19 @@ void run_swiglu(DType dt, QuantType type, bool dq, int64_t I, int64_t H, int64_t
 
 TEST(CudaFused, LinearSwiGLU) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* mode : kGemvModes)
   for (DType dt : {DType::BF16, DType::F16}) {
-    setenv("NF4FLASH_GEMV_Q4", mode, 1);
-    SCOPED_TRACE(cat("NF4FLASH_GEMV_Q4=", mode));
     run_swiglu(dt, QuantType::NF4, true, 14336, 4096, 1, false);
     run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);
     run_swiglu(dt, QuantType::FP4, false, 40, 128, 8, false);
-    unsetenv("NF4FLASH_GEMV_Q4");
   }
 }
 
-// The norm folded into the decode GEMV (rms_norm_linear_multi / rms_norm_linear_swiglu, the lean
-// in-order kernel's prologue): bit for bit what rms_norm + linear_multi / linear_swiglu give on the
-// GPU (the prologue repeats rms_norm's summation order), close to the CPU; with a configuration
-// that cannot fuse (the previous in-order kernel), the same numbers through the unfused ops.
-void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t T, int64_t I, bool lean) {
-  Backends b(dt);
+// The norm folded into the decode GEMV (rms_norm_linear_multi / rms_norm_linear_swiglu, the kernel's
+// prologue): bit for bit what rms_norm + linear_multi / linear_swiglu give on the GPU (the prologue
+// repeats rms_norm's summation order), close to the CPU; where x does not fit in shared memory, or
+// with CudaTuning::fuse_norm off, the same numbers through the unfused ops.
+void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t T, int64_t I, bool fuse) {
+  Backends b(dt, tuning_with([&](CudaTuning& t) { t.fuse_norm = fuse; }));
   std::vector<QW> ws;
   for (size_t i = 0; i < N.size(); ++i) ws.push_back(make_q4(b, dt, QuantType::NF4, true, N[i], K, i == 1));
   QW g = make_q4(b, dt, QuantType::NF4, true, I, K, false), u = make_q4(b, dt, QuantType::NF4, true, I, K, true);
@@ -147,82 +133,43 @@ void run_norm_linear(DType dt, int64_t K, const std::vector<int64_t>& N, int64_t
   DevAct xc(*b.cpu, T, K), xg(*b.gpu, T, K), xnc(*b.cpu, T, K), xng(*b.gpu, T, K);
   xc.set(X);
   xg.set(X);
-  EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), lean && T * (2 * K + 16) <= 38 * 1024) << "K=" << K << " T=" << T;
-  SCOPED_TRACE(cat("K=", K, " T=", T));
+  EXPECT_EQ(b.gpu->fuses_norm_linear(*ws[0].gpu, T), fuse && T * (2 * K + 16) <= 38 * 1024) << "K=" << K << " T=" << T;
+  SCOPED_TRACE(cat("K=", K, " T=", T, fuse ? "" : " fuse_norm off"));
   expect_norm_folds(b, xc, xg, xnc, xng, *nc, *ng, 1e-5f, ws, g, u, T, I);
 }
 
 TEST(CudaFused, NormLinear) {
   NF4FLASH_REQUIRE_CUDA();
-  // default (lean h8u4d3), lean variants, not fusable
-  for (const char* cfg : {"", "l8u4d3", "a8u4d3", "p8u4d3", "x8u4d3", "v8u4d3", "w8u4d3"}) {
-    if (*cfg) setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
-    SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
-    const bool lean = std::string(cfg) != "w8u4d3";
+  for (bool fuse : {true, false})
     for (DType dt : {DType::BF16, DType::F16}) {
-      run_norm_linear(dt, 4096, {1024, 256, 256}, 1, 2048, lean);
-      run_norm_linear(dt, 1024, {320, 64, 64}, 3, 1000, lean);
-      run_norm_linear(dt, 4096, {512}, 5, 64, lean);  // x of 5 tokens does not fit: the unfused ops
+      run_norm_linear(dt, 4096, {1024, 256, 256}, 1, 2048, fuse);
+      run_norm_linear(dt, 1024, {320, 64, 64}, 3, 1000, fuse);
+      run_norm_linear(dt, 4096, {512}, 5, 64, fuse);  // x of 5 tokens does not fit: the unfused ops
     }
-    unsetenv("NF4FLASH_GEMV_SEQ_CFG");
+}
+
+// The decode GEMV on the fused forms: units crossing items and blocks, batches that run past the
+// last column tile (K = 3072, 192, 512: column tiles not a multiple of the batch), several units
+// per block, T = 1..8, and x too large for shared memory (T = 8, K = 14336: read from global).
+TEST(CudaFused, DecodeGemvShapes) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16}) {
+    for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 1},
+                               MultiCase{QuantType::FP4, false, 3072, {2050, 512, 512}, 5},
+                               MultiCase{QuantType::NF4, true, 192, {40000}, 2},
+                               MultiCase{QuantType::NF4, true, 14336, {200}, 8},
+                               MultiCase{QuantType::NF4, false, 14336, {300, 64}, 3}})
+      run_multi(dt, c);
+    run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, true);
+    run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);
+    run_swiglu(dt, QuantType::NF4, true, 700, 14336, 2, false);  // x in global memory
   }
 }
 
-// The default GEMV's stream-K form at T = 1 (gemv_q4_lean.cuh, "Stream-K"): units split between
-// two neighbouring blocks (q/k/v-like 384 units, 300 units of one batch, SwiGLU pairs, the residual
-// epilogue), on (NF4FLASH_GEMV_SK=1, opt-in) and off, each against the CPU reference.
-TEST(CudaFused, StreamKGemv) {
+// A captured decode step of 4-bit and dense GEMVs (q/k/v, residual, SwiGLU, lone 4-bit and dense
+// outputs) replayed twice gives the results of the same launches run uncaptured, bit for bit.
+TEST(CudaFused, DecodeGemvGraphReplay) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* sk : {"1", "0"}) {
-    setenv("NF4FLASH_GEMV_SK", sk, 1);
-    SCOPED_TRACE(cat("NF4FLASH_GEMV_SK=", sk));
-    for (DType dt : {DType::BF16, DType::F16}) {
-      run_multi(dt, MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 1});
-      run_multi(dt, MultiCase{QuantType::FP4, false, 2048, {4800}, 1});
-      run_swiglu(dt, QuantType::NF4, true, 4800, 2048, 1, true);
-      run_residual(dt, QuantType::NF4, true, 4800, 2048, 1, true);
-    }
-  }
-  unsetenv("NF4FLASH_GEMV_SK");
-}
-
-// Every configuration of the in-order kernel (NF4FLASH_GEMV_SEQ_CFG; l.../a...: the lean kernel) on
-// the fused forms: units crossing items and blocks, batches that run past the last column tile
-// (K = 3072, 192, 512: KT not a multiple of the batch), several units per block, T = 1..5, and
-// x too large for shared memory (T = 8, K = 14336: the lean names fall back to the in-order kernel).
-TEST(CudaFused, SeqGemvConfigs) {
-  NF4FLASH_REQUIRE_CUDA();
-  for (const char* cfg : {"w8u2d4", "w8u4d3", "w16u2d2", "w16u2d4m1", "w16u4d3m1", "l8u4d3", "a8u4d3", "p8u4d3",
-                          "h8u4d3", "x8u4d3", "y8u4d3", "z8u4d3", "v8u4d3"}) {
-    setenv("NF4FLASH_GEMV_SEQ_CFG", cfg, 1);
-    SCOPED_TRACE(cat("NF4FLASH_GEMV_SEQ_CFG=", cfg));
-    for (DType dt : {DType::BF16, DType::F16}) {
-      for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 1},
-                                 MultiCase{QuantType::FP4, false, 3072, {2050, 512, 512}, 5},
-                                 MultiCase{QuantType::NF4, true, 192, {40000}, 2},
-                                 MultiCase{QuantType::NF4, true, 14336, {200}, 8}})
-        run_multi(dt, c);
-      run_residual(dt, QuantType::NF4, true, 4096, 14336, 1, true);
-      run_swiglu(dt, QuantType::NF4, true, 1000, 512, 3, true);
-    }
-  }
-  unsetenv("NF4FLASH_GEMV_SEQ_CFG");
-  setenv("NF4FLASH_GEMV_SEQ_CFG", "w3", 1);  // unknown names are refused by name
-  Backends b(DType::BF16);
-  QW w = make_q4(b, DType::BF16, QuantType::NF4, true, 64, 128, false);
-  DevAct x(*b.gpu, 1, 128), y(*b.gpu, 1, 64);
-  x.set(rounded(randn(128), DType::BF16));
-  EXPECT_THROW(b.gpu->linear(x.act, *w.gpu, nullptr, y.act), Error);
-  unsetenv("NF4FLASH_GEMV_SEQ_CFG");
-}
-
-// A captured chain of in-order GEMVs (q/k/v, residual, SwiGLU, lone) and a dense GEMV replayed with the L2
-// prefetch plan at several distances (reaching across one, several or all later launches, and
-// past the end of the table) gives the results of the same launches run uncaptured, bit for bit.
-// The prefetch lives in gemv_q4_seq (w... configurations); the lean kernel issues none.
-TEST(CudaFused, SeqGemvPrefetchReplay) {
-  NF4FLASH_REQUIRE_CUDA();
-  setenv("NF4FLASH_GEMV_SEQ_CFG", "w8u4d3", 1);
   const DType dt = DType::BF16;
   Backends b(dt);
   const int64_t H = 512, I = 1344, KV = 128, T = 2;
@@ -233,7 +180,7 @@ TEST(CudaFused, SeqGemvPrefetchReplay) {
   DevAct x(*b.gpu, T, H), qa(*b.gpu, T, H), ka(*b.gpu, T, KV), va(*b.gpu, T, KV), r(*b.gpu, T, H), tmp(*b.gpu, T, H),
       gtmp(*b.gpu, T, I), ua(*b.gpu, T, I), lg(*b.gpu, T, 777, DType::F32), lg2(*b.gpu, T, 1000, DType::F32);
   const auto Wd = randn(size_t(1000 * H), 0.05f);
-  auto dense = b.gpu->upload_dense(f32_tensor(Wd, {1000, H}), dt);  // the dense GEMV prefetches too
+  auto dense = b.gpu->upload_dense(f32_tensor(Wd, {1000, H}), dt);
   const auto X = rounded(randn(size_t(T * H)), dt), R = rounded(randn(size_t(T * H)), dt);
   auto step = [&] {
     const Backend::LinearOut outs[3] = {{q.gpu.get(), q.bgpu.get(), qa.act}, {k.gpu.get(), nullptr, ka.act},
@@ -252,124 +199,47 @@ TEST(CudaFused, SeqGemvPrefetchReplay) {
   r.set(R);
   step();
   const auto eager = outputs();
-  for (const char* mb : {"0", "1", "4", "32"}) {
-    setenv("NF4FLASH_L2_PREFETCH_MB", mb, 1);
-    SCOPED_TRACE(cat("NF4FLASH_L2_PREFETCH_MB=", mb));
-    x.set(X);
+  r.set(R);
+  b.gpu->capture_begin();
+  step();
+  const int id = b.gpu->capture_end();
+  for (int rep = 0; rep < 2; ++rep) {
     r.set(R);
-    b.gpu->capture_begin();
-    step();
-    const int id = b.gpu->capture_end();
-    for (int rep = 0; rep < 2; ++rep) {
-      r.set(R);
-      qa.poison();
-      ua.poison();
-      b.gpu->replay(id);
-      b.gpu->sync();
-      EXPECT_EQ(outputs(), eager) << "replay " << rep;
-    }
+    qa.poison();
+    ua.poison();
+    b.gpu->replay(id);
+    b.gpu->sync();
+    EXPECT_EQ(outputs(), eager) << "replay " << rep;
   }
-  unsetenv("NF4FLASH_L2_PREFETCH_MB");
-  unsetenv("NF4FLASH_GEMV_SEQ_CFG");
 }
 
-// The fused tensor-core GEMM's multi-weight launches (prefill rows, NF4FLASH_Q4_GEMM=fused): q/k/v
-// in one launch and gate+up with the SwiGLU epilogue, against the CPU and, bit for bit, against
-// the same configuration run one weight at a time (+ silu_mul for SwiGLU).
-TEST(CudaFused, GemmQ4MultiAndSwiGLU) {
+// The fused tensor-core GEMM's multi-weight launches (prompt rows, CudaTuning::q4_gemm = fused):
+// q/k/v in one launch and gate+up in one launch + silu_mul, against the CPU, each run twice bit for
+// bit (the split tail's counters reset themselves): launches of less than a wave of blocks (every
+// unit may split along K), more than a wave (the partial one splits), and the Llama-3-8B shapes
+// at 512 rows (the automatic schedule where the decoder uses it).
+TEST(CudaFused, GemmQ4Multi) {
   NF4FLASH_REQUIRE_CUDA();
   if (!cuda::gemm_q4_wgmma_supported())
     GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
-  setenv("NF4FLASH_Q4_GEMM", "fused", 1);
-  setenv("NF4FLASH_Q4GEMM_SWIGLU", "1", 1);  // the epilogue is opt-in
-  for (const char* cfg : {"", "ws-n64s8", "ws-n128s6", "ws-n256s4"}) {
-    setenv("NF4FLASH_Q4GEMM_CFG", cfg, 1);
-    SCOPED_TRACE(cat("cfg '", cfg, "'"));
-    for (DType dt : {DType::BF16, DType::F16}) {
-      for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 100},
-                                 MultiCase{QuantType::NF4, false, 512, {100, 37, 37}, 33},
-                                 MultiCase{QuantType::FP4, true, 192, {2050, 512, 130}, 300},
-                                 MultiCase{QuantType::NF4, true, 1536, {333, 70}, 600}}) {
-        run_multi(dt, c);
-        if (!*cfg) continue;
-        // bit-identical to one launch per weight (same configuration)
-        Backends b(dt);
-        std::vector<QW> ws;
-        for (size_t i = 0; i < c.N.size(); ++i) ws.push_back(make_q4(b, dt, c.type, c.dq, c.N[i], c.K, i != 1));
-        DevAct xg(*b.gpu, c.T, c.K);
-        xg.set(rounded(randn(size_t(c.T * c.K)), dt));
-        std::vector<std::unique_ptr<DevAct>> ym, y1;
-        std::vector<Backend::LinearOut> om;
-        for (auto& w : ws) {
-          ym.push_back(std::make_unique<DevAct>(*b.gpu, c.T, w.N));
-          y1.push_back(std::make_unique<DevAct>(*b.gpu, c.T, w.N));
-          ym.back()->poison();
-          om.push_back({w.gpu.get(), w.bgpu.get(), ym.back()->act});
-          b.gpu->linear(xg.act, *w.gpu, w.bgpu.get(), y1.back()->act);
-        }
-        b.gpu->linear_multi(xg.act, om.data(), int(om.size()));
-        for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(ym[i]->get(), y1[i]->get()) << "multi vs single, seg " << i;
-      }
-      for (auto [type, dq, I, H, T, bias] : {std::tuple{QuantType::NF4, true, int64_t{1000}, int64_t{512}, int64_t{65}, true},
-                                             std::tuple{QuantType::NF4, true, int64_t{2048}, int64_t{1024}, int64_t{257}, false},
-                                             std::tuple{QuantType::FP4, false, int64_t{40}, int64_t{128}, int64_t{40}, false},
-                                             std::tuple{QuantType::NF4, false, int64_t{200}, int64_t{256}, int64_t{700}, true}}) {
-        run_swiglu(dt, type, dq, I, H, T, bias);
-        if (!*cfg) continue;
-        Backends b(dt);
-        QW g = make_q4(b, dt, type, dq, I, H, bias), u = make_q4(b, dt, type, dq, I, H, bias);
-        DevAct xg(*b.gpu, T, H), tg(*b.gpu, T, I), of(*b.gpu, T, I), ou(*b.gpu, T, I);
-        xg.set(rounded(randn(size_t(T * H)), dt));
-        of.poison();
-        b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, of.act);
-        b.gpu->Backend::linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, ou.act);
-        EXPECT_EQ(of.get(), ou.get()) << "swiglu epilogue vs gate, up, silu_mul: I=" << I << " T=" << T;
-      }
-    }
-  }
-  unsetenv("NF4FLASH_Q4GEMM_CFG");
-  unsetenv("NF4FLASH_Q4GEMM_SWIGLU");
-  unsetenv("NF4FLASH_Q4_GEMM");
-}
-
-// The fused GEMM's split tail in multi-weight launches (kernels/gemm_q4_wgmma_ws.cuh): forced on
-// launches with more than a wave of blocks (q/k/v-like and gate+up through linear_swiglu, which
-// takes one launch for gate and up + silu_mul), each run twice bit for bit (the counters reset
-// themselves); the automatic schedule on the Llama-3-8B shapes at 512 tokens; and gate+up in one
-// launch bit-identical to two linears + silu_mul.
-TEST(CudaFused, GemmQ4SplitTail) {
-  NF4FLASH_REQUIRE_CUDA();
-  if (!cuda::gemm_q4_wgmma_supported())
-    GTEST_SKIP() << "fused 4-bit GEMM: needs a compute capability 9.0 GPU and a build for sm_90a";
-  setenv("NF4FLASH_Q4_GEMM", "fused", 1);
-  setenv("NF4FLASH_Q4GEMM_CFG", "ws-n64s8", 1);  // 17 + 17 row blocks x 5 token tiles = 170 blocks
-  for (const char* fix : {"last", "kernel"})  // who sums the slices: the last split block, or a second launch
-    for (const char* s : {"2", "3"}) {
-      setenv("NF4FLASH_Q4GEMM_SPLIT_FIXUP", fix, 1);
-      setenv("NF4FLASH_Q4GEMM_SPLITK", s, 1);
-      SCOPED_TRACE(cat("split ", s, ", fixup ", fix));
-      run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 300});
-      run_multi(DType::F16, MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290});
-      run_swiglu(DType::BF16, QuantType::NF4, true, 2100, 512, 300, true);
-    }
-  unsetenv("NF4FLASH_Q4GEMM_SPLIT_FIXUP");
-  unsetenv("NF4FLASH_Q4GEMM_SPLITK");
-  setenv("NF4FLASH_Q4GEMM_CFG", "ws-n128s6", 1);  // no automatic split under a forced configuration
+  const CudaTuning fused = tuning_with([](CudaTuning& t) { t.q4_gemm = Q4GemmMode::Fused; });
   for (DType dt : {DType::BF16, DType::F16}) {
-    Backends b(dt);
-    QW g = make_q4(b, dt, QuantType::NF4, true, 1000, 512, true), u = make_q4(b, dt, QuantType::NF4, true, 1000, 512, true);
-    DevAct xg(*b.gpu, 65, 512), tg(*b.gpu, 65, 1000), of(*b.gpu, 65, 1000), ou(*b.gpu, 65, 1000);
-    xg.set(rounded(randn(size_t(65 * 512)), dt));
-    of.poison();
-    b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, of.act);
-    b.gpu->Backend::linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, ou.act);
-    EXPECT_EQ(of.get(), ou.get()) << "gate+up in one launch + silu_mul vs two linears + silu_mul";
+    for (const MultiCase& c : {MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 100},
+                               MultiCase{QuantType::NF4, false, 512, {100, 37, 37}, 33},
+                               MultiCase{QuantType::FP4, true, 192, {2050, 512, 130}, 300},
+                               MultiCase{QuantType::NF4, true, 1536, {333, 70}, 600},
+                               MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 300},
+                               MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290}})
+      run_multi(dt, c, fused);
+    for (auto [type, dq, I, H, T, bias] : {std::tuple{QuantType::NF4, true, int64_t{1000}, int64_t{512}, int64_t{65}, true},
+                                           std::tuple{QuantType::NF4, true, int64_t{2048}, int64_t{1024}, int64_t{257}, false},
+                                           std::tuple{QuantType::FP4, false, int64_t{40}, int64_t{128}, int64_t{40}, false},
+                                           std::tuple{QuantType::NF4, false, int64_t{200}, int64_t{256}, int64_t{700}, true},
+                                           std::tuple{QuantType::NF4, true, int64_t{2100}, int64_t{512}, int64_t{300}, true}})
+      run_swiglu(dt, type, dq, I, H, T, bias, fused);
   }
-  unsetenv("NF4FLASH_Q4GEMM_CFG");
-  // the automatic schedule where the decoder uses it: q/k/v and gate+up of Llama-3-8B at 512 rows
   run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 512});
   run_swiglu(DType::BF16, QuantType::NF4, true, 14336, 4096, 512, false);
-  unsetenv("NF4FLASH_Q4_GEMM");
 }
 
 // rope_kv_write, then attention over what it wrote (and the rotated q/k buffers) vs the CPU.

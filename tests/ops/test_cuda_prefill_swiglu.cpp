@@ -7,7 +7,6 @@
 #include "ops/cuda_test_util.h"
 #include "quant/blockwise.h"
 
-#include <cstdlib>
 
 namespace nf4flash::test {
 namespace {
@@ -16,9 +15,7 @@ std::unique_ptr<Weight> q4_on(Backend& be, const std::shared_ptr<Quant4Tensor>& 
 
 TEST(CudaPrefill, SwiGLUWithoutGateBuffer) {
   NF4FLASH_REQUIRE_CUDA();
-  setenv("NF4FLASH_DEQUANT_CHUNK_MB", "1", 1);  // read when the backend is made
-  Backends b(DType::BF16);
-  unsetenv("NF4FLASH_DEQUANT_CHUNK_MB");
+  Backends b(DType::BF16, tuning_with([](CudaTuning& t) { t.dequant_chunk_mb = 1; }));
   const int64_t I = 2504, H = 512, T = 2048;  // 1 MiB / (512 x 2 B) = 1024 rows a chunk: 1024, 1024, 456
   auto mk = [&] {
     auto W = randn(size_t(I * H), 0.05f);

@@ -5,7 +5,9 @@
 // compute within 1e-3 of the f32 golden (tf32 off).
 #include <gtest/gtest.h>
 
+#include "backend/cuda_tuning.h"
 #include "cuda_test_util.h"
+#include "quant/blockwise.h"
 #include "nf4flash/engine.h"
 #include "runtime/engine_impl.h"
 #include "test_util.h"
@@ -40,9 +42,7 @@ std::unique_ptr<Engine> load_gpu(const GpuCase& c, AttnChoice attn = AttnChoice:
 
 class GpuModel : public ::testing::TestWithParam<GpuCase> {};
 
-TEST_P(GpuModel, ScoreMatchesGoldens) {
-  NF4FLASH_REQUIRE_CUDA();
-  const GpuCase c = GetParam();
+void expect_score_matches_goldens(const GpuCase& c) {
   Golden g(c.model);
   auto e = load_gpu(c);
   const bool f32 = std::string(c.variant) == "f32";
@@ -60,6 +60,11 @@ TEST_P(GpuModel, ScoreMatchesGoldens) {
   }
   const double tol = f32 ? 1e-3 : 2 * rel_l2(lp16, lp32);
   EXPECT_LE(rel_l2(lp, lp_ref), tol) << c.model << " " << c.variant << " log-probs";
+}
+
+TEST_P(GpuModel, ScoreMatchesGoldens) {
+  NF4FLASH_REQUIRE_CUDA();
+  expect_score_matches_goldens(GetParam());
 }
 
 TEST_P(GpuModel, DecodeStepMatchesPrefillLogits) {
@@ -105,6 +110,35 @@ INSTANTIATE_TEST_SUITE_P(Models, GpuModel, ::testing::ValuesIn(kGpuCases), [](co
     if (ch == '-' || ch == '.') ch = '_';
   return s;
 });
+
+// The paths of GPUs other than Hopper, selected on this one through CudaTuning (the engine creates
+// its backend under ScopedCudaTuning): the mma.sync flash kernel, dequantize + cuBLAS for the 4-bit
+// prompt products, no programmatic dependent launch. The decode GEMVs, decode attention and
+// sampling are the same kernels on every GPU. The whole model against the goldens.
+TEST(GpuModelPortable, NonHopperPathsMatchGoldens) {
+  NF4FLASH_REQUIRE_CUDA();
+  const ScopedCudaTuning portable(tuning_with([](CudaTuning& t) {
+    t.flash_kernel = FlashKernelChoice::Mma;
+    t.q4_gemm = Q4GemmMode::Dequant;
+    t.pdl = false;
+  }));
+  const GpuCase cases[] = {{"llama-gqa-hd64", "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16},
+                           {"llama-gqa-hd64", "nf4", "", QuantChoice::NF4, true, ComputeDType::BF16},
+                           {"llama3-hd128-ropescaled", "nf4", "-bnb-nf4", QuantChoice::Auto, false, ComputeDType::BF16},
+                           {"qwen2-bias", "fp4", "-bnb-fp4", QuantChoice::Auto, false, ComputeDType::BF16}};
+  for (const GpuCase& c : cases) {
+    SCOPED_TRACE(cat(c.model, c.folder_suffix, " ", c.variant));
+    expect_score_matches_goldens(c);
+    // the engine's backend took the portable paths
+    auto e = load_gpu(c);
+    Backend& be = *e->internals().be;
+    EXPECT_NE(be.attn_path(AttnImpl::Flash).find("mma.sync"), std::string::npos) << be.attn_path(AttnImpl::Flash);
+    auto W = randn(64 * 128, 0.05f);
+    auto w = be.upload_quant4(
+        std::make_shared<Quant4Tensor>(quantize_4bit(W.data(), DType::F32, 64, 128, QuantType::NF4, 64, true)));
+    EXPECT_NE(be.linear_path(*w, 100).find("cublasGemmEx"), std::string::npos) << be.linear_path(*w, 100);
+  }
+}
 
 TEST(GpuModelGreedy, GreedyWithGraphsEqualsWithoutAndMatchesGoldenPrefix) {
   NF4FLASH_REQUIRE_CUDA();

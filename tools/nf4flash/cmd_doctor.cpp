@@ -185,7 +185,7 @@ class Doctor {
     // the backend alone (cheap) answers whether the attention path exists
     std::unique_ptr<Backend> be;
     try {
-      be = gpu ? make_cuda_backend({plan.compute, 0, o.tf32}) : make_cpu_backend({plan.compute, o.threads});
+      be = gpu ? make_cuda_backend({plan.compute, 0, o.tf32, std::nullopt}) : make_cpu_backend({plan.compute, o.threads});
     } catch (const Error& e) {
       const std::string m = e.what();
       const DType w = cq.present && cq.compute != DType::F32 ? cq.compute : cfg.weights_dtype;

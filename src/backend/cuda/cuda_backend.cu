@@ -1,12 +1,123 @@
-// The CUDA Backend: one device, one non-blocking stream, plain cudaMalloc per buffer, cuBLAS for
-// many-row products, CUDA graphs over the stream (class in cuda_backend_impl.h, linear dispatch in
-// cuda_linear.cu). Every CUDA/cuBLAS call is checked with file:line. This file: the factory and
-// sampling (synchronous, and the pipelined decode loop's sample_to_device).
+// The CUDA Backend (class in cuda_backend_impl.h): construction from its tuning, memory, graphs,
+// sampling (synchronous, and the pipelined decode loop's sample_to_device) and the factory.
+#include <climits>
+
 #include "backend/cuda/cuda_backend_impl.h"
 
 namespace nf4flash {
 
 namespace cuda_impl {
+
+CudaBackend::CudaBackend(const CudaBackendOptions& o)
+    : act_(o.compute), tf32_(o.tf32), tuning_(o.tuning ? *o.tuning : cuda_tuning_current()) {
+  NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
+                 "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
+  NF4FLASH_CHECK(tuning_.gemv_max_rows >= 0 && tuning_.gemv_max_rows <= 256 && tuning_.q4_fused_max_rows >= 0 &&
+                     tuning_.dequant_chunk_mb >= 0 && tuning_.stack_bytes >= 0,
+                 "CudaTuning: a row count or size is out of range");
+  set_pdl_requested(tuning_.pdl);
+  vram_trace_on().store(tuning_.vram_trace);
+  CUDA_CHECK(cudaSetDevice(o.device_index));
+  CUDA_CHECK(cudaFree(nullptr));  // the context now, so the trace below separates it
+  vram_trace("context");
+  CUDA_CHECK(cudaGetDeviceProperties(&props_, o.device_index));
+  // Per-thread stack: the driver reserves limit x resident threads of local memory (1 KiB x 2048 x
+  // 132 SMs = 277 MB on an H200 by default). Our kernels need none; the driver raises the limit at
+  // the launch of any kernel (ours or a library's) that needs more ("the driver automatically
+  // increases the per-thread stack size for each kernel launch as needed", cuCtxSetLimit), so 0
+  // reserves only what the kernels actually run need (H200 peak VRAM at ctx 8192: 6.47 -> 6.28 GiB
+  // for 256 bytes).
+  CUDA_CHECK(cudaDeviceSetLimit(cudaLimitStackSize, size_t(tuning_.stack_bytes)));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  vram_trace("stack limit + stream");
+  CUBLAS_CHECK(cublasCreate(&cublas_));
+  vram_trace("cublasCreate");
+  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  cublas_ws_ = std::make_unique<CudaBuffer>(size_t(32) << 20);
+  CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  dequant_chunk_bytes_ = int64_t(tuning_.dequant_chunk_mb) << 20;
+  // 4-bit products above the GEMV rows: the fused wgmma GEMM up to q4_fused_max_rows rows where it
+  // can run (auto), always (fused: an error where it cannot), or never (dequant)
+  const bool fused_ok = act_ != DType::F32 && gemm_q4_wgmma_supported();
+  q4_gemm_fused_ = fused_ok && tuning_.q4_gemm != Q4GemmMode::Dequant;
+  q4_fused_max_rows_ = tuning_.q4_fused_max_rows;
+  if (tuning_.q4_gemm == Q4GemmMode::Fused) {
+    NF4FLASH_CHECK(fused_ok, "NF4FLASH_Q4_GEMM=fused: the fused 4-bit GEMM needs bf16/f16 compute, a build for "
+                   "sm_90a and a compute capability 9.0 GPU (this: ", props_.major, ".", props_.minor,
+                   gemm_q4_wgmma_built() ? "" : ", built without sm_90a", ")");
+    q4_fused_max_rows_ = INT64_MAX;
+  }
+  if (!q4_gemm_fused_) q4_fused_max_rows_ = 0;
+  switch (tuning_.flash_kernel) {
+    case FlashKernelChoice::Auto:
+      flash_kernel_ = attention_flash_wgmma_supported() ? FlashKernel::Wgmma : FlashKernel::Mma;
+      break;
+    case FlashKernelChoice::Mma: flash_kernel_ = FlashKernel::Mma; break;
+    case FlashKernelChoice::Wgmma:
+      NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=wgmma: needs a compute capability 9.0 "
+                     "GPU and a build for sm_90a (this: ", props_.major, ".", props_.minor,
+                     attention_flash_wgmma_built() ? "" : ", built without sm_90a", ")");
+      flash_kernel_ = FlashKernel::Wgmma;
+      break;
+  }
+  CUDA_CHECK(cudaMallocHost(&host_ids_, sizeof(int32_t) * (kSampleSlots + 1)));
+  for (auto& e : slot_ev_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+}
+
+CudaBackend::~CudaBackend() {
+  for (auto e : graphs_) cudaGraphExecDestroy(e);
+  for (auto e : slot_ev_)
+    if (e) cudaEventDestroy(e);
+  if (host_ids_) cudaFreeHost(host_ids_);
+  if (cublas_) cublasDestroy(cublas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// ---- memory ----
+void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::download(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+size_t CudaBackend::free_memory() const {
+  size_t f = 0, t = 0;
+  CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+// ---- graphs ----
+void CudaBackend::capture_begin() {
+  NF4FLASH_CHECK(!capturing_, "capture_begin: already capturing");
+  CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+  capturing_ = true;
+}
+
+int CudaBackend::capture_end() {
+  NF4FLASH_CHECK(capturing_, "capture_end without capture_begin");
+  capturing_ = false;
+  cudaGraph_t g = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+  cudaGraphExec_t e = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  graphs_.push_back(e);
+  return int(graphs_.size()) - 1;
+}
+
+void CudaBackend::replay(int id) {
+  NF4FLASH_CHECK(id >= 0 && size_t(id) < graphs_.size(), "replay: unknown graph ", id);
+  CUDA_CHECK(cudaGraphLaunch(graphs_[size_t(id)], stream_));
+}
+
+// ---- sampling ----
 
 cuda::SampleArgs CudaBackend::sample_args(Act logits, const SamplingParams& p, float uniform, const int32_t* history,
                                           int n_history) {

@@ -7,8 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "backend/cuda/launchers.h"
@@ -91,18 +89,10 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Whether launch_k() asks for PDL: compute capability >= 9 and NF4FLASH_PDL not "0".
-bool pdl_enabled();
-
-// A two-valued NF4FLASH_* switch, read per call: unset, empty or `off` -> false, `on` -> true, any
-// other value an Error naming the variable and both values.
-inline bool env_switch(const char* name, const char* off, const char* on) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return false;
-  const std::string_view v(e);
-  NF4FLASH_CHECK(v == off || v == on, name, "=", v, ": expected ", off, " or ", on);
-  return v == on;
-}
+// Multiprocessors of the current device (queried once per process).
+int device_sm_count();
+// Compute capability major version of the current device (queried once per process).
+int device_cc_major();
 
 // The launch configuration of launch_k / launch_k_ptr: the programmatic-serialization attribute
 // (stored in *attr) when pdl_enabled().
@@ -120,14 +110,10 @@ inline cudaLaunchConfig_t pdl_launch_config(dim3 grid, dim3 block, size_t smem, 
   return cfg;
 }
 
-// The empty-launch ablation (EmptyLaunches, launchers.h): launch_k's stand-in kernel.
-void launch_empty(dim3 grid, dim3 block, size_t smem, cudaStream_t st);
-
 // kernel<<<grid, block, smem, st>>>(args...) with the programmatic-serialization attribute when
 // pdl_enabled(). Only for kernels that call pdl_wait() as described above.
 template <typename... KArgs, typename... Args>
 void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
-  if (empty_launches()) return launch_empty(grid, block, smem, st);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pdl_launch_config(grid, block, smem, st, &attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

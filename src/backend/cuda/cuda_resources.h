@@ -3,12 +3,11 @@
 // layouts, the VRAM trace, and the small host helpers the upload code uses (element load/store by
 // dtype, powers of two, cuBLAS data types).
 #pragma once
-#include <cstdlib>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -19,14 +18,15 @@ namespace nf4flash::cuda_impl {
 
 using namespace cuda;
 
-// NF4FLASH_VRAM_TRACE=1: device memory in use (total - free, all of the GPU) after each step of
-// the backend's setup and after each allocation of >= 8 MiB, on stderr (where peak VRAM goes).
+// CudaTuning::vram_trace (set when a backend is created; process-wide): device memory in use
+// (total - free, all of the GPU) after each step of the backend's setup and after each allocation
+// of >= 8 MiB, on stderr (where peak VRAM goes).
+inline std::atomic<bool>& vram_trace_on() {
+  static std::atomic<bool> on{false};
+  return on;
+}
 inline void vram_trace(const char* what, size_t bytes = 0) {
-  static const bool on = [] {
-    const char* v = std::getenv("NF4FLASH_VRAM_TRACE");
-    return v && *v && std::string_view(v) != "0";
-  }();
-  if (!on) return;
+  if (!vram_trace_on().load(std::memory_order_relaxed)) return;
   size_t f = 0, t = 0;
   if (cudaMemGetInfo(&f, &t) != cudaSuccess) return;
   std::fprintf(stderr, "vram: %-28s %+9.1f MiB  used %.3f GiB\n", what, double(bytes) / (1 << 20),

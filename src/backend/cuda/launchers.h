@@ -1,5 +1,5 @@
 // Host-side entry points of the CUDA kernels (one launcher per op, params structs, no CUDA types
-// beyond cudaStream_t). Implemented in ops_*.cu; used by cuda_backend.cu and the kernel bench.
+// beyond cudaStream_t). Implemented in ops_*.cu and sm90a/; used by the CUDA backend and bench/kernels.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -11,22 +11,11 @@
 
 namespace nf4flash::cuda {
 
-// kernel-bench's empty-launch ablation: while an EmptyLaunches guard is alive on this thread,
-// launch_k and launch_k_ptr (cuda_common.cuh) launch an empty kernel (pdl_trigger, pdl_wait,
-// return) with the same grid, block and dynamic shared memory instead of the kernel asked for:
-// the launches and their dependencies, none of their work. WRONG RESULTS by design; nothing but
-// kernel-bench (and its test) sets one. Kernels launched with <<<>>> are not affected.
-bool empty_launches();
-class EmptyLaunches {
- public:
-  explicit EmptyLaunches(bool on = true);
-  ~EmptyLaunches();
-  EmptyLaunches(const EmptyLaunches&) = delete;
-  EmptyLaunches& operator=(const EmptyLaunches&) = delete;
-
- private:
-  bool prev_;
-};
+// Programmatic dependent launch (launch_k, cuda_common.cuh): on where the device has compute
+// capability >= 9.0 and the backend's tuning asks for it (CudaTuning::pdl, set when a backend is
+// created; process-wide).
+void set_pdl_requested(bool on);
+bool pdl_enabled();
 
 // ---- 4-bit weights (layout: kernels/gemv_q4.cuh) --------------------------------------------
 struct Q4Device {
@@ -40,23 +29,20 @@ struct Q4Device {
   int64_t rows = 0, cols = 0, RT = 0, KT = 0;
   int log2_blocksize = 6, log2_nested = 8;
   bool double_quant = false;
-  // 0: tile16x64 (row tile rt's KT tiles contiguous, kernels/gemv_q4.cuh). G > 0 (kernel-bench's
-  // experiment, CudaBackendOptions::q4_tile_group): groups of G column tiles of all row tiles side
-  // by side, tile (rt, kt) at ((kt / G) * RT + rt) * G + kt % G, so that blocks on neighbouring row
-  // tiles read neighbouring bytes at the same time; the absmax records (16 per tile) alike. Read by
-  // the lean decode GEMV (h8u4d3, T = 1, G = 32) alone; every other 4-bit path refuses it.
-  int tile_group = 0;
 };
 
 void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* tiles_dev,
                cudaStream_t st);
-// Per-tile records in [RT][KT] order (codes: 512 bytes, absmax: 16 u8 or 16 f32) -> dst in groups of G
-// column tiles (Q4Device::tile_group); KT % G == 0, rec_bytes a multiple of 16.
-void q4_group_tiles(const uint8_t* src_dev, int64_t RT, int64_t KT, int G, int rec_bytes, uint8_t* dst_dev,
-                    cudaStream_t st);
-// Refuses (Error naming `who`) a weight in the grouped tile layout: the paths that read tile16x64 only.
-void q4_require_tile16x64(const Q4Device& w, const char* who);
 
+constexpr int kGemvMaxRows = 8;
+// 4-bit linears of up to this many rows run a GEMV (1..8 rows the decode GEMV, 9..32 the register
+// GEMV in launches of 8) rather than the GEMM path (CudaTuning::gemv_max_rows overrides). H200,
+// nf4-dq, GEMV against dequantize + cuBLAS:
+//   14336x4096: T=16 44.3 vs 91.6 us, T=32 87.9 vs 88.8, T=64 175.1 vs 90.3
+//   4096x14336: T=16 37.9 vs 90.8 us, T=32 75.4 vs 91.4, T=64 150.1 vs 94.1
+constexpr int kGemvRowsDefault = 32;
+
+// The register-prefetch GEMV (kernels/gemv_q4.cuh): one weight, T <= 8 tokens, plain store.
 struct GemvQ4Args {
   const Q4Device* w = nullptr;
   const void* x = nullptr;   // [T, cols], act dtype (BF16 or F16)
@@ -65,104 +51,34 @@ struct GemvQ4Args {
   const float* bias = nullptr;  // [rows] or null
   void* out = nullptr;       // [T, rows]
   DType out_dtype = DType::BF16;  // act or F32
-  int grid = 0;              // 0: as many blocks as fit the GPU at once
 };
 void gemv_q4(const GemvQ4Args& a, cudaStream_t st);
-constexpr int kGemvMaxRows = 8;
-// 4-bit linears of up to this many rows run the GEMV in 8-row launches rather than dequantize +
-// cuBLAS. Measured on the H200 (kernel-bench "threshold" rows, commit 6635328, nf4-dq):
-//   14336x4096: T=16 44.3 vs 91.6 us, T=32 87.9 vs 88.8, T=64 175.1 vs 90.3
-//   4096x14336: T=16 37.9 vs 90.8 us, T=32 75.4 vs 91.4, T=64 150.1 vs 94.1
-// so the GEMV wins up to 32 rows and loses from 64. NF4FLASH_GEMV_MAX_ROWS overrides.
-constexpr int kGemvRowsDefault = 32;
 
-// ---- L2 prefetch plan of a captured decode step (kernels/l2_prefetch.cuh) --------------------
-constexpr int kPfMaxGroups = 3, kPfMaxRanges = 4;
-constexpr int kPfLookHost = 4;  // descriptors a kernel reads: its own and the next three (table ends zeroed)
-struct L2PfRange {
-  const uint8_t* ptr = nullptr;
-  int64_t len = 0;  // multiple of 16
-};
-struct L2PfGroup {
-  int64_t vlen = 0;  // sum of the ranges' lengths
-  int32_t nr = 0, pad_ = 0;
-  L2PfRange r[kPfMaxRanges];
-};
-struct L2PfLaunch {
-  int64_t vstart = 0, vlen = 0, dist = 0;
-  int32_t ng = 0, pad_ = 0;
-  L2PfGroup g[kPfMaxGroups];
-};
-
-// Stream-K GEMV over up to kQsMaxSegs 4-bit weights sharing cols, code, quantization params
-// and (double quant) nested code, with a fused epilogue (kernels/gemv_q4_stream.cuh). sm_90+.
-constexpr int kQsMaxSegs = 3;
+// The decode GEMV (kernels/gemv_q4_decode.cuh) over up to kGemvMaxSegs 4-bit weights sharing x,
+// cols and quantization parameters (the nested code table of w[0] serves all), with a fused
+// epilogue: Store (out[i] = x W_i^T + b_i: q, k, v), Residual (out[0] += round(x W^T + b)), SwiGLU
+// (w[0] = gate, w[1] = up: out[0] = silu(round(gate)) * round(up)). With norm_w, x is replaced by
+// rms_norm(x) * norm_w first (bit for bit what rms_norm gives) where gemv_q4_norm_fusable says so.
+// x is staged in shared memory where it fits, else read from global memory.
+constexpr int kGemvMaxSegs = 3;
 enum class GemvEpilogue : int { Store = 0, Residual = 1, SwiGLU = 2 };
-struct Q4StreamSeg {
-  const uint8_t* tiles = nullptr;
-  const void* absmax = nullptr;          // f32 [RT][KT][16], or u8 codes (double quant)
-  const float* nested_absmax = nullptr;  // double quant
-  float offset = 0.0f;                   // double quant
-  const float* bias = nullptr;           // [rows] or null
-  void* out = nullptr;                   // [T, rows]: Store/SwiGLU (segment 0)/Residual (in place)
-  int64_t rows = 0, RT = 0;
-};
-struct GemvQ4MultiArgs {
-  const Q4Device* w[kQsMaxSegs] = {};
-  const float* bias[kQsMaxSegs] = {};
-  void* out[kQsMaxSegs] = {};
+struct GemvQ4DecodeArgs {
+  const Q4Device* w[kGemvMaxSegs] = {};
+  const float* bias[kGemvMaxSegs] = {};
+  void* out[kGemvMaxSegs] = {};
   int nseg = 1;
-  GemvEpilogue ep = GemvEpilogue::Store;  // SwiGLU: w[0] = gate, w[1] = up, out[0] = result
-  const void* x = nullptr;
+  GemvEpilogue ep = GemvEpilogue::Store;
+  const void* x = nullptr;        // [T, cols]
   DType act = DType::BF16;
-  int T = 1;
+  int T = 1;                      // 1..kGemvMaxRows
   DType out_dtype = DType::BF16;  // F32 only with Store
-  float* partials = nullptr;      // >= gemv_q4_stream_partials_floats()
-  int* counters = nullptr;        // zeroed, >= units (sum of row tiles; SwiGLU: gate row tiles)
-  int64_t counters_len = 0;
-  const L2PfLaunch* l2pf = nullptr;  // gemv_q4_seq: this launch's prefetch descriptor or null
-  // gemv_q4_seq with gemv_q4_norm_fusable(T, cols): x is normalized first (rms_norm with this f32
-  // weight [cols], bit for bit what rms_norm gives); null: x is used as it is
-  const float* norm_w = nullptr;
+  const float* norm_w = nullptr;  // f32 [cols] or null
   float norm_eps = 0.f;
-  // gemv_q4_seq's stream-K form (gemv_q4_lean.cuh): kGemvSkSlotBytes per block, zeroed, for
-  // sk_cap blocks; null: never stream-K
-  unsigned long long* sk_slots = nullptr;
-  int sk_cap = 0;
-  int ablate = 0;  // gemv_q4_seq: kernel-bench's ablations (CudaBackendOptions::gemv_ablate; wrong results)
 };
-constexpr int kGemvSkSlotBytes = 2 * 128 * 8;
-void gemv_q4_multi(const GemvQ4MultiArgs& a, cudaStream_t st);
-// The in-order GEMV over the same segments and epilogues (kernels/gemv_q4_seq.cuh): blocks take
-// whole units (row tiles; SwiGLU: gate then up row tile) in order, two batches of tiles per warp
-// in flight, and prefetch the weights `dist` bytes ahead into L2 (a.l2pf). Any sm_80+ GPU; the
-// prefetch needs sm_90.
-void gemv_q4_seq(const GemvQ4MultiArgs& a, cudaStream_t st);
-std::string_view gemv_q4_seq_cfg();  // the configuration in use (NF4FLASH_GEMV_SEQ_CFG or the default)
-// Dependent in-order GEMVs (stage s reads what stage s-1 wrote; each stage as gemv_q4_seq takes
-// it, with its norm) in one persistent launch of the lean kernel, when they qualify: 2..
-// kGemvChainMaxStages stages with the same quantization (cols may differ), T and compute dtype.
-// counters: kGemvChainMaxStages + 1 device words, zero (the launch leaves them zero). false:
-// nothing launched (the caller runs the stages one launch each). launch = false: only whether it
-// would.
-constexpr int kGemvChainMaxStages = 4;
-bool gemv_q4_chain(const GemvQ4MultiArgs* st, int n, unsigned* counters, cudaStream_t s, bool launch = true);
-// Whether chains run as one launch at all: NF4FLASH_GEMV_CHAIN=1 (opt-in: measured slower than
-// one launch per stage on the H200) and the in-order GEMV's configuration is one the chain is
-// built for.
-bool gemv_q4_chain_enabled();
-// Whether gemv_q4_seq can fold an rms_norm of its input into its prologue for T tokens of cols
-// columns (the lean kernel with 256-thread blocks, x staged in shared memory).
+void gemv_q4_decode(const GemvQ4DecodeArgs& a, cudaStream_t st);
+// Whether gemv_q4_decode can fold an rms_norm of its input into its prologue for T tokens of cols
+// columns (x staged in shared memory).
 bool gemv_q4_norm_fusable(int64_t T, int64_t cols);
-
-int64_t gemv_q4_stream_partials_floats();
-// Whether the stream kernel can run on the current device (sm_90+, built for it) and is selected
-// (NF4FLASH_GEMV_Q4 "stream" or "streamk"); gemv_q4_seq_enabled: the in-order kernel is
-// (NF4FLASH_GEMV_Q4 unset, "auto" or "seq"); callers use gemv_q4 + elementwise ops otherwise.
-bool gemv_q4_stream_enabled();
-bool gemv_q4_seq_enabled();
-bool gemv_q4_stream_supported();  // sm_90+, whatever NF4FLASH_GEMV_Q4 says
-bool gemv_q4_stream_all();        // NF4FLASH_GEMV_Q4=stream: lone GEMVs take the stream kernel too
 
 // Dequantize the whole weight into a dense [rows, cols] buffer of `dtype` (F32/F16/BF16).
 // Rows [row0, row0 + nrows) of w (all when nrows < 0) to a dense [nrows, cols] matrix at out.
@@ -190,35 +106,28 @@ struct GemmQ4Args {
   void* out = nullptr;              // [T, rows]
   DType out_dtype = DType::BF16;    // act or F32
   // split tail: the units of the last, partial wave of blocks split K s ways when the wave model
-  // predicts a gain (kernels/gemm_q4_wgmma_ws.cuh), or as NF4FLASH_Q4GEMM_SPLITK=s says (1: never)
+  // predicts a gain (kernels/gemm_q4_wgmma_ws.cuh)
   Q4SplitWs split;
 };
 bool gemm_q4_wgmma_built();        // this build has the sm_90a kernel
 bool gemm_q4_wgmma_supported();    // built, and the current device is compute capability 9.0
 void gemm_q4_wgmma(const GemmQ4Args& a, cudaStream_t st);
-// Several weights sharing x in one launch (warp-specialized kernel): out[i] = x W_i^T + bias[i] for
-// nseg <= 3 weights with the same cols and quantization parameters (q, k, v); or, with swiglu,
-// out[0] = silu(x W_0^T + b_0) * (x W_1^T + b_1), each product rounded to the compute dtype first
-// (what linear + linear + silu_mul give, without the gate buffer). Output dtype = act.
+// Several weights sharing x in one launch: out[i] = x W_i^T + bias[i] for nseg <= 3 weights with the
+// same cols and quantization parameters (q, k, v; gate and up). Output dtype = act.
 struct GemmQ4MultiArgs {
   int nseg = 1;
-  bool swiglu = false;
   const Q4Device* w[3] = {};
   const float* bias[3] = {};
   void* out[3] = {};
   const void* x = nullptr;
   DType act = DType::BF16;
   int64_t T = 0;
-  Q4SplitWs split;  // as GemmQ4Args (not with swiglu)
+  Q4SplitWs split;  // as GemmQ4Args
 };
 void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& a, cudaStream_t st);
-// The block configuration for T rows over row_blocks blocks of 128 weight rows ("ws-n128s6":
-// warp-specialized, 128 tokens, 6 stages), or NF4FLASH_Q4GEMM_CFG when set (one of
-// gemm_q4_wgmma_cfgs()); multi launches need a ws-* configuration (false when the override names
-// another).
+// The block configuration the launch of T rows over row_blocks blocks of 128 weight rows takes
+// (e.g. "ws-n128s6": warp-specialized, 128 tokens a block, 6 stages), for the reported path.
 std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks);
-bool gemm_q4_wgmma_multi_ok(int64_t T, int64_t row_blocks);
-const char* const* gemm_q4_wgmma_cfgs();  // null-terminated
 
 struct GemvDenseArgs {
   const void* w = nullptr;   // [N, K]
@@ -230,8 +139,6 @@ struct GemvDenseArgs {
   const float* bias = nullptr;
   void* out = nullptr;       // [T, N]
   DType out_dtype = DType::BF16;
-  const L2PfLaunch* l2pf = nullptr;  // this launch's prefetch descriptor (captured decode) or null
-  bool residual = false;     // out += round(x W^T + b) (out in the compute dtype)
 };
 void gemv_dense(const GemvDenseArgs& a, cudaStream_t st);
 
@@ -251,12 +158,7 @@ struct GemvDenseMultiArgs {
   DType act = DType::BF16;
   int T = 1;
   DType out_dtype = DType::BF16;
-  // x = rms_norm(x) * norm_w first, bit for bit rms_norm's result (f32 [K]; null: x as it is); x
-  // is then staged in shared memory: T * (2K + 16) bytes at most kDenseNormXMax
-  const float* norm_w = nullptr;
-  float norm_eps = 0.f;
 };
-constexpr int kDenseNormXMax = 40 * 1024;
 bool gemv_dense_multi_applies(const GemvDenseMultiArgs& a);
 void gemv_dense_multi(const GemvDenseMultiArgs& a, cudaStream_t st);
 
@@ -305,6 +207,9 @@ void kv_write(const KvWriteArgs& a, cudaStream_t st);
 void rope_kv_write(const RopeArgs& r, const KvWriteArgs& kv, cudaStream_t st);
 
 // ---- attention (kernels/attention_*.cuh) --------------------------------------------------------
+// The prompt flash kernel: mma.sync (any sm_80+ GPU) or wgmma + TMA (sm_90a build on a CC 9.0 GPU).
+enum class FlashKernel : uint8_t { Mma, Wgmma };
+
 struct AttnArgs {
   const void* q = nullptr;   // [T, n_heads*hd] (row stride q_stride elements)
   void* out = nullptr;       // [T, n_heads*hd] (row stride out_stride)
@@ -319,40 +224,14 @@ struct AttnArgs {
   const int32_t* pos0 = nullptr;
   float* workspace = nullptr;     // split-K partials (decode)
   int64_t workspace_floats = 0;
-  int* counters = nullptr;  // decode: >= T * n_heads zeroed ints (the fused combine; null: combine kernel)
   int num_sms = 132;
-  int dec_min_chunk = 64;  // decode: fewest positions per split (attention_decode sets it)
-  // decode: 1 = the active splits take the context's block steps round robin instead of one slice
-  // each (NF4FLASH_DECODE_ORDER=interleave; attention_decode sets it; decode_span in attention.cuh)
-  int dec_interleave = 0;
-  // attention_decode_rope (T = 1): this step's k and v rows [n_kv*hd], unrotated like q, and the
-  // rope frequencies [hd/2]; dec_cluster: splits per thread-block cluster (the launcher sets it)
-  const void* k_new = nullptr;
-  const void* v_new = nullptr;
-  const float* inv_freq = nullptr;
-  int dec_cluster = 0;
+  FlashKernel flash = FlashKernel::Mma;  // attention_flash: the kernel (the backend resolves it once)
 };
 // Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
 void attention_decode(const AttnArgs& a, cudaStream_t st);
 constexpr int kDecodeMaxRows = 4;
 constexpr int kDecodeMaxSplits = 128;
-// rope(q, k) + kv_write(k, v) + attention_decode for one token (T = 1) in one launch: q, k_new
-// and v_new unrotated (left so: the kernel keeps the rotated values to itself), k and v written to
-// the cache at pos0. Splits merged in a thread-block cluster (or, past one cluster's reach, by the
-// last cluster). Opt-in (NF4FLASH_DECODE_FUSED=1: measured slower end to end); where
-// attention_decode_rope_unsupported(a) is non-empty (why), the caller runs rope_kv_write +
-// attention_decode instead.
-void attention_decode_rope(const AttnArgs& a, cudaStream_t st);
-std::string attention_decode_rope_unsupported(const AttnArgs& a);
-// Whether the fused form is asked for (NF4FLASH_DECODE_FUSED=1; a bad value is refused by name):
-// callers test it before building arguments, so the default path does no work for it.
-bool attention_decode_rope_enabled();
-// Clusters of C (<= 8) fused decode blocks this GPU holds at once (cudaOccupancyMaxActiveClusters).
-int decode_rope_resident_clusters(int C);
-// Whether decode attention merges its splits in the last split block (NF4FLASH_ATTN_COMBINE).
-bool attention_combine_fused();
-constexpr int kDecodeCounters = 4096;  // ints the caller zeroes once: T * n_heads <= this
-// Partials for T tokens (the counters of the fused combine are separate: T * n_heads ints).
+// Partials (m, l, acc) of every split for T tokens.
 int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim);
 // Tiled causal attention with online softmax (any T), CUDA cores ("sdpa").
 void attention_prefill(const AttnArgs& a, cudaStream_t st);
@@ -361,14 +240,11 @@ void attention_prefill(const AttnArgs& a, cudaStream_t st);
 std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim);
 void attention_flash(const AttnArgs& a, cudaStream_t st);
 // The Hopper form of the flash kernel (wgmma + TMA, kernels/attention_flash_wgmma.cuh): same
-// contract as attention_flash (checked by it); built for sm_90a only. attention_flash takes it on a
-// CC 9.0 GPU unless NF4FLASH_FLASH_KERNEL=mma (=wgmma where it cannot run is an error);
-// `overlap`: FA3's intra-warpgroup overlap and ping-pong (false: NF4FLASH_FLASH_KERNEL=wgmma-serial).
-enum class FlashKernel { Mma, Wgmma, WgmmaSerial };
-FlashKernel attention_flash_kernel();
+// contract as attention_flash (checked by it); built for sm_90a only. attention_flash runs it when
+// AttnArgs::flash says Wgmma.
 bool attention_flash_wgmma_built();
-bool attention_flash_wgmma_supported();
-void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st, bool overlap);
+bool attention_flash_wgmma_supported();  // built, and the current device is compute capability 9.0
+void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st);
 
 // Eager (materialized scores, as transformers' eager): S = Q K^T and O = P V by cuBLAS per kv-head
 // group (strided batches over the group's q heads, K/V never repeated), softmax kernel between.

@@ -26,7 +26,7 @@
 // 4j + e = row 16w + g + 8 (e >> 1), column 8j + 2t + (e & 1) -- the same per-warp layout as the
 // mma.sync kernel's s[n][e] / o[n][e], so its softmax and store code carry over.
 //
-// PP (the default; kernel-bench measures both): FA3's two schedules on top --
+// PP (the launcher always sets it; PP = false is the same kernel without them): FA3's two schedules on top --
 //   intra-warpgroup overlap: tile j's S = Q K_j^T is issued together with tile j-1's O += P V_{j-1}
 //              (P kept from the previous iteration), so the tensor cores work on both while the
 //              warpgroup waits for S_j and runs its softmax; O is rescaled once P V_{j-1} is done;

@@ -7,27 +7,19 @@
 // weights: Q4Device's tile16x64 layout (kernels/gemv_q4.cuh), absmax plain f32 or double-quant u8
 // codes decoded here.
 //
-// Block: NWG warpgroups (128 threads each) over BM = 64 * NWG weight rows x BN tokens; the K loop
-// walks the 64-column tiles of the layout. For column tile kt:
-//   - a cp.async ring of S stages, S - 2 tiles ahead, brings the x tile [BN x 64] in the 128-byte
-//     swizzled K-major layout (wgmma's B operand, kernels/wgmma.cuh), the block's 4 * NWG row
-//     tiles of codes (512 bytes each, one 16-byte chunk per thread) and their absmax (64 bytes:
-//     16 f32, or 16 u8 codes);
-//   - warp w decodes row tile w straight into wgmma A fragments (registers, "RS" wgmma): lane
+// This file holds the pieces the warp-specialized kernel (gemm_q4_wgmma_ws.cuh) computes with:
+//   - the decode of a row tile straight into wgmma A fragments (registers, "RS" wgmma): lane
 //     (g, t) loads its 16 code bytes (rows g, g + 8 x columns 16t .. 16t + 15), a 4 x 4 exchange
 //     of 4-byte packets inside the quad (4 shuffles) gives it the bytes of its fragment slots
 //     (columns 16s + 2t, +1, +8, +9 of K step s), each byte becomes two f32 codes through a
 //     per-lane copy of a byte -> code-pair table in shared memory (one 8-byte LDS), times the f32
 //     absmax (two FMUL), rounded into one 16-bit pair (one cvt);
-//   - the warpgroup issues 4 wgmma m64nBNk16 and waits only for the previous tile's, so the
-//     tensor cores multiply tile kt while the warps decode tile kt + 1 (two register sets for A).
-// Ring slot reuse: the slot loaded at step kt held tile kt - 2, whose wgmma every warpgroup has
-// waited for before the step's __syncthreads.
-// Grid: (ceil(RT / (4 * NWG)), ceil(T / BN)). Rows beyond `rows` (the layout pads to 16) and
-// tokens beyond T are zero-filled and never stored.
+//   - the 4 wgmma m64nBNk16 of a column tile against the x tile [BN x 64] in the 128-byte swizzled
+//     K-major layout (wgmma's B operand, kernels/wgmma.cuh);
+//   - the store of the accumulators (+ bias). Rows beyond `rows` (the layout pads to 16) and tokens
+//     beyond T are never stored.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
 #include "backend/cuda/kernels/mma.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
@@ -35,22 +27,9 @@
 
 namespace nf4flash::cuda {
 
-struct Q4GemmKArgs {
-  Q4Device w;
-  const void* x;  // [T, cols]
-  int T;
-  const float* bias;  // [rows] or null
-  void* out;          // [T, rows]
-};
-
-// Shared memory of one block: per stage the x tile, codes and absmax; the code-pair table
-// ([256][32][2] f32, lane L's copy of entry b at byte 256b + 8L: code[b >> 4], code[b & 15]); the
-// 16 codes (f32) and the 256-entry nested code table; 1024 bytes of alignment slack.
-constexpr int kQ4gLutBytes = 256 * 32 * 8;  // the f32 code-pair table: 256 entries x 32 lanes x 2 f32
-__host__ __device__ constexpr int q4g_stage_bytes(int nwg, int bn) { return bn * 128 + nwg * 4 * (512 + 64); }
-__host__ __device__ constexpr int q4g_smem_bytes(int nwg, int bn, int s) {
-  return 1024 + s * q4g_stage_bytes(nwg, bn) + kQ4gLutBytes + (16 + 256) * 4;
-}
+// The code-pair table in shared memory: [256][32][2] f32, lane L's copy of entry b at byte
+// 256b + 8L: code[b >> 4], code[b & 15].
+constexpr int kQ4gLutBytes = 256 * 32 * 8;
 
 // {lo, hi} rounded to a 16-bit pair (lo in the low half)
 template <typename TA>
@@ -61,7 +40,7 @@ __device__ __forceinline__ uint32_t cvt2_16(float lo, float hi) {
   return r;
 }
 
-// The f32 code-pair table (see q4g_smem_bytes) from the 16 codes; the caller syncs after.
+// The f32 code-pair table (kQ4gLutBytes) from the 16 codes; the caller syncs after.
 __device__ __forceinline__ void q4g_fill_lut(uint32_t lut_s, const float* code) {
   for (int i = threadIdx.x; i < 256 * 16; i += blockDim.x) {  // 16 x 16 bytes (two lanes each) per entry
     const int byte = i >> 4;
@@ -175,119 +154,6 @@ __device__ __forceinline__ void q4g_store(TO* out, int64_t rows, const float* bi
       if (n < T && f < rows) out[int64_t(n) * rows + f] = from_f32<TO>(acc[4 * j + e] + ((e & 2) ? b1 : b0));
     }
   }
-}
-
-template <typename TA, typename TO, bool DQ, int NWG, int BN, int S>
-__global__ void __launch_bounds__(NWG * 128, 1) gemm_q4_wgmma_kernel(const Q4GemmKArgs a) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int NT = NWG * 128, RTB = NWG * 4, XS = BN * 128, WS = RTB * 512, SS = RTB * 64;
-  constexpr int XC = BN * 8 / NT;  // 16-byte x chunks per thread and stage
-  static_assert(S >= 3 && (BN * 8) % NT == 0 && (NT / 8) % 8 == 0, "gemm_q4_wgmma: shape");
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
-  const uint32_t base_s = (raw_s + 1023u) & ~1023u;
-  const uint32_t xs_s = base_s, wq_s = xs_s + S * XS, sc_s = wq_s + S * WS, lut_s = sc_s + S * SS;
-  uint32_t* const lut = reinterpret_cast<uint32_t*>(smem_raw + (lut_s - raw_s));
-  float* const s_code = reinterpret_cast<float*>(lut + kQ4gLutBytes / 4);
-  float* const s_nested = s_code + 16;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int KT = int(a.w.KT);
-  const int64_t RT = a.w.RT, cols = a.w.cols;
-  const int64_t rt0 = int64_t(blockIdx.x) * RTB;
-  const int n0 = int(blockIdx.y) * BN;
-  if (tid < 16) s_code[tid] = a.w.code[tid];
-  if constexpr (DQ) {
-    for (int i = tid; i < 256; i += NT) s_nested[i] = a.w.nested_code[i];
-  }
-
-  // Copy assignments, fixed over the K loop (sources advance one column tile per step).
-  // x: chunk ch = tid % 8 of rows tid / 8 + i * NT / 8; (row % 8) is the same for all i.
-  const TA* const x = static_cast<const TA*>(a.x);
-  const int xr = tid >> 3, xch = tid & 7;
-  const TA* const xsrc = x + int64_t(n0 + xr) * cols + xch * 8;
-  const int64_t xstep = int64_t(NT / 8) * cols;
-  const uint32_t xdst = uint32_t(xr * 128 + ((xch ^ (xr & 7)) << 4));
-  uint32_t xmask = 0;
-#pragma unroll
-  for (int i = 0; i < XC; ++i) xmask |= uint32_t(n0 + xr + i * (NT / 8) < a.T) << i;
-  // codes: warp w copies (and later decodes) row tile w, lane L its 16 bytes
-  const int64_t my_rt = rt0 + warp;
-  const bool wok = my_rt < RT;
-  const uint8_t* const wsrc = a.w.tiles + (wok ? my_rt * KT * 512 + lane * 16 : 0);
-  // absmax: plain, 4 chunks per row tile (threads < 4 RTB); double quant, 1 (threads < RTB)
-  constexpr int SCT = DQ ? RTB : RTB * 4;
-  const int s_tr = DQ ? tid : tid >> 2, s_c = DQ ? 0 : tid & 3;
-  const bool sok = tid < SCT && rt0 + s_tr < RT;
-  const uint8_t* const ssrc =
-      sok ? (DQ ? a.w.absq_tiled + (rt0 + s_tr) * KT * 16
-                : reinterpret_cast<const uint8_t*>(a.w.absmax_tiled + (rt0 + s_tr) * KT * 16) + s_c * 16)
-          : a.w.tiles;
-  const uint32_t sdst = uint32_t(s_tr * 64 + s_c * 16);
-
-  auto load_stage = [&](int kt, int slot) {
-    const uint32_t xb = xs_s + slot * XS + xdst;
-#pragma unroll
-    for (int i = 0; i < XC; ++i) {
-      const bool ok = (xmask >> i) & 1u;
-      cp_async16_sa(xb + i * (NT / 8) * 128, ok ? xsrc + i * xstep + int64_t(kt) * 64 : x, ok);
-    }
-    cp_async16_sa(wq_s + slot * WS + warp * 512 + lane * 16, wok ? wsrc + int64_t(kt) * 512 : a.w.tiles, wok);
-    if (tid < SCT)
-      cp_async16_sa(sc_s + slot * SS + sdst, sok ? ssrc + int64_t(kt) * (DQ ? 16 : 64) : a.w.tiles, sok);
-  };
-
-  const Q4gNested<DQ> nested(a.w, my_rt, g);
-
-  __syncthreads();  // s_code, s_nested
-  q4g_fill_lut(lut_s, s_code);
-#pragma unroll
-  for (int s = 0; s < S - 2; ++s) {
-    if (s < KT) load_stage(s, s);
-    cp_async_commit();
-  }
-  float nab0 = 0.f, nab1 = 0.f;
-  nested.load(0, nab0, nab1);
-
-  float acc[BN / 2];
-#pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-  const uint32_t lane8 = 8u * lane;
-
-  // One column tile: wait for its stage, prefetch, decode into A (16 registers), issue its wgmmas.
-  auto step = [&](int kt, uint32_t (&A)[16]) {
-    const int slot = kt % S;
-    cp_async_wait<S - 3>();
-    fence_proxy_async_smem();
-    __syncthreads();
-    {
-      const int nk = kt + S - 2;
-      if (nk < KT) load_stage(nk, nk % S);
-      cp_async_commit();
-    }
-    q4g_decode_a<TA, DQ>(wq_s + slot * WS + warp * 512 + lane * 16, sc_s + slot * SS + warp * 64, lut_s, lane8, g,
-                         t, s_nested, nab0, nab1, a.w.offset, A);
-    if (DQ && kt + 1 < KT) nested.load(kt + 1, nab0, nab1);
-    q4g_mma_tile<TA, BN>(acc, A, xs_s + slot * XS);
-    wgmma_wait<1>();
-  };
-
-  uint32_t A0[16], A1[16];  // two sets: tile kt's stay untouched while its wgmma runs
-  int kt = 0;
-  for (; kt + 1 < KT; kt += 2) {
-    step(kt, A0);
-    step(kt + 1, A1);
-  }
-  if (kt < KT) step(kt, A0);
-  wgmma_wait<0>();
-  wgmma_fence_regs(acc);
-  cp_async_wait<0>();
-
-  q4g_store<TO, BN>(static_cast<TO*>(a.out), a.w.rows, a.bias, a.T, acc, my_rt * 16 + g, n0, t);
-#else
-  __trap();  // built only for sm_90a (gemm_q4_wgmma_supported() says so before any launch)
-#endif
 }
 
 }  // namespace nf4flash::cuda

@@ -12,15 +12,12 @@
 // (streaming loads, L1 no-allocate), x through L1 — gemv_dense_vec_kernel's per-chunk step
 // (dense_x8, dense_dot8) and warp sum, so each output is bit for bit what separate launches (plus
 // silu_mul) give.
-// With norm_w the launch also folds the norm of x into its prologue (rms_norm_linear_multi /
-// rms_norm_linear_swiglu of a bf16-weight decode step), as the 4-bit lean kernel does.
 // Why: the decode step of a bf16-weight model spent ~10 us per launch on k and v (8 MB each) and a
 // launch on silu_mul (ncu, H200): fixed costs, not bytes.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/gemv_dense.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
-#include "backend/cuda/kernels/norm_prologue.cuh"
 
 namespace nf4flash::cuda {
 
@@ -32,18 +29,12 @@ struct DenseMultiArgs {
   int64_t K, units;
   const void* x;
   int nseg, T, out_f32;
-  const float* norm_w;   // NORM: x = rms_norm(x) * norm_w, staged in shared memory (norm_prologue.cuh)
-  float norm_eps;
-  int x_stride;          // NORM: bytes per token row of the staged x
 };
 
-// NORM: x staged in dynamic shared memory [T][x_stride] and normalized in place first (then read
-// from there); else x through L1 (dense_x8). Either way a warp's first batch of weights is loaded
-// before the PDL wait (the weights depend on no earlier kernel).
-template <typename TW, typename TA, int TN, bool SW, int U, bool NORM>
+// x through L1 (dense_x8). A warp's first batch of weights is loaded before the PDL wait (the
+// weights depend on no earlier kernel). Grid: ceil(units / 8) blocks; 256 threads.
+template <typename TW, typename TA, int TN, bool SW, int U>
 __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_constant__ DenseMultiArgs a) {
-  extern __shared__ __align__(16) uint8_t xs[];
-  __shared__ float s_part[NORM ? kGemvMaxRows : 1][8];
   pdl_trigger();
   constexpr int NR = SW ? 2 : 1;  // rows per unit
   const int lane = threadIdx.x & 31;
@@ -80,7 +71,6 @@ __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_cons
     load_batch(lane);
   }
   pdl_wait();
-  if constexpr (NORM) stage_rms_norm_x<TA>(a.x, a.T, a.K, a.x_stride, a.norm_w, a.norm_eps, xs, s_part);
   for (; u < a.units; u += int64_t(gridDim.x) * 8) {
     if (!have) unit_rows();
     float acc[NR][TN];
@@ -99,8 +89,7 @@ __global__ void __launch_bounds__(256) gemv_dense_multi_kernel(const __grid_cons
           for (int n = 0; n < TN; ++n) {
             if (n < a.T) {
               float xf[8];  // once for both rows of a SwiGLU unit
-              if constexpr (NORM) unpack8<TA>(*reinterpret_cast<const uint4*>(xs + n * a.x_stride + c * 16), xf);
-              else dense_x8<TA>(a.x, a.K, n, c, xf);
+              dense_x8<TA>(a.x, a.K, n, c, xf);
 #pragma unroll
               for (int r = 0; r < NR; ++r) {
                 float wf[8];

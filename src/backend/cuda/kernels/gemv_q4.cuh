@@ -1,8 +1,11 @@
-// Fused dequantizing GEMV for bitsandbytes 4-bit weights (NF4/FP4, plain or double-quant absmax):
+// The repacked 4-bit weight layout and what reads it outside the decode GEMV: the tile decode
+// (code table, mma fragments, absmax), the register-prefetch GEMV (gemv_q4_kernel) and the
+// dequantize kernel (q4_dequant8_kernel). bitsandbytes 4-bit weights (NF4/FP4, plain or
+// double-quant absmax):
 //   out[n, r] = sum_k x[n, k] * code[q(r, k)] * absmax(r, k)  (+ bias[r]),   n < T <= 8 tokens.
 // x: [T, cols] bf16/f16 (the compute dtype); out: [T, rows] compute dtype or f32; f32 accumulation.
 //
-// Repacked layout ("tile16x64", made on the GPU at upload by q4_repack_kernel (ops_gemv.cu) from bitsandbytes'
+// Repacked layout ("tile16x64", made on the GPU at upload by q4_repack_kernel (ops_gemv_q4.cu) from bitsandbytes'
 // flat high-nibble-first packing; needs cols % 64 == 0 and a power-of-two blocksize >= 64):
 //   rows are padded to RT = ceil(rows/16) tiles of 16; the 64-column tile kt of row tile rt is
 //   512 bytes at offset (rt*KT + kt)*512. Inside it lane L = 4g + t (g = L>>2, t = L&3) owns the
@@ -15,7 +18,8 @@
 //   (f32 for plain, u8 codes for double quant, decoded in the kernel), one 64-byte (16-byte) load.
 //
 // Decoding: a 256-entry "byte -> two 16-bit codes" table in shared memory, replicated per lane
-// ([256][32] words) so the lookups never conflict on banks: one LDS per two weights. The four mma
+// ([256][64] words, lane L's copy at word L) so the lookups never conflict on banks: one LDS per
+// two weights. The four mma
 // steps of a tile accumulate code*x in f32; the per-row absmax scales the tile's partial sum
 // (f32 FMA), so codes are the only values rounded to 16 bits. Columns of the mma are the tokens.
 #pragma once
@@ -26,13 +30,10 @@
 
 namespace nf4flash::cuda {
 
-constexpr int kQ4Warps = 8;
-constexpr int kQ4Unroll = 4;
-// The register kernel's configuration (ops_gemv.cu): 16 warps, 2 tiles per batch, <= 64 registers
-// (2 blocks/SM), one-byte_perm table addressing. H200, kernel-bench 2026-12-02 (nf4-dq, T = 1):
-// 4096x14336 15.2 us (w8u4m1a0: 16.3), 4096x4096 5.65 (6.24), 14336x4096 18.6 (19.3); decode
-// 307 vs 303 tok/s end to end (docs/performance.md).
-constexpr const char* kQ4DefaultCfg = "w16u2m2a2";
+// The register-prefetch GEMV's configuration (gemv_q4_kernel): 16 warps, 2 tiles per batch, <= 64
+// registers (2 blocks per SM), byte_perm addressing into the [256][64] per-lane table. It serves
+// 4-bit linears of 9..32 rows in launches of 8 (the decode GEMV, gemv_q4_decode.cuh, serves 1..8).
+constexpr int kQ4RegWarps = 16, kQ4RegUnroll = 2, kQ4RegMinBlocks = 2;
 
 template <typename T> __device__ __forceinline__ uint16_t bits16(float v);
 template <> __device__ __forceinline__ uint16_t bits16<__nv_bfloat16>(float v) {
@@ -42,105 +43,54 @@ template <> __device__ __forceinline__ uint16_t bits16<__half>(float v) {
   return __half_as_ushort(__float2half_rn(v));
 }
 
-// One tile for one lane: its 16 code bytes (four words = the A fragments of four mma.m16n8k16
-// steps, decoded two codes per lookup through the per-lane table lut_l) against its 16 x values
-// (xa, xb = the B fragments). d[0..3] += the unscaled partial sums of rows g, g+8 x tokens 2t, 2t+1.
-template <typename TA>
-__device__ __forceinline__ void q4_tile_mma(const uint32_t* lut_l, const uint4& wq, const uint4& xa, const uint4& xb,
-                                            float* d) {
-  const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
-  const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t word = wv[j];
-    uint32_t fa[4];
-    fa[0] = lut_l[(word & 0xffu) << 5];
-    fa[1] = lut_l[((word >> 8) & 0xffu) << 5];
-    fa[2] = lut_l[((word >> 16) & 0xffu) << 5];
-    fa[3] = lut_l[(word >> 24) << 5];
-    mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
-  }
-}
-
 // One lane's code word (4 bytes) through the byte table at a stride of 64 words per entry
-// ([256][64], lane L's copy at word L: still conflict-free) so that one byte_perm builds the whole
-// shared address, byte * 256 + 4L, from the code byte and lane4 = 4L (ADDR 2); or with the
-// [256][32] table, byte * 128 + 4L from byte_perm + shift with lane8 = 8L (ADDR 1). lut_s: the
-// table's shared-window address. fa[k]: the entry of byte k.
-template <int ADDR>
+// ([256][64], lane L's copy at word L: conflict-free) so that one byte_perm builds the whole shared
+// address, byte * 256 + 4L, from the code byte and lane_b = 4L. lut_s: the table's shared-window
+// address. fa[k]: the entry of byte k.
 __device__ __forceinline__ void q4_word_lds(uint32_t lut_s, uint32_t lane_b, uint32_t w, uint32_t* fa) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     // result bytes: [lane_b, code byte k, 0, 0] (selector 4 = lane_b's byte 0, 5 = its zero byte 1)
-    uint32_t off = __byte_perm(w, lane_b, 0x5504u | (uint32_t(k) << 4));
-    if constexpr (ADDR == 1) off >>= 1;
+    const uint32_t off = __byte_perm(w, lane_b, 0x5504u | (uint32_t(k) << 4));
     asm volatile("ld.shared.u32 %0, [%1];" : "=r"(fa[k]) : "r"(lut_s + off));
   }
 }
 
-// The same word decoded like 4 lookups of that table (entry of byte b = code[b >> 4] in the low
-// half, code[b & 15] in the high half), without shared memory: tl/th hold the low/high bytes of
-// the 16 codes' 16-bit patterns (tl[i] byte j = low byte of code 4i+j). Per half-word of 4
-// nibbles: two PRMT pick a byte among codes 0-7 and 8-15 each, a third by the nibble's bit 3, for
-// the low and the high bytes, and two PRMT interleave them: ~21 ALU instructions per word against
-// 4 PRMT + 4 LDS (1 shared wavefront each) for the table. Measured (H200, 4096x14336 nf4-dq T=1,
-// lean kernel): 1 / 2 / 3 / 4 words per tile 13.42 / 15.53 / 17.73 / 19.94 us against 13.61 with
-// the table: the time grows ~0.12 us per instruction added per tile, so trading shared loads for
-// ALU work does not pay (the lean configurations x/y/z/v8u4d3 keep it for comparison).
-__device__ __forceinline__ void q4_word_alu(uint32_t w, const uint32_t* tl, const uint32_t* th, uint32_t* fa) {
-  const uint32_t s7 = w & 0x77777777u;                                // byte index within a half table
-  const uint32_t hs = ((w >> 1) & 0x44444444u) | 0x32103210u;          // + 4 where the nibble's bit 3 is set
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t s = h ? s7 >> 16 : s7, m = h ? hs >> 16 : hs;
-    const uint32_t lo = __byte_perm(__byte_perm(tl[0], tl[1], s), __byte_perm(tl[2], tl[3], s), m);
-    const uint32_t hi = __byte_perm(__byte_perm(th[0], th[1], s), __byte_perm(th[2], th[3], s), m);
-    // byte 2h: nibbles 0 (low) and 1 (high) of this half -> [code(n1), code(n0)]; byte 2h+1: n2, n3
-    fa[2 * h] = __byte_perm(lo, hi, 0x4051);
-    fa[2 * h + 1] = __byte_perm(lo, hi, 0x6273);
-  }
-}
-
-// One tile: the lane's 4 code words through the table (q4_word_lds), the first NALU of them
-// decoded by q4_word_alu instead (tl/th: its register tables), each against its x fragments (mma).
-// ABL (kernel-bench's ablations, gemv_q4_lean.cuh; wrong results): 1 = the byte_perm'd table
-// address itself is the fragment (no shared-memory lookup), 2 = the code word itself (no decode).
-template <typename TA, int ADDR, int NALU = 0, int ABL = 0>
+// One tile: the lane's 4 code words through the table (q4_word_lds), each against its x
+// fragments (one mma.m16n8k16 per word). d[0..3] += the unscaled partial sums of rows g, g+8 x
+// tokens 2t, 2t+1.
+template <typename TA>
 __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                                 const uint4& xb, float* d, const uint32_t* tl = nullptr,
-                                                 const uint32_t* th = nullptr) {
+                                                 const uint4& xb, float* d) {
   const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
   const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t fa[4];
-    if constexpr (ABL == 2) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) fa[k] = wv[j];
-    } else if constexpr (ABL == 1) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) fa[k] = __byte_perm(wv[j], lane_b, 0x5504u | (uint32_t(k) << 4));
-    } else if (j < NALU) {
-      q4_word_alu(wv[j], tl, th, fa);
-    } else {
-      q4_word_lds<ADDR>(lut_s, lane_b, wv[j], fa);
-    }
+    q4_word_lds(lut_s, lane_b, wv[j], fa);
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }
 }
 
-// End of a row tile: the warps' partial sums (mma accumulator layout) are summed over warps in
-// shared memory and rows r < 16 x tokens n < T written (+ bias), f32 or the compute dtype.
-// Ends with a barrier so `red` may be reused.
-template <typename TA, int W>
-__device__ __forceinline__ void q4_finish_row_tile(float (&red)[W][16][8], const float* acc, int64_t rt,
-                                                   int64_t rows, int T, const float* bias, void* out, int out_f32) {
+// The warps' mma accumulators (rows g, g+8 x tokens 2t, 2t+1) into red[warp], then a barrier:
+// after it red[w][r][n] holds warp w's partial sum of row r, token n.
+template <int W>
+__device__ __forceinline__ void q4_publish_acc(float (&red)[W][16][8], const float* acc) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   red[warp][g][2 * t] = acc[0];
   red[warp][g][2 * t + 1] = acc[1];
   red[warp][g + 8][2 * t] = acc[2];
   red[warp][g + 8][2 * t + 1] = acc[3];
   __syncthreads();
+}
+
+// End of a row tile: the warps' partial sums are summed over warps in shared memory and rows
+// r < 16 x tokens n < T written (+ bias), f32 or the compute dtype. Ends with a barrier so `red`
+// may be reused.
+template <typename TA, int W>
+__device__ __forceinline__ void q4_finish_row_tile(float (&red)[W][16][8], const float* acc, int64_t rt,
+                                                   int64_t rows, int T, const float* bias, void* out, int out_f32) {
+  q4_publish_acc<W>(red, acc);
   if (threadIdx.x < 128) {
     const int r = threadIdx.x >> 3, n = threadIdx.x & 7;
     const int64_t row = rt * 16 + r;
@@ -156,7 +106,7 @@ __device__ __forceinline__ void q4_finish_row_tile(float (&red)[W][16][8], const
   __syncthreads();
 }
 
-// Epilogue stores of the fused GEMVs (stream-K and in-order kernels), element o of an output:
+// Epilogue stores of the decode GEMV (gemv_q4_decode.cuh), element o of an output:
 // SwiGLU from the gate and up values already rounded to the compute dtype; a plain result y as f32,
 // as the compute dtype, or added to the residual there (rounded first: the unfused result).
 template <typename TA>
@@ -168,8 +118,7 @@ __device__ __forceinline__ void q4_store_y(void* out, int64_t o, float y, int ou
   if (out_f32) {
     static_cast<float*>(out)[o] = y;
   } else if (residual) {
-    // ld.cg: the residual row may have been written by another block of the same launch (the
-    // lean kernel's chained stages), after this SM's L1 took a copy of its line
+    // ld.cg: read through L2 (the residual row is written by the previous kernel)
     TA* p = static_cast<TA*>(out) + o;
     *p = from_f32<TA>(to_f32<TA>(__ldcg(p)) + to_f32<TA>(from_f32<TA>(y)));
   } else {
@@ -212,21 +161,16 @@ __device__ __forceinline__ float q4_scale(const Q4Device& w, const float* s_nest
   return q4_scale_fin<DQ>(w, s_nested_code, q4_scale_raw<DQ>(w, rt, kt, r));
 }
 
-// Software-pipelined: each warp walks its batches (U column tiles, stride W) of the block's row
-// tiles and issues the next batch's weight/absmax loads before decoding the current one, across
-// row-tile boundaries too (first run: 30-47% of copy bandwidth without it).
-// Template: W warps per block, U tiles per batch, MINB blocks per SM for the register cap, ADDR
-// the table addressing (0: index arithmetic into [256][32]; 1, 2: q4_tile_mma_prmt). The table is
-// dynamic shared memory: q4_lut_bytes(ADDR).
-__host__ __device__ constexpr int q4_lut_bytes(int addr) { return 256 * (addr == 2 ? 64 : 32) * 4; }
+// Bytes of the per-lane code table ([256][64] words), dynamic shared memory of every 4-bit GEMV.
+constexpr int kQ4LutBytes = 256 * 64 * 4;
 
 // The byte -> two codes table, replicated per lane (conflict-free lookups): entry `byte` starts at
 // lut + byte * LS words, the 32 lanes' copies in its first 32 words. s_bits: the 16 codes as 16-bit
 // values, written before a barrier. The caller syncs after. Thread i writes 16-byte chunks i + k*NT
 // (entry chunk >> 3, copies 4 (chunk & 7) ..): a quarter-warp fills one entry's 128 bytes (no bank
 // conflict). With NT = blockDim.x known (a multiple of 128), the entry's low-nibble code is the same
-// for all k and the offsets are immediates: ~6 instructions per chunk instead of ~21 (ncu,
-// fourteenth session: the generic loop was 7% of a 14336x4096 launch's instructions).
+// for all k and the offsets are immediates: ~6 instructions per chunk instead of ~21 (the generic
+// loop was 7% of a 14336x4096 launch's instructions under ncu).
 template <int LS, int NT = 0>
 __device__ __forceinline__ void q4_fill_lut(uint32_t* lut, const uint32_t* s_bits) {
   if constexpr (NT > 0) {
@@ -248,7 +192,7 @@ __device__ __forceinline__ void q4_fill_lut(uint32_t* lut, const uint32_t* s_bit
   }
 }
 
-// Block prologue of the register and ring kernels: the 16 codes, the nested code table (double
+// Block prologue of the register kernel: the 16 codes, the nested code table (double
 // quant) and the table of LS words per entry, each behind a barrier.
 template <typename TA, bool DQ, int LS>
 __device__ __forceinline__ void q4_block_setup(const Q4Device& w, uint32_t* lut, uint32_t* s_bits,
@@ -262,18 +206,22 @@ __device__ __forceinline__ void q4_block_setup(const Q4Device& w, uint32_t* lut,
   __syncthreads();
 }
 
-template <typename TA, bool DQ, int MINB = 1, int W = kQ4Warps, int U = kQ4Unroll, int ADDR = 0>
+// Software-pipelined register GEMV (T <= 8 tokens, one weight, plain store): block b takes row tiles
+// b, b + G, ...; each warp walks its batches (U column tiles, stride W) of the row tile and issues
+// the next batch's weight/absmax loads before decoding the current one, across row-tile boundaries
+// too. x is read from global memory (L1). Grid: min(RT, resident blocks); W*32 threads; dynamic
+// shared memory kQ4LutBytes.
+template <typename TA, bool DQ, int W = kQ4RegWarps, int U = kQ4RegUnroll, int MINB = kQ4RegMinBlocks>
 __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_kernel(const Q4KernelArgs a) {
-  extern __shared__ __align__(16) uint32_t lut[];  // [256][32] or [256][64] (ADDR 2)
+  extern __shared__ __align__(16) uint32_t lut[];  // [256][64]
   __shared__ float red[W][16][8];
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
-  q4_block_setup<TA, DQ, ADDR == 2 ? 64 : 32>(a.w, lut, s_bits, s_nested_code);
+  q4_block_setup<TA, DQ, 64>(a.w, lut, s_bits, s_nested_code);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const uint32_t* lut_l = lut + lane;
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
-  const uint32_t lane_b = ADDR == 1 ? 8u * lane : 4u * lane;
+  const uint32_t lane_b = 4u * lane;
   const int64_t KT = a.w.KT, cols = a.w.cols, rows = a.w.rows, RT = a.w.RT;
   const int NB = int((KT + W * U - 1) / (W * U));  // batches per row tile
   const TA* xrow = static_cast<const TA*>(a.x) + int64_t(min(g, a.T - 1)) * cols + 16 * t;
@@ -319,8 +267,7 @@ __global__ void __launch_bounds__(W * 32, MINB) gemv_q4_kernel(const Q4KernelArg
           const float sg = __shfl_sync(0xffffffffu, sv, g);
           const float sg8 = __shfl_sync(0xffffffffu, sv, g + 8);
           float d[4] = {0.f, 0.f, 0.f, 0.f};
-          if constexpr (ADDR == 0) q4_tile_mma<TA>(lut_l, wc[u], xa, xb, d);
-          else q4_tile_mma_prmt<TA, ADDR>(lut_s, lane_b, wc[u], xa, xb, d);
+          q4_tile_mma_prmt<TA>(lut_s, lane_b, wc[u], xa, xb, d);
           acc[0] = fmaf(d[0], sg, acc[0]);
           acc[1] = fmaf(d[1], sg, acc[1]);
           acc[2] = fmaf(d[2], sg8, acc[2]);
@@ -393,27 +340,6 @@ __global__ void q4_dequant8_kernel(const Q4Device w, int64_t row0, int64_t nrows
     reinterpret_cast<float4*>(o)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(o)[1] = make_float4(v[4], v[5], v[6], v[7]);
   }
-}
-
-// Inverse of the layout: one thread per (row, source byte) writes two dequantized values.
-template <typename TO, bool DQ>
-__global__ void q4_dequant_kernel(const Q4Device w, TO* __restrict__ out) {
-  __shared__ float s_nested_code[256];
-  if constexpr (DQ) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_nested_code[i] = w.nested_code[i];
-    __syncthreads();
-  }
-  const int64_t rb = w.cols / 2;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= w.rows * rb) return;
-  const int64_t row = i / rb, c = i % rb;
-  const int64_t kt = c >> 5, rt = row >> 4;
-  const int cb = int(c & 31), t = cb >> 3, j = (cb & 7) >> 1, e = cb & 1;
-  const int rr = int(row & 15), g = rr & 7, hi = rr >> 3;
-  const uint8_t byte = w.tiles[(rt * w.KT + kt) * 512 + (4 * g + t) * 16 + j * 4 + e * 2 + hi];
-  const float s = q4_scale<DQ>(w, s_nested_code, rt, kt, rr);
-  out[row * w.cols + 2 * c] = from_f32<TO>(w.code[byte >> 4] * s);
-  out[row * w.cols + 2 * c + 1] = from_f32<TO>(w.code[byte & 15] * s);
 }
 
 }  // namespace nf4flash::cuda

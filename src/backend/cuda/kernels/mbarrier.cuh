@@ -1,6 +1,6 @@
 // mbarrier and bulk-copy (TMA) helpers, sm_90: init / expect-tx / arrive / parity wait on a
 // shared-memory mbarrier, 1D bulk copies and 2D tensor-map tile copies that complete on one.
-// Used by the stream-K GEMV's bulk ring and the warp-specialized fused 4-bit GEMM.
+// Used by the warp-specialized fused 4-bit GEMM and the Hopper flash-attention kernel.
 #pragma once
 #include <cstdint>
 

@@ -1,11 +1,10 @@
-// The decode GEMVs' x prologue (the 4-bit lean kernel and the dense multi-weight kernel): x
+// The 4-bit decode GEMV's x prologue (kernels/gemv_q4_decode.cuh): x
 // [T, cols] (16-bit compute dtype) staged into shared memory rows of x_stride bytes, then, with
 // norm_w (f32 [cols]), x = rms_norm(x) * norm_w per token in place, in rms_norm_vec_kernel's
 // arithmetic and order (256 threads: thread i sums the 16-byte chunks i, i + 256, ... with fmaf,
 // warp butterfly, the 8 warp sums in order; then x * inv * w per element), so the normalized rows
-// are bit for bit what the unfused rms_norm writes. Blocks of 256 threads; cols % 8 == 0. x is
-// read through L2 (cp.async.cg), so it may have been written by other blocks of the same launch.
-// Ends with a block barrier.
+// are bit for bit what the unfused rms_norm writes. Blocks of 256 threads; cols % 8 == 0. Ends
+// with a block barrier.
 #pragma once
 #include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
@@ -14,8 +13,7 @@ namespace nf4flash::cuda {
 
 // x rows copied with cp.async (16-byte, L2 path): every chunk of the thread is in flight at once,
 // one round trip for the whole staging (a load-then-store loop waited one L2 round trip per
-// chunk: 7 in a row for a 14336-column x at 256 threads; ncu, fourteenth session). cp.async.cg never
-// reads through L1, so x written by other blocks of the same launch (the chained stages) is seen.
+// chunk under ncu: 7 in a row for a 14336-column x at 256 threads).
 // Waits for its copies; the caller's barrier publishes them.
 template <typename TA>
 __device__ __forceinline__ void stage_x_rows(const void* x, int T, int64_t cols, int x_stride, uint8_t* xs) {

@@ -1,7 +1,5 @@
 // Launcher of the Hopper FlashAttention kernel (kernels/attention_flash_wgmma.cuh). Compiled for
 // sm_90a with the fused GEMM (CMakeLists.txt); elsewhere attention_flash_wgmma_built() is false.
-#include <type_traits>
-
 #include "backend/cuda/kernels/attention_flash_wgmma.cuh"
 #include "backend/cuda/sm90a/tensor_map.h"
 
@@ -28,7 +26,7 @@ bool attention_flash_wgmma_supported() {
 
 // K and V of the layer as [n_kv * capacity, HD] 2D tensor maps, boxes of 64 columns x 128 rows with
 // the 128-byte swizzle the kernel's descriptors expect.
-void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st, bool overlap) {
+void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st) {
   NF4FLASH_CHECK(attention_flash_wgmma_supported(),
                  "attention_flash_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(a.k_cache) % 16 == 0 && reinterpret_cast<uintptr_t>(a.v_cache) % 16 == 0,
@@ -42,27 +40,22 @@ void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st, bool overlap) {
                                          CU_TENSOR_MAP_SWIZZLE_128B, "K cache");
   const CUtensorMap vmap = tensor_map_2d(dt, a.v_cache, a.head_dim, rows, a.head_dim * 2, 64, kFlashWgBK,
                                          CU_TENSOR_MAP_SWIZZLE_128B, "V cache");
-  const bool pp = overlap;  // the FA3 schedules (intra-warpgroup overlap + ping-pong)
+  constexpr bool PP = true;  // the FA3 schedules (intra-warpgroup overlap + ping-pong)
   auto launch = [&](auto kernel, int hd) {
-    const int smem = flash_wg_smem_bytes(hd, pp);
+    const int smem = flash_wg_smem_bytes(hd, PP);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 grid(unsigned(a.n_heads), unsigned((a.T + kFlashWgBQ - 1) / kFlashWgBQ));
     kernel<<<grid, kFlashWgThreads, smem, st>>>(kmap, vmap, a);
     CUDA_CHECK_LAUNCH();
   };
-  auto go = [&](auto pp_c) {
-    constexpr bool PP = decltype(pp_c)::value;
-    if (a.head_dim == 64) {
-      if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 64, PP>, 64);
-      else launch(attn_flash_wgmma_kernel<__half, 64, PP>, 64);
-    } else {
-      NF4FLASH_CHECK(a.head_dim == 128, "attention_flash_wgmma: head_dim ", a.head_dim, " (64 or 128)");
-      if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 128, PP>, 128);
-      else launch(attn_flash_wgmma_kernel<__half, 128, PP>, 128);
-    }
-  };
-  if (pp) go(std::true_type{});
-  else go(std::false_type{});
+  if (a.head_dim == 64) {
+    if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 64, PP>, 64);
+    else launch(attn_flash_wgmma_kernel<__half, 64, PP>, 64);
+  } else {
+    NF4FLASH_CHECK(a.head_dim == 128, "attention_flash_wgmma: head_dim ", a.head_dim, " (64 or 128)");
+    if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 128, PP>, 128);
+    else launch(attn_flash_wgmma_kernel<__half, 128, PP>, 128);
+  }
 }
 
 }  // namespace nf4flash::cuda

@@ -1,6 +1,7 @@
-// Launcher of the fused 4-bit GEMM (kernels/gemm_q4_wgmma.cuh). This file alone is compiled for
-// sm_90a (wgmma is an arch-specific feature; CMakeLists.txt) when the build targets 90; built
-// without it, gemm_q4_wgmma_built() is false and the backend keeps dequantize + cuBLAS.
+// Launcher of the fused 4-bit GEMM (kernels/gemm_q4_wgmma_ws.cuh): the configuration per launch
+// from a wave model, and the split tail. Compiled for sm_90a (wgmma is an arch-specific feature;
+// CMakeLists.txt) when the build targets 90; built without it, gemm_q4_wgmma_built() is false and
+// the backend keeps dequantize + cuBLAS.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -18,18 +19,13 @@ namespace nf4flash::cuda {
 
 namespace {
 
+// The warp-specialized kernel's configurations: BN tokens a block, S pipeline stages. f32 output
+// (the prompt's logits) takes ws-n128s6 alone.
 struct Cfg {
   const char* name;
-  bool ws;  // warp-specialized (TMA producer warp) or the cp.async kernel
   int bn, stages;
-  bool f32_out;  // instantiated with an f32 output too
 };
-// Every instantiated configuration (kernel-bench sweeps them, the gpu tests run each).
-constexpr Cfg kCfgs[] = {
-    {"ws-n64s8", true, 64, 8, false},  {"ws-n128s6", true, 128, 6, true}, {"ws-n256s4", true, 256, 4, false},
-    {"w2n64s4", false, 64, 4, false},  {"w2n128s4", false, 128, 4, true}, {"w2n256s4", false, 256, 4, false},
-};
-constexpr int kNumCfgs = int(sizeof(kCfgs) / sizeof(kCfgs[0]));
+constexpr Cfg kCfgs[] = {{"ws-n64s8", 64, 8}, {"ws-n128s6", 128, 6}, {"ws-n256s4", 256, 4}};
 
 int device_sms() {
   static int n = [] {
@@ -41,27 +37,8 @@ int device_sms() {
   return n;
 }
 
-// Block order (NF4FLASH_Q4GEMM_RASTER): "col" (default) runs all row blocks of one token tile
-// before the next (x tile shared, weights streamed once per token tile); "row" runs the token
-// tiles of one row block together (weights read once, x from L2).
-bool raster_rows() {
-  const char* v = std::getenv("NF4FLASH_Q4GEMM_RASTER");  // per launch: kernel-bench switches it
-  if (!v || !*v) return false;
-  const std::string_view m(v);
-  NF4FLASH_CHECK(m == "row" || m == "col", "NF4FLASH_Q4GEMM_RASTER=", m, ": expected row or col");
-  return m == "row";
-}
-
-const Cfg& find_cfg(std::string_view name) {
-  for (const Cfg& c : kCfgs)
-    if (name == c.name) return c;
-  std::string known;
-  for (const Cfg& c : kCfgs) known += cat(known.empty() ? "" : ", ", c.name);
-  fail("NF4FLASH_Q4GEMM_CFG=", name, ": unknown configuration (", known, ")");
-}
-
 // Measured time of one block (unit) per 4096 columns on the H200, by token tile: n64 35 us, n128
-// 44, n256 60 (kernel-bench "prefill" rows at 37306e0, nf4-dq, T=512: one-wave launches 1024x4096
+// 44, n256 60 (kernel microbenchmark, nf4-dq, T=512: one-wave launches 1024x4096
 // n64 35.9, 4096x4096 n128 44.8 / n256 59.6; 14336x4096 n128 4 waves 172.4, n256 2 waves 121.5;
 // the c0fa985 calibration, 30 / 36 / 55, had n128 20% low).
 double unit_us(const Cfg& c) { return c.bn == 64 ? 35.0 : c.bn == 128 ? 44.0 : 60.0; }
@@ -72,18 +49,11 @@ double unit_us(const Cfg& c) { return c.bn == 64 ? 35.0 : c.bn == 128 ? 44.0 : 6
 // measured pick at T=512 (14336x4096 n256, 4096x14336 and 4096x4096 n128, 1024x4096 n64) and
 // n256 on every shape at T=4096.
 const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
-  if (const char* v = std::getenv("NF4FLASH_Q4GEMM_CFG"); v && *v) {
-    const Cfg& c = find_cfg(v);
-    NF4FLASH_CHECK(out_dtype != DType::F32 || c.f32_out, "NF4FLASH_Q4GEMM_CFG=", v,
-                   " has no f32-output kernel (ws-n128s6 and w2n128s4 have)");
-    return c;
-  }
   if (out_dtype == DType::F32) return kCfgs[1];
   const int64_t sms = std::max(1, device_sms());
   const Cfg* best = nullptr;
   double best_cost = 0;
-  for (int idx = 0; idx < 3; ++idx) {  // the ws-* configurations
-    const Cfg& c = kCfgs[idx];
+  for (const Cfg& c : kCfgs) {
     const int64_t blocks = rb * ((T + c.bn - 1) / c.bn);
     const double cost = double((blocks + sms - 1) / sms) * unit_us(c);
     if (!best || cost < best_cost || (cost == best_cost && c.bn > best->bn)) best = &c, best_cost = cost;
@@ -109,7 +79,7 @@ Sched tail_sched(const Cfg& c, int64_t T, int64_t rb, int64_t K, int s, const Q4
   Sched r{&c, 1, units, units};
   const int64_t tail = units % sms;
   const int64_t KT = K / 64, kps = (KT + s - 1) / s;
-  if (s <= 1 || !c.ws || tail == 0 || (KT + kps - 1) / kps != s) return r;
+  if (s <= 1 || tail == 0 || (KT + kps - 1) / kps != s) return r;
   if (tail > ws.n_tickets || tail * s * c.bn * 128 > ws.floats || !ws.partial || !ws.tickets) return r;
   r.split = s;
   r.dp_units = units - tail;
@@ -128,41 +98,22 @@ double sched_us(const Sched& sc, int64_t K) {
   return std::floor(double(sc.dp_units) / sms) * t + std::ceil(tail_blocks / sms) * (t / sc.split + slices);
 }
 
-// The schedule of a launch: pick()'s configuration unsplit, unless a split tail (2-4 ways, any ws-*
-// configuration) is predicted 5% faster; 16-bit output only. NF4FLASH_Q4GEMM_SPLITK=s forces s
-// splits on the configuration pick() (or NF4FLASH_Q4GEMM_CFG) gives (1: never; an error where the
-// schedule cannot split); NF4FLASH_Q4GEMM_CFG alone turns the automatic split off.
+// The schedule of a launch: pick()'s configuration unsplit, unless a split tail (2-4 ways, any
+// configuration) is predicted 5% faster; 16-bit output only.
 Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, const Q4SplitWs& ws) {
   const Cfg& base = pick(T, out_dtype, rb);
-  const Q4SplitWs none{};
-  const Q4SplitWs& w = out_dtype == act ? ws : none;
-  Sched best = tail_sched(base, T, rb, K, 1, w);
-  if (const char* v = std::getenv("NF4FLASH_Q4GEMM_SPLITK"); v && *v) {
-    const int s = std::atoi(v);
-    NF4FLASH_CHECK(s >= 1 && s <= 16, "NF4FLASH_Q4GEMM_SPLITK=", v, ": expected 1-16");
-    if (s == 1) return best;
-    const Sched f = tail_sched(base, T, rb, K, s, w);
-    NF4FLASH_CHECK(f.split == s, "NF4FLASH_Q4GEMM_SPLITK=", s, ": ", base.name, " at T=", T,
-                   " cannot split (needs a ws-* configuration, 16-bit output, a partial wave of blocks, ",
-                   "column tiles for ", s, " non-empty splits and a workspace of ", (f.units % std::max(1, device_sms())) * s * base.bn * 128,
-                   " floats; have ", w.floats, ")");
-    return f;
-  }
-  if (std::getenv("NF4FLASH_Q4GEMM_CFG") || out_dtype != act) return best;
+  Sched best = tail_sched(base, T, rb, K, 1, ws);
+  if (out_dtype != act) return best;
   const double unsplit = sched_us(best, K);
   double best_us = 0.95 * unsplit;
   for (int s : {2, 3, 4})
-    for (int idx = 0; idx < 3; ++idx) {
-      const Sched c = tail_sched(kCfgs[idx], T, rb, K, s, w);
+    for (const Cfg& cfg : kCfgs) {
+      const Sched c = tail_sched(cfg, T, rb, K, s, ws);
       if (c.split != s) continue;
       if (const double us = sched_us(c, K); us < best_us) best = c, best_us = us;
     }
   return best;
 }
-
-// Who sums a split unit's slices (NF4FLASH_Q4GEMM_SPLIT_FIXUP, read per launch: kernel-bench
-// switches it): "last" (default) the last of its split blocks, "kernel" a second launch.
-bool split_fixup_kernel() { return env_switch("NF4FLASH_Q4GEMM_SPLIT_FIXUP", "last", "kernel"); }
 
 // The dynamic shared-memory opt-in, once per kernel (the template argument is the kernel itself).
 template <auto Kernel>
@@ -174,32 +125,14 @@ void smem_opt_in(int smem) {
   }
 }
 
-// The cp.async kernel: blocks of 8 row tiles x BN tokens.
-template <auto Kernel>
-dim3 prepare(int smem, int64_t RT, int64_t T, int bn) {
-  smem_opt_in<Kernel>(smem);
-  const int64_t gx = (RT + 7) / 8, gy = (T + bn - 1) / bn;
-  NF4FLASH_CHECK(gx <= 0x7fffffff && gy <= 65535, "gemm_q4_wgmma: grid ", gx, " x ", gy, " too large");
-  return dim3(unsigned(gx), unsigned(gy));
-}
-
+// One launch over the weights of m (1-3): x [T, cols] as a 2D tensor map (boxes of BN rows x 64
+// columns, 128-byte swizzle); each weight's codes as [RT, KT * 128 u32] (boxes of one 512-byte
+// column tile x 8 row tiles) and absmax as [RT, KT * 16] f32 or u8 (boxes of 16 x 8).
 template <typename TA, typename TO, bool DQ, int BN, int S>
-void launch_sync(const Q4GemmKArgs& k, cudaStream_t st) {
-  constexpr auto kernel = gemm_q4_wgmma_kernel<TA, TO, DQ, 2, BN, S>;
-  constexpr int smem = q4g_smem_bytes(2, BN, S);
-  kernel<<<prepare<kernel>(smem, k.w.RT, k.T, BN), dim3(256), smem, st>>>(k);
-  CUDA_CHECK_LAUNCH();
-}
-
-// One launch over the weights of m (1-3; SWIGLU: gate and up): x [T, cols] as a 2D tensor map
-// (boxes of BN rows x 64 columns, 128-byte swizzle); each weight's codes as [RT, KT * 128 u32]
-// (boxes of one 512-byte column tile x 8 row tiles, 4 for SWIGLU) and absmax as [RT, KT * 16] f32
-// or u8 (boxes of 16 x 8 or 4).
-template <typename TA, typename TO, bool DQ, int BN, int S, bool SWIGLU>
 void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
-  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S, SWIGLU>;
+  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S>;
   constexpr int smem = q4g_ws_smem_bytes(BN, S);
-  constexpr uint32_t rtw = SWIGLU ? 4 : 8;
+  constexpr uint32_t rtw = 8;
   NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(m.x) % 16 == 0, "gemm_q4_wgmma: x not 16-byte aligned");
   const Q4Device& w0 = *m.w[0];
   Q4gWsParams p{};
@@ -218,7 +151,7 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
     p.w[i] = w;
     p.bias[i] = m.bias[i];
     p.out[i] = m.out[i];
-    if (!SWIGLU || i == 0) blocks += (w.RT + rtw - 1) / rtw;
+    blocks += (w.RT + rtw - 1) / rtw;
     NF4FLASH_CHECK(blocks <= 0x7fffffff, "gemm_q4_wgmma: too many row blocks");
     p.blk_end[i] = int(blocks);
   }
@@ -228,56 +161,30 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
   p.n_rb = int(blocks);
   const int64_t gy = (m.T + BN - 1) / BN;
   p.n_tt = int(gy);
-  p.raster_rows = raster_rows();
   const int64_t units = blocks * gy, grid = units + (sc.split == 1 ? 0 : (units - sc.dp_units) * (sc.split - 1));
   NF4FLASH_CHECK(grid <= 0x7fffffff, "gemm_q4_wgmma: grid of ", grid, " blocks too large");
   NF4FLASH_CHECK(sc.cfg->bn == BN && (sc.split == 1 || sc.units == units), "gemm_q4_wgmma: schedule of another configuration");
   p.dp_units = int(sc.split == 1 ? units : sc.dp_units);
   p.ksplit = sc.split;
   p.kps = (KT + sc.split - 1) / sc.split;
-  NF4FLASH_CHECK(sc.split == 1 || (!SWIGLU && (KT + p.kps - 1) / p.kps == sc.split && m.split.partial &&
-                                   m.split.tickets),
-                 "gemm_q4_wgmma: split tail without a workspace, with SwiGLU or with an empty split");
+  NF4FLASH_CHECK(sc.split == 1 || ((KT + p.kps - 1) / p.kps == sc.split && m.split.partial && m.split.tickets),
+                 "gemm_q4_wgmma: split tail without a workspace or with an empty split");
   p.partial = m.split.partial;
   p.tickets = m.split.tickets;
-  p.fixup_kernel = sc.split > 1 && split_fixup_kernel();
   smem_opt_in<kernel>(smem);
   kernel<<<dim3(unsigned(grid)), dim3(kQ4gWsThreads), smem, st>>>(p);
   CUDA_CHECK_LAUNCH();
-  if constexpr (!SWIGLU) {
-    if (p.fixup_kernel) {
-      gemm_q4_split_reduce_kernel<TO, BN><<<unsigned(units - p.dp_units), 256, 0, st>>>(p);
-      CUDA_CHECK_LAUNCH();
-    }
-  }
 }
 
-template <typename TA, typename TO, bool DQ, int BN, int S>
-void launch_ws(const Q4GemmKArgs& k, cudaStream_t st, const Sched& sc, const Q4SplitWs& ws) {
-  GemmQ4MultiArgs m;
-  m.w[0] = &k.w;
-  m.bias[0] = k.bias;
-  m.out[0] = k.out;
-  m.x = k.x;
-  m.T = k.T;
-  m.split = ws;
-  launch_ws<TA, TO, DQ, BN, S, false>(m, st, sc);
-}
-
+// The launch of m's weights with schedule sc (the configuration's BN and stages as template arguments).
 template <typename TA, typename TO, bool DQ>
-void launch_cfg(const Sched& sc, const Q4GemmKArgs& k, cudaStream_t st, const Q4SplitWs& ws) {
-  const Cfg& c = *sc.cfg;
-  if constexpr (std::is_same_v<TO, float>) {  // the n128 configurations only
-    if (c.ws) launch_ws<TA, TO, DQ, 128, 6>(k, st, sc, ws);
-    else launch_sync<TA, TO, DQ, 128, 4>(k, st);
-  } else if (c.ws) {
-    if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8>(k, st, sc, ws);
-    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6>(k, st, sc, ws);
-    else launch_ws<TA, TO, DQ, 256, 4>(k, st, sc, ws);
+void launch_sched(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
+  if constexpr (std::is_same_v<TO, float>) {  // the n128 configuration only
+    launch_ws<TA, TO, DQ, 128, 6>(m, st, sc);
   } else {
-    if (c.bn == 64) launch_sync<TA, TO, DQ, 64, 4>(k, st);
-    else if (c.bn == 128) launch_sync<TA, TO, DQ, 128, 4>(k, st);
-    else launch_sync<TA, TO, DQ, 256, 4>(k, st);
+    if (sc.cfg->bn == 64) launch_ws<TA, TO, DQ, 64, 8>(m, st, sc);
+    else if (sc.cfg->bn == 128) launch_ws<TA, TO, DQ, 128, 6>(m, st, sc);
+    else launch_ws<TA, TO, DQ, 256, 4>(m, st, sc);
   }
 }
 
@@ -310,21 +217,11 @@ void check_launch(int64_t T, const Q4Device& w) {
   NF4FLASH_CHECK(gemm_q4_wgmma_supported(), "gemm_q4_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(T >= 1 && T <= int64_t(65535) * 64, "gemm_q4_wgmma: T=", T, " out of range");
   NF4FLASH_CHECK(w.cols % 64 == 0 && w.KT == w.cols / 64, "gemm_q4_wgmma: cols ", w.cols, " not a multiple of 64");
-  q4_require_tile16x64(w, "gemm_q4_wgmma");
 }
 }  // namespace
 
 std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks) {
   return pick(T, out_dtype, row_blocks).name;
-}
-bool gemm_q4_wgmma_multi_ok(int64_t T, int64_t row_blocks) { return pick(T, DType::BF16, row_blocks).ws; }
-const char* const* gemm_q4_wgmma_cfgs() {
-  static const auto names = [] {
-    std::array<const char*, kNumCfgs + 1> n{};
-    for (int i = 0; i < kNumCfgs; ++i) n[size_t(i)] = kCfgs[i].name;
-    return n;  // null-terminated
-  }();
-  return names.data();
 }
 
 void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
@@ -332,16 +229,23 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
   check_launch(g.T, w);
   NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_wgmma: output dtype ",
                  dtype_name(g.out_dtype));
-  const Q4GemmKArgs k{w, g.x, int(g.T), g.bias, g.out};
+  GemmQ4MultiArgs m;
+  m.w[0] = &w;
+  m.bias[0] = g.bias;
+  m.out[0] = g.out;
+  m.x = g.x;
+  m.act = g.act;
+  m.T = g.T;
+  m.split = g.split;
   const Sched sc = pick_sched(g.T, g.out_dtype, (w.RT + 7) / 8, w.cols, g.act, g.split);
   auto go = [&](auto ta) {
     using TA = decltype(ta);
     if (g.out_dtype == DType::F32) {
-      if (w.double_quant) launch_cfg<TA, float, true>(sc, k, st, g.split);
-      else launch_cfg<TA, float, false>(sc, k, st, g.split);
+      if (w.double_quant) launch_sched<TA, float, true>(m, st, sc);
+      else launch_sched<TA, float, false>(m, st, sc);
     } else {
-      if (w.double_quant) launch_cfg<TA, TA, true>(sc, k, st, g.split);
-      else launch_cfg<TA, TA, false>(sc, k, st, g.split);
+      if (w.double_quant) launch_sched<TA, TA, true>(m, st, sc);
+      else launch_sched<TA, TA, false>(m, st, sc);
     }
   };
   if (g.act == DType::BF16) go(__nv_bfloat16{});
@@ -350,8 +254,7 @@ void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
 }
 
 void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
-  NF4FLASH_CHECK(m.nseg >= 1 && m.nseg <= kQ4gMaxSegs && (!m.swiglu || m.nseg == 2), "gemm_q4_wgmma_multi: ",
-                 m.nseg, " weights", m.swiglu ? " (SwiGLU takes gate and up)" : "");
+  NF4FLASH_CHECK(m.nseg >= 1 && m.nseg <= kQ4gMaxSegs, "gemm_q4_wgmma_multi: ", m.nseg, " weights");
   const Q4Device& w0 = *m.w[0];
   check_launch(m.T, w0);
   int64_t rb = 0;
@@ -360,29 +263,13 @@ void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& m, cudaStream_t st) {
     // (the nested code table is taken from weight 0: the caller checks the tables are equal)
     NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && std::equal(w.code, w.code + 16, w0.code),
                    "gemm_q4_wgmma_multi: weight ", i, " differs from weight 0 in cols or quantization parameters");
-    q4_require_tile16x64(w, "gemm_q4_wgmma_multi");
-    NF4FLASH_CHECK(!m.swiglu || w.rows == w0.rows, "gemm_q4_wgmma_multi: gate and up rows differ");
     rb += (w.RT + 7) / 8;
   }
-  // (SwiGLU launches do not split: pick()'s configuration as it is)
-  const Sched sc = m.swiglu ? Sched{&pick(m.T, m.act, rb)} : pick_sched(m.T, m.act, rb, w0.cols, m.act, m.split);
-  const Cfg& c = *sc.cfg;
-  NF4FLASH_CHECK(c.ws, "gemm_q4_wgmma_multi: configuration ", c.name, " is not warp-specialized (ws-*)");
+  const Sched sc = pick_sched(m.T, m.act, rb, w0.cols, m.act, m.split);
   auto go = [&](auto ta) {
     using TA = decltype(ta);
-    auto run = [&](auto dq) {
-      constexpr bool DQ = decltype(dq)::value;
-      auto bn = [&](auto sw) {
-        constexpr bool SW = decltype(sw)::value;
-        if (c.bn == 64) launch_ws<TA, TA, DQ, 64, 8, SW>(m, st, sc);
-        else if (c.bn == 128) launch_ws<TA, TA, DQ, 128, 6, SW>(m, st, sc);
-        else launch_ws<TA, TA, DQ, 256, 4, SW>(m, st, sc);
-      };
-      if (m.swiglu) bn(std::true_type{});
-      else bn(std::false_type{});
-    };
-    if (w0.double_quant) run(std::true_type{});
-    else run(std::false_type{});
+    if (w0.double_quant) launch_sched<TA, TA, true>(m, st, sc);
+    else launch_sched<TA, TA, false>(m, st, sc);
   };
   if (m.act == DType::BF16) go(__nv_bfloat16{});
   else if (m.act == DType::F16) go(__half{});

@@ -1,0 +1,65 @@
+// The CUDA backend's tuning: one typed struct, filled from the environment once when a backend is
+// created (cuda_tuning_from_env), or given in CudaBackendOptions. Every field has the default the
+// measurements chose (docs/performance.md); the environment variables exist for users who compare
+// paths, and an invalid value is an error naming the variable. Tests set the struct (a scoped
+// override, ScopedCudaTuning), never the environment.
+//
+//   NF4FLASH_PDL                    0|1          programmatic dependent launch (CC >= 9.0)
+//   NF4FLASH_GEMV_MAX_ROWS          0..256       4-bit linears of up to this many rows take a GEMV
+//   NF4FLASH_Q4_GEMM                auto|fused|dequant   4-bit products above the GEMV rows
+//   NF4FLASH_Q4GEMM_FUSED_MAX_ROWS  0..1048576   rows up to which auto takes the fused GEMM
+//   NF4FLASH_DEQUANT_CHUNK_MB       0..4096      dequantize + cuBLAS in row chunks of this size
+//   NF4FLASH_FLASH_KERNEL           auto|mma|wgmma       the prompt flash kernel
+//   NF4FLASH_CUDA_STACK_BYTES       0..1048576   per-thread stack limit
+//   NF4FLASH_VRAM_TRACE             0|1          device memory after each setup step, on stderr
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace nf4flash {
+
+enum class Q4GemmMode : uint8_t { Auto, Fused, Dequant };
+enum class FlashKernelChoice : uint8_t { Auto, Mma, Wgmma };
+
+struct CudaTuning {
+  bool pdl = true;
+  int gemv_max_rows = 32;
+  Q4GemmMode q4_gemm = Q4GemmMode::Auto;
+  int64_t q4_fused_max_rows = 512;
+  int dequant_chunk_mb = 32;
+  FlashKernelChoice flash_kernel = FlashKernelChoice::Auto;
+  int64_t stack_bytes = 0;
+  bool vram_trace = false;
+  // Struct only (tests select the paths with them; no environment variable):
+  // the 4-bit decode GEMV folds the next rms_norm into its prologue (false: the unfused order)
+  bool fuse_norm = true;
+  // a dense 16-bit decode step puts q/k/v and gate+up(+SiLU) into one launch each (false: one
+  // launch per weight and silu_mul)
+  bool dense_multi = true;
+};
+
+// The defaults with every NF4FLASH_* tuning variable that is set applied. Throws Error naming the
+// variable, its value and the accepted values when one is invalid.
+CudaTuning cuda_tuning_from_env();
+std::string q4_gemm_mode_name(Q4GemmMode m);
+std::string flash_kernel_choice_name(FlashKernelChoice k);
+
+// While alive, backends created without an explicit tuning (CudaBackendOptions::tuning unset, as
+// the engine creates them) take `t` instead of the environment's. Process-wide; nests (the
+// previous override returns at destruction). For tests and benchmarks that compare paths.
+class ScopedCudaTuning {
+ public:
+  explicit ScopedCudaTuning(const CudaTuning& t);
+  ~ScopedCudaTuning();
+  ScopedCudaTuning(const ScopedCudaTuning&) = delete;
+  ScopedCudaTuning& operator=(const ScopedCudaTuning&) = delete;
+
+ private:
+  std::optional<CudaTuning> prev_;
+};
+// The tuning a backend created now without an explicit one takes: the innermost override, else
+// cuda_tuning_from_env().
+CudaTuning cuda_tuning_current();
+
+}  // namespace nf4flash
