@@ -79,14 +79,17 @@ Plan make_plan(const LoadOptions& o, const ModelConfig& cfg) {
   return p;
 }
 
+std::optional<bool> decode_pipeline_from_env() {
+  const char* v = std::getenv("NF4FLASH_DECODE_PIPELINE");
+  if (!v || !*v) return std::nullopt;
+  const std::string_view s(v);
+  if (s != "0" && s != "1")
+    fail("NF4FLASH_DECODE_PIPELINE=", s, ": expected 0 (one decode step per host round trip) or 1 (steps queued ahead)");
+  return s == "1";
+}
+
 bool resolve_decode_pipeline(const Backend& be) {
-  if (const char* v = std::getenv("NF4FLASH_DECODE_PIPELINE"); v && *v) {
-    const std::string_view s(v);
-    if (s != "0" && s != "1")
-      fail("NF4FLASH_DECODE_PIPELINE=", s, ": expected 0 (one decode step per host round trip) or 1 (steps queued ahead)");
-    return s == "1";
-  }
-  return be.pipelines_decode();
+  return decode_pipeline_from_env().value_or(be.pipelines_decode());
 }
 
 }  // namespace nf4flash

@@ -1,6 +1,8 @@
 // Turning user options + a model config into the concrete plan that runs: device, compute dtype,
 // quantization, attention path. Every conflict is an error naming the flag; nothing falls back.
 #pragma once
+#include <optional>
+
 #include "backend/backend.h"
 #include "io/hf_config.h"
 #include "nf4flash/options.h"
@@ -30,6 +32,8 @@ inline int64_t resolve_ubatch(int64_t ubatch, Device d) {
 // default (Backend::pipelines_decode), overridden by NF4FLASH_DECODE_PIPELINE=0|1 (any other value
 // is an error).
 bool resolve_decode_pipeline(const Backend& be);
+// NF4FLASH_DECODE_PIPELINE when set (throws Error naming it when invalid).
+std::optional<bool> decode_pipeline_from_env();
 
 // The bitsandbytes settings of a pre-quantized checkpoint (config.json quantization_config).
 struct CheckpointQuant {

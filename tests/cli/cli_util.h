@@ -16,13 +16,14 @@ struct CliResult {
   std::string out, err;
 };
 
-inline CliResult run_cli(const std::string& args, const std::string& stdin_text = "") {
+// `env` (optional): variable assignments the command runs with, e.g. "NF4FLASH_PDL=0".
+inline CliResult run_cli(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
   namespace fs = std::filesystem;
   static int counter = 0;
   const fs::path base = fs::temp_directory_path() / ("nf4flash_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
   const std::string err = base.string() + ".err", in = base.string() + ".in";
   std::ofstream(in) << stdin_text;
-  const std::string cmd = std::string(NF4FLASH_BIN) + " " + args + " <" + in + " 2>" + err;
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + NF4FLASH_BIN + " " + args + " <" + in + " 2>" + err;
   CliResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

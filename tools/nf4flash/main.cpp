@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "runtime/env_settings.h"
 
 namespace nf4flash::cli {
 
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    for (const std::string& w : nf4flash::check_env_settings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
     for (auto& [sub, run] : subs)
       if (sub->parsed()) return run();
   } catch (const nf4flash::Error& e) {
