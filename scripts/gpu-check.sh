@@ -18,7 +18,7 @@ commit_flag=()
 [ -n "${NF4FLASH_COMMIT:-}" ] && commit_flag=(-DCMAKE_CXX_FLAGS="-DNF4FLASH_GIT_COMMIT=\\\"$NF4FLASH_COMMIT\\\"")
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$root/.device-deps/usr" "${commit_flag[@]}" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DNF4FLASH_NATIVE=ON >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-targets=(nf4flash)
+targets=(nf4flash nf4flash-kernel-bench)
 [ "${NF4FLASH_GPU_TESTS:-1}" = 1 ] && targets+=(nf4flash_gpu_tests)
 ninja -C build-gpu -j16 "${targets[@]}" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }
 build_s=$(( $(date +%s) - start ))
@@ -37,9 +37,9 @@ fi
 
 bench_status="skipped"
 if [ "${NF4FLASH_GPU_BENCH:-1}" = 1 ]; then
-  ./build-gpu/nf4flash kernel-bench --json "$out/kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
+  ./build-gpu/bench/kernels/nf4flash-kernel-bench --json "$out/kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
   bench_status=$([ $? = 0 ] && echo "ok" || echo "FAIL")
-  # yardstick for the prefill attention rows of kernel-bench: torch SDPA, where torch is installed
+  # yardstick for the prefill attention rows of nf4flash-kernel-bench: torch SDPA, where torch is installed
   if python3 -c "import torch" 2>/dev/null; then
     python3 scripts/sdpa_bench.py --json "$out/torch-sdpa.json" >"$out/torch-sdpa.txt" 2>&1 || echo "sdpa_bench failed"
   fi

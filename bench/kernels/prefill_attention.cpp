@@ -1,0 +1,90 @@
+// nf4flash-kernel-bench: prefill attention, Backend::attention over a whole prompt (T = seq, pos0 = 0,
+// causal, batch 1), Llama-3-8B layer shape (32 q heads, 8 kv heads, head_dim 128, bf16) at seq 4096
+// and 16384: the flash kernel (mma.sync, and wgmma + TMA where the build and GPU have it; each on a
+// backend whose CudaTuning::flash_kernel names it), the CUDA-core "sdpa" kernel and eager (cuBLAS
+// scores + softmax). Timed one call at a time (eager sizes its work from the host-known length, so it
+// is not captured): one warm-up, then the median of max(5, trials) calls. TFLOP/s with the causal
+// convention of FlashAttention's benchmarks, 4 * seq^2 / 2 * head_dim * n_heads, which
+// scripts/sdpa_bench.py (PyTorch SDPA on the same shape) uses too.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/launchers.h"
+#include "bench.h"
+#include "core/error.h"
+
+namespace nf4flash::kbench {
+namespace {
+
+struct Run {
+  std::string label;  // "flash-mma", "flash-wgmma", "sdpa", "eager"
+  Backend* be;
+  AttnImpl impl;
+};
+
+std::unique_ptr<Backend> flash_backend(const Context& c, FlashKernelChoice k) {
+  CudaBackendOptions o = c.options;
+  CudaTuning t = o.tuning.value_or(cuda_tuning_current());
+  t.flash_kernel = k;
+  o.tuning = t;
+  return make_cuda_backend(o);
+}
+
+}  // namespace
+
+void prefill_attention(Context& c) {
+  const int nh = 32, nkv = 8, hd = 128, trials = std::max(5, c.trials);
+  c.report.section("prefill_attention", "prefill attention (causal, 32 q / 8 kv heads, hd 128, bf16)");
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<Run> runs;
+  owned.push_back(flash_backend(c, FlashKernelChoice::Mma));
+  runs.push_back({"flash-mma", owned.back().get(), AttnImpl::Flash});
+  if (cuda::attention_flash_wgmma_supported()) {
+    owned.push_back(flash_backend(c, FlashKernelChoice::Wgmma));
+    runs.push_back({"flash-wgmma", owned.back().get(), AttnImpl::Flash});
+  }
+  runs.push_back({"sdpa", &c.be, AttnImpl::Sdpa});
+  runs.push_back({"eager", &c.be, AttnImpl::Eager});
+  const std::string default_flash = c.be.attn_path(AttnImpl::Flash);
+
+  for (int seq : {4096, 16384}) {
+    auto qb = randn_bf16(c.be, size_t(seq) * nh * hd, c.rng), ob = c.be.alloc(size_t(seq) * nh * hd * 2);
+    auto pb = c.be.alloc(4);
+    const int32_t zero = 0;
+    c.be.upload(pb->data(), &zero, 4);
+    const StepState st{static_cast<int32_t*>(pb->data()), 0};
+    const Act q = qb->as_act(DType::BF16, seq, nh * hd), o = ob->as_act(DType::BF16, seq, nh * hd);
+    const Act kv = qb->as_act(DType::BF16, seq, nkv * hd);  // K = V = the first seq*nkv*hd values of q
+    c.be.sync();
+    std::vector<Backend*> filled;
+    for (const Run& r : runs) {
+      if (std::find(filled.begin(), filled.end(), r.be) != filled.end()) continue;
+      r.be->kv_allocate({1, nkv, hd, seq, DType::BF16});
+      r.be->kv_write(0, kv, kv, st);
+      r.be->sync();
+      filled.push_back(r.be);
+    }
+    const double flops = 4.0 * double(seq) * seq / 2 * hd * nh;
+    for (const Run& r : runs) {
+      const std::string why = r.be->attn_unsupported_reason(r.impl, hd);
+      if (!why.empty()) {
+        std::printf("attn prefill %s seq=%d: skipped (%s)\n", r.label.c_str(), seq, why.c_str());
+        continue;
+      }
+      const AttnParams ap{nh, nkv, hd, 1.f / std::sqrt(float(hd)), r.impl};
+      const double sec = time_calls(*r.be, [&] { r.be->attention(0, q, o, ap, st); }, trials);
+      const std::string path = r.be->attn_path(r.impl);
+      c.report.row(cat("attn prefill ", r.label, " seq=", seq), sec, 0, flops,
+                   {{"impl", r.label}, {"path", path}, {"default", r.impl == AttnImpl::Flash && path == default_flash},
+                    {"seq", seq}, {"n_heads", nh}, {"n_kv_heads", nkv}, {"head_dim", hd}, {"dtype", "bf16"},
+                    {"causal", true}, {"ms", sec * 1e3}, {"trials", trials}});
+    }
+  }
+  c.be.kv_allocate({0, nkv, hd, 0, DType::BF16});  // the cache's memory back
+}
+
+}  // namespace nf4flash::kbench
