@@ -1,4 +1,5 @@
-// Running the nf4flash binary from tests: exit code, stdout and stderr of one command line.
+// Running the nf4flash binary (or another program of the build) from tests: exit code, stdout and
+// stderr of one command line.
 #pragma once
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,14 +17,16 @@ struct CliResult {
   std::string out, err;
 };
 
-// `env` (optional): variable assignments the command runs with, e.g. "NF4FLASH_PDL=0".
-inline CliResult run_cli(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
+// Runs the program at `bin` with `args` (a shell command line), stdin from stdin_text; `env`
+// (optional): variable assignments the command runs with, e.g. "NF4FLASH_PDL=0".
+inline CliResult run_program(const std::string& bin, const std::string& args, const std::string& stdin_text = "",
+                             const std::string& env = "") {
   namespace fs = std::filesystem;
   static int counter = 0;
   const fs::path base = fs::temp_directory_path() / ("nf4flash_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
   const std::string err = base.string() + ".err", in = base.string() + ".in";
   std::ofstream(in) << stdin_text;
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + NF4FLASH_BIN + " " + args + " <" + in + " 2>" + err;
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + bin + " " + args + " <" + in + " 2>" + err;
   CliResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -39,6 +42,11 @@ inline CliResult run_cli(const std::string& args, const std::string& stdin_text 
   fs::remove(err);
   fs::remove(in);
   return r;
+}
+
+// Runs the nf4flash binary.
+inline CliResult run_cli(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
+  return run_program(NF4FLASH_BIN, args, stdin_text, env);
 }
 
 inline int count_lines(const std::string& s) {

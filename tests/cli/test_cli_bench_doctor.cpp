@@ -1,7 +1,8 @@
 // CLI behaviour of `nf4flash bench` and `nf4flash doctor` on the tiny fixtures, on the CPU:
 // bench writes JSON with every field, a valid SVG with a series per configuration, a table on
 // stdout, and error rows for what the CPU cannot serve; doctor warns (exit 1) exactly where a
-// pitfall is present and stays quiet (exit 0) otherwise. Kept small: -p 16,32 -n 4.
+// pitfall is present and stays quiet (exit 0) otherwise. Kept small: -p 16,32 -n 4. Also the
+// command line of nf4flash-kernel-bench.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -148,6 +149,36 @@ TEST_F(BenchDoctorCli, BenchRefusesBadInput) {
   r = run("bench --preset tiny --device cpu --graphs on -p 16 -n 2 -r 1");  // only an unservable configuration
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("--graphs on"), std::string::npos) << r.out;
+}
+
+// nf4flash-kernel-bench (bench/kernels/, built with CUDA): its options are documented, and a bad
+// command line or a machine without a GPU gives one "error:" line and a non-zero exit, never a crash.
+// Runs no kernel: only the command-line checks (and, without a GPU, the device check).
+TEST_F(BenchDoctorCli, KernelBenchHelpAndErrors) {
+#ifndef NF4FLASH_KERNEL_BENCH
+  GTEST_SKIP() << "built without CUDA (NF4FLASH_CUDA off): there is no nf4flash-kernel-bench";
+#else
+  auto kb = [](const std::string& args) { return nf4flash::test::run_program(NF4FLASH_KERNEL_BENCH, args); };
+  nf4flash::test::CliResult r = kb("--help");
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"--json", "--attention-only", "--gemv-only", "--reps", "--trials", "--device", "--help"})
+    EXPECT_NE(r.out.find(f), std::string::npos) << f << "\n" << r.out;
+  for (const char* bad : {"--no-such-option", "--reps 0", "--trials abc", "--gemv-only --attention-only"}) {
+    r = kb(bad);
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << bad << ": " << r.err;
+    EXPECT_EQ(nf4flash::test::count_lines(r.err), 1) << bad << ": " << r.err;
+    EXPECT_TRUE(r.out.empty()) << bad << ": " << r.out;
+  }
+  r = kb("--no-such-option");
+  EXPECT_NE(r.err.find("--no-such-option"), std::string::npos) << r.err;
+  if (!have_gpu()) {  // no device: one clear line, exit 1
+    r = kb("--reps 1 --trials 1");
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("no usable CUDA device"), std::string::npos) << r.err;
+    EXPECT_EQ(nf4flash::test::count_lines(r.err), 1) << r.err;
+  }
+#endif
 }
 
 TEST_F(BenchDoctorCli, DoctorCleanOnCpuExitsZero) {
