@@ -12,7 +12,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# ---- tokenizer differential test and benchmark (owner: tokenizer) ---------------------------------
+# ---- tokenizer differential test and benchmark -------------------------------------------------
 # Node.js and the Hugging Face tokenizers binding (@anush008/tokenizers, pinned in
 # tests/differential/package-lock.json) for tests/differential and scripts/bench-tokenizer.sh.
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
