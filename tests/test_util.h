@@ -1,9 +1,23 @@
-// Shared helpers for the test suite: fixture paths, golden tensors, distances.
+// Shared helpers for the test suite: fixture paths, golden tensors, distances, whole-file reads,
+// temporary folders and running the nf4flash binary. Helpers of one area stay with its tests
+// (unit/test_quant_util.h, unit/test_tokenizer_common.h, unit/test_bench_xml.h, ops/cuda_test_util.h).
 #pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "backend/cuda_tuning.h"
@@ -61,10 +75,97 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
+// How many representable float32 values lie between a and b (same-signed values).
+inline int64_t ulp_diff(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::llabs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
+}
+
 inline std::vector<float> flatten(const std::vector<std::vector<float>>& rows, size_t first = 0) {
   std::vector<float> out;
   for (size_t i = first; i < rows.size(); ++i) out.insert(out.end(), rows[i].begin(), rows[i].end());
   return out;
+}
+
+// ---- files and folders -------------------------------------------------------------------------
+
+// The whole file as bytes ("" when it cannot be opened).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// A fresh, empty folder under the system's temporary directory (named PREFIX_XXXXXX), removed with
+// everything in it when the TempDir goes out of scope.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "nf4flash_test") {
+    std::string t = (std::filesystem::temp_directory_path() / (prefix + "_XXXXXX")).string();
+    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed for " + t);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  // The path of `name` inside the folder, as a string.
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+  // Writes `text` to the file `name` inside the folder (binary, replacing it) and returns its path.
+  std::filesystem::path file(const std::string& name, const std::string& text) const {
+    const std::filesystem::path p = path / name;
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+    return p;
+  }
+
+  std::filesystem::path path;
+};
+
+// ---- running the nf4flash binary -----------------------------------------------------------------
+
+struct CliResult {
+  int code = -1;  // exit status; -1 when the process did not exit normally
+  std::string out, err;
+};
+
+// Runs `BIN ARGS` through the shell (ARGS quoted by the caller) with `stdin_text` on its standard
+// input and `env` (optional) variable assignments, e.g. "NF4FLASH_PDL=0"; returns the exit status
+// and everything it wrote to stdout and stderr.
+inline CliResult run_program(const std::string& bin, const std::string& args, const std::string& stdin_text = "",
+                             const std::string& env = "") {
+  const TempDir io("nf4flash_cli");
+  const std::string in = io / "stdin", err = io / "stderr";
+  std::ofstream(in, std::ios::binary) << stdin_text;
+  const std::string cmd =
+      (env.empty() ? "" : "env " + env + " ") + "'" + bin + "' " + args + " <'" + in + "' 2>'" + err + "'";
+  CliResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.err = slurp(err);
+  return r;
+}
+
+// The nf4flash binary the build made.
+inline CliResult run_cli(const std::string& args, const std::string& stdin_text = "", const std::string& env = "") {
+  return run_program(NF4FLASH_BIN, args, stdin_text, env);
+}
+
+// The number of newline characters in s.
+inline int count_lines(const std::string& s) {
+  int n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
 }
 
 // ---- scoped backend tuning (tests set the tuning struct, not the environment) ----

@@ -4,46 +4,25 @@
 // pitfall is present and stays quiet (exit 0) otherwise. Kept small: -p 16,32 -n 4. Also the
 // command line of nf4flash-kernel-bench.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "backend/device_info.h"
-#include "cli/cli_util.h"
+#include "test_util.h"
 #include "unit/test_bench_xml.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+using nf4flash::test::slurp;
 
 class BenchDoctorCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("nf4flash_cli_bench_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
   static nf4flash::test::CliResult run(const std::string& args) { return nf4flash::test::run_cli(args); }
-  static std::string model(const std::string& name) { return std::string(NF4FLASH_FIXTURES_DIR) + "/models/" + name; }
+  static std::string model(const std::string& name) { return nf4flash::test::model_dir(name); }
   static bool have_gpu() { return !nf4flash::query_gpus().empty(); }
-  fs::path dir_;
+  nf4flash::test::TempDir dir_{"nf4flash_cli_bench"};
 };
 
 TEST_F(BenchDoctorCli, BenchHelpDocumentsEveryFlag) {
@@ -55,7 +34,7 @@ TEST_F(BenchDoctorCli, BenchHelpDocumentsEveryFlag) {
 }
 
 TEST_F(BenchDoctorCli, BenchFixtureMatrixJsonSvgTable) {
-  const fs::path js = dir_ / "b.json", svg = dir_ / "b.svg";
+  const fs::path js = dir_.path / "b.json", svg = dir_.path / "b.svg";
   const nf4flash::test::CliResult r = run("bench --model " + model("llama-gqa-hd64") +
                     " --device cpu -t 2 --quant none,nf4 --double-quant --attn eager,flash --no-cache"
                     " -p 16,32 -n 4 --ctx 8,32 -r 2 --json " + js.string() + " --svg " + svg.string());
@@ -121,7 +100,7 @@ TEST_F(BenchDoctorCli, BenchFixtureMatrixJsonSvgTable) {
 }
 
 TEST_F(BenchDoctorCli, BenchPresetTiny) {
-  const fs::path js = dir_ / "t.json";
+  const fs::path js = dir_.path / "t.json";
   const nf4flash::test::CliResult r = run("bench --preset tiny --device cpu -t 2 -p 16 -n 4 -r 1 --graphs off --json " + js.string());
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const nlohmann::json j = nlohmann::json::parse(slurp(js));

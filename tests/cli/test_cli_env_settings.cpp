@@ -8,7 +8,6 @@
 #include <string>
 
 #include "backend/cuda_tuning.h"
-#include "cli/cli_util.h"
 #include "core/error.h"
 #include "runtime/env_settings.h"
 #include "test_util.h"

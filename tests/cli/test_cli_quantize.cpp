@@ -3,8 +3,6 @@
 // (tensor names, order, dtypes, shapes, quant_state JSON, config.json), never leaves a half-written
 // destination, and refuses bad flags / sources with one error line.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <deque>
@@ -13,9 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
-#include "cli/cli_util.h"
 #include "core/error.h"
 #include "io/bnb_checkpoint.h"
 #include "io/bnb_writer.h"
@@ -27,32 +23,13 @@
 using namespace nf4flash;
 using nf4flash::test::CliResult;
 using nf4flash::test::run_cli;
+using nf4flash::test::slurp;
+using nf4flash::test::TempDir;
+using nf4flash::test::ulp_diff;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
-
-// A fresh folder under /tmp, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "nf4flash_quantize_XXXXXX").string();
-    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& s) const { return (path / s).string(); }
-};
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
 
@@ -64,13 +41,6 @@ std::vector<std::string> file_order(const SafetensorsFile& f) {
   std::vector<std::string> out;
   for (const auto* t : v) out.push_back(t->name);
   return out;
-}
-
-int64_t ulp_diff(float a, float b) {
-  int32_t ia, ib;
-  std::memcpy(&ia, &a, 4);
-  std::memcpy(&ib, &b, 4);
-  return std::llabs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
 }
 
 bool bytes_equal(const TensorInfo& a, const TensorInfo& b) {
@@ -108,7 +78,7 @@ std::vector<float> score(LoadOptions o) {
 
 // Quantizes `model` with the CLI and checks everything against quantize-on-load and the fixture.
 void round_trip(const std::string& model, const std::string& quant, bool dq) {
-  TempDir td;
+  TempDir td("nf4flash_quantize");
   const std::string base = test::model_dir(model);
   const std::string fixture = test::model_dir(model + "-bnb-" + quant);
   const std::string out = td / "out";
@@ -230,7 +200,7 @@ TEST(QuantizeCmd, RoundTripLlama3RopeScaledNf4) { round_trip("llama3-hd128-ropes
 // Sharded source with tokenizer files: same model.safetensors as from the single file, and the
 // tokenizer / chat template files are copied; blocksize and lm_head options reach the config.
 TEST(QuantizeCmd, ShardedSourceTokenizerFilesAndOptions) {
-  TempDir td;
+  TempDir td("nf4flash_quantize");
   const std::string base = test::model_dir("llama-gqa-hd64");
   const fs::path sh = td.path / "sharded";
   fs::create_directories(sh);
@@ -283,7 +253,7 @@ TEST(QuantizeCmd, ShardedSourceTokenizerFilesAndOptions) {
 }
 
 TEST(QuantizeCmd, ExistingDestinationNeedsForce) {
-  TempDir td;
+  TempDir td("nf4flash_quantize");
   const std::string base = test::model_dir("qwen2-bias");
   const fs::path out = td.path / "out";
   fs::create_directories(out);
@@ -310,7 +280,7 @@ TEST(QuantizeCmd, ExistingDestinationNeedsForce) {
 // A run that fails after the temporary folder holds part of the output leaves neither the
 // destination nor the temporary folder.
 TEST(QuantizeCmd, InterruptedRunLeavesNoOutput) {
-  TempDir td;
+  TempDir td("nf4flash_quantize");
   QuantizeCheckpointOptions o;
   o.model_dir = test::model_dir("llama-gqa-hd64");
   o.out_dir = td / "out";
@@ -342,7 +312,7 @@ TEST(QuantizeCmd, InterruptedRunLeavesNoOutput) {
 }
 
 TEST(QuantizeCmd, BadFlagsAndSourcesOneErrorLine) {
-  TempDir td;
+  TempDir td("nf4flash_quantize");
   const std::string base = q(test::model_dir("llama-gqa-hd64"));
   const std::string out = td / "out";
   const std::string o = " --out " + q(out);
@@ -401,7 +371,7 @@ TEST(QuantizeCmd, BadFlagsAndSourcesOneErrorLine) {
 // An f32 source (the bf16 fixture widened exactly): same packed codes and absmax as from bf16,
 // quant_state records "float32", config.json says dtype float32, plain tensors stay f32.
 TEST(QuantizeCmd, F32SourceQuantizesLikeBf16) {
-  TempDir td;
+  TempDir td("nf4flash_quantize");
   const std::string base = test::model_dir("llama-gqa-hd64");
   const fs::path f32 = td.path / "f32";
   fs::create_directories(f32);

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cli/cli_util.h"
 #include "test_util.h"
 
 using namespace nf4flash::test;
@@ -28,12 +27,6 @@ void expect_one_error_line(const CliResult& r, const std::string& must_contain) 
   EXPECT_EQ(r.err.find("error: "), at) << r.err;
   EXPECT_EQ(count_lines(r.err.substr(at)), 1) << r.err;
   EXPECT_NE(r.err.find(must_contain), std::string::npos) << r.err;
-}
-
-fs::path scratch(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("nf4flash_cli_run_" + std::to_string(getpid())) / name;
-  fs::create_directories(d);
-  return d;
 }
 
 TEST(CliRunScore, ScoreJsonHasTheDocumentedFields) {
@@ -101,8 +94,9 @@ TEST(CliRunScore, BadInputIsOneClearErrorLine) {
 }
 
 TEST(CliRunScore, BrokenCheckpointsAreRefusedByName) {
+  const TempDir tmp("nf4flash_cli_run");
   // an unknown architecture
-  const fs::path d1 = scratch("arch");
+  const fs::path d1 = tmp.path / "arch";
   fs::copy(kGqa, d1, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   {
     std::ifstream in(d1 / "config.json");
@@ -121,7 +115,7 @@ TEST(CliRunScore, BrokenCheckpointsAreRefusedByName) {
   }
   expect_one_error_line(run_cli("score --device cpu --model " + d1.string() + " --tokens 1,2"), "yarn");
   // a truncated safetensors file
-  const fs::path d2 = scratch("trunc");
+  const fs::path d2 = tmp.path / "trunc";
   fs::copy(kGqa, d2, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   fs::resize_file(d2 / "model.safetensors", fs::file_size(d2 / "model.safetensors") / 2);
   expect_one_error_line(run_cli("score --device cpu --model " + d2.string() + " --tokens 1,2"), "model.safetensors");
@@ -130,7 +124,6 @@ TEST(CliRunScore, BrokenCheckpointsAreRefusedByName) {
     std::ofstream(d2 / "model.safetensors", std::ios::binary | std::ios::trunc) << std::string("\x10\0\0\0\0\0\0\0{not json!!!!!!}", 24);
   }
   expect_one_error_line(run_cli("score --device cpu --model " + d2.string() + " --tokens 1,2"), "not valid JSON");
-  fs::remove_all(d1.parent_path());
 }
 
 

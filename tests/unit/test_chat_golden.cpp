@@ -2,30 +2,27 @@
 // (llama3, qwen3) must render byte for byte like apply_chat_template(tokenize=False).
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "test_util.h"
 
 namespace {
 
-std::string fixtures() { return NF4FLASH_FIXTURES_DIR; }
+using nf4flash::test::fixture;
 
 nlohmann::ordered_json read_json(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::ordered_json::parse(ss.str());
+  EXPECT_TRUE(std::filesystem::is_regular_file(path)) << path;
+  return nlohmann::ordered_json::parse(nf4flash::test::slurp(path));
 }
 
 void check_model(const std::string& model) {
-  auto golden = read_json(fixtures() + "/tokenizer-golden.json");
+  auto golden = read_json(fixture("tokenizer-golden.json"));
   const auto& cases = golden.at("chat_templates").at(model);
   ASSERT_FALSE(cases.empty());
-  auto tmpl = nf4flash::ChatTemplate::from_tokenizer_config(fixtures() + "/tokenizers/" + model + "/tokenizer_config.json");
+  auto tmpl = nf4flash::ChatTemplate::from_tokenizer_config(fixture("tokenizers/" + model + "/tokenizer_config.json"));
   int n = 0;
   for (const auto& c : cases) {
     std::string want = c.at("rendered").get<std::string>();
@@ -43,7 +40,7 @@ TEST(ChatGolden, Qwen3) { check_model("qwen3"); }
 TEST(ChatGolden, Qwen3ToolsAndThinking) {
   // Exercises the tool, tool_call, tool-response and reasoning branches of the real Qwen3
   // template; expected text checked against jinja2 with transformers' environment settings.
-  auto tmpl = nf4flash::ChatTemplate::from_tokenizer_config(fixtures() + "/tokenizers/qwen3/tokenizer_config.json");
+  auto tmpl = nf4flash::ChatTemplate::from_tokenizer_config(fixture("tokenizers/qwen3/tokenizer_config.json"));
   auto messages = nlohmann::ordered_json::parse(R"([
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},
@@ -78,7 +75,7 @@ TEST(ChatGolden, Qwen3ToolsAndThinking) {
 
 TEST(ChatGolden, ConfigErrors) {
   EXPECT_THROW(nf4flash::ChatTemplate::from_tokenizer_config("/nonexistent/tokenizer_config.json"), nf4flash::Error);
-  auto tmpl = nf4flash::ChatTemplate::from_tokenizer_config(fixtures() + "/tokenizers/qwen3/tokenizer_config.json");
+  auto tmpl = nf4flash::ChatTemplate::from_tokenizer_config(fixture("tokenizers/qwen3/tokenizer_config.json"));
   EXPECT_EQ(tmpl.eos_token(), "<|im_end|>");
   EXPECT_EQ(tmpl.bos_token(), "");
   EXPECT_THROW(tmpl.apply(nlohmann::json::object(), false), nf4flash::Error);

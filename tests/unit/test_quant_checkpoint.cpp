@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +16,7 @@
 
 using namespace nf4flash;
 using namespace nf4flash::testq;
+using nf4flash::test::ulp_diff;
 
 namespace {
 
@@ -28,19 +28,6 @@ const char* kLinears[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_p
 nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);
   return nlohmann::json::parse(f);
-}
-
-int64_t ulp_diff(float a, float b) {
-  int32_t ia, ib;
-  std::memcpy(&ia, &a, 4);
-  std::memcpy(&ib, &b, 4);
-  return std::llabs(static_cast<int64_t>(ia) - static_cast<int64_t>(ib));
-}
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() /
-          ("nf4flash_test_" + std::to_string(::getpid()) + "_" + name))
-      .string();
 }
 
 }  // namespace
@@ -186,7 +173,8 @@ TEST(QuantCheckpoint, WriteReadRoundTrip) {
   EXPECT_EQ(set.tensors.size(), 6u + 4u + 1u);  // dq: 6 tensors, plain: 4
   EXPECT_EQ(set.tensors.front().dtype, DType::F32);  // safetensors' order: F32, BF16, then U8
   EXPECT_EQ(set.tensors.back().dtype, DType::U8);
-  const std::string path = temp_path("roundtrip.safetensors");
+  const test::TempDir tmp("nf4flash_quant_ckpt");
+  const std::string path = tmp / "roundtrip.safetensors";
   write_safetensors(path, set.tensors, {{"format", "pt"}});
   {
     auto ws = WeightStore::open_file(path);
@@ -203,7 +191,6 @@ TEST(QuantCheckpoint, WriteReadRoundTrip) {
     dequantize_4bit(a2, d2.data());
     EXPECT_EQ(d1, d2);
   }
-  std::remove(path.c_str());
 }
 
 namespace {
@@ -223,7 +210,8 @@ void expect_read_error(const std::string& what,
   ASSERT_EQ(ts.size(), 6u);
   std::deque<std::string> owned;
   mutate(ts, owned);
-  const std::string path = temp_path("bad.safetensors");
+  const test::TempDir tmp("nf4flash_quant_ckpt");
+  const std::string path = tmp / "bad.safetensors";
   write_safetensors(path, ts);
   auto ws = WeightStore::open_file(path);
   try {
@@ -235,7 +223,6 @@ void expect_read_error(const std::string& what,
     EXPECT_NE(msg.find("q_proj"), std::string::npos) << what << " does not name the tensor: " << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << what;
   }
-  std::remove(path.c_str());
 }
 
 TensorToWrite* find_t(std::vector<TensorToWrite>& ts, const std::string& suffix) {

@@ -1,5 +1,5 @@
-// Helpers shared by the test_quant_*.cpp tests: fixture paths and copying tensors out of a
-// WeightStore into typed vectors (the mmapped data need not be aligned).
+// Helpers shared by the test_quant_*.cpp tests: the bitsandbytes vectors file and copying tensors
+// out of a WeightStore into typed vectors (the mmapped data need not be aligned).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "test_util.h"
 
 namespace nf4flash::testq {
 
-inline std::string fixtures() { return NF4FLASH_FIXTURES_DIR; }
-inline std::string vectors_path() { return fixtures() + "/bnb-4bit-vectors.safetensors"; }
-inline std::string model_dir(const std::string& name) { return fixtures() + "/models/" + name; }
+using test::model_dir;
+inline std::string vectors_path() { return test::fixture("bnb-4bit-vectors.safetensors"); }
 
 template <typename T>
 std::vector<T> tensor_vec(const TensorInfo& t) {

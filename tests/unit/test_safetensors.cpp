@@ -19,10 +19,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// A path in this test process's scratch folder (removed when the process exits).
 fs::path tmp_file(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("nf4flash_st_" + std::to_string(getpid()));
-  fs::create_directories(d);
-  return d / name;
+  static const TempDir dir("nf4flash_st");
+  return dir.path / name;
 }
 
 // A raw safetensors file: 8-byte length, header text, then `data_bytes` bytes.

@@ -9,13 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nf4flash::test {
 
-inline std::string tok_dir(const std::string& name) {
-  return std::string(NF4FLASH_FIXTURES_DIR) + "/tokenizers/" + name;
-}
+inline std::string tok_dir(const std::string& name) { return fixture("tokenizers/" + name); }
 
 // Loaded once per test binary.
 inline const Tokenizer& fixture_tokenizer(const std::string& name) {
@@ -39,7 +38,7 @@ inline const std::vector<GoldenCase>& golden_cases(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
-  std::ifstream in(std::string(NF4FLASH_FIXTURES_DIR) + "/tokenizer-golden.json");
+  std::ifstream in(fixture("tokenizer-golden.json"));
   nlohmann::json j = nlohmann::json::parse(in);
   std::vector<GoldenCase> cases;
   for (const auto& c : j.at("tokenizers").at(name)) {

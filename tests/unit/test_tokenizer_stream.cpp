@@ -3,8 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 #include "test_tokenizer_common.h"
@@ -82,14 +80,6 @@ TEST_P(TokenizerStream, LongInputParallelEqualsSingle) {
 INSTANTIATE_TEST_SUITE_P(Tokenizer, TokenizerStream, ::testing::Values("llama3", "qwen3", "llama2"),
                          [](const auto& info) { return info.param; });
 
-std::string write_temp(const std::string& name, const std::string& content) {
-  auto dir = std::filesystem::temp_directory_path() / "nf4flash_tok_test";
-  std::filesystem::create_directories(dir);
-  auto p = (dir / name).string();
-  std::ofstream(p) << content;
-  return p;
-}
-
 void expect_error_naming(const std::string& path, const std::string& fragment) {
   try {
     Tokenizer::from_files(path, "");
@@ -102,6 +92,8 @@ void expect_error_naming(const std::string& path, const std::string& fragment) {
 }
 
 TEST(TokenizerErrors, NameTheFile) {
+  const TempDir tmp("nf4flash_tok");
+  auto write_temp = [&](const std::string& name, const std::string& content) { return tmp.file(name, content).string(); };
   expect_error_naming(write_temp("bad.json", "{ this is not json"), "invalid JSON");
   expect_error_naming(write_temp("nomodel.json", "{\"added_tokens\": []}"), "model");
   expect_error_naming(write_temp("wordpiece.json", R"({"model": {"type": "WordPiece", "vocab": {}}})"), "WordPiece");
