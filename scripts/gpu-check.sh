@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on the GPU machine from the repo root: configure + build (build-gpu), run the `gpu` tests,
-# then the CUDA kernel microbenchmark (and the model benchmark once it exists); print a short table
-# last. Logs and JSON go to $OUT when set (the device tool brings them back), else build-gpu/out.
+# then the CUDA kernel microbenchmark, torch SDPA (where torch is installed), the reference model
+# benchmark and two peak-VRAM runs; print a short table last. Logs and JSON go to $OUT when set,
+# else build-gpu/out; result files are named after the GPU (nvidia-smi's name, spaces as dashes).
 #   NF4FLASH_GPU_TESTS=0  skip the tests;  NF4FLASH_GPU_BENCH=0  skip the benchmarks
 #   NF4FLASH_GTEST_FILTER=...  pass a gtest filter to the gpu tests
 set -uo pipefail
@@ -13,6 +14,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used,memory.total --format=csv \
   >"$out/gpu.txt" 2>&1 || true
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+gpu=${gpu:-gpu}
 start=$(date +%s)
 commit_flag=()
 [ -n "${NF4FLASH_COMMIT:-}" ] && commit_flag=(-DCMAKE_CXX_FLAGS="-DNF4FLASH_GIT_COMMIT=\\\"$NF4FLASH_COMMIT\\\"")
@@ -37,23 +40,23 @@ fi
 
 bench_status="skipped"
 if [ "${NF4FLASH_GPU_BENCH:-1}" = 1 ]; then
-  ./build-gpu/bench/kernels/nf4flash-kernel-bench --json "$out/kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
+  ./build-gpu/bench/kernels/nf4flash-kernel-bench --json "$out/$gpu-kernel-bench.json" >"$out/kernel-bench.txt" 2>&1
   bench_status=$([ $? = 0 ] && echo "ok" || echo "FAIL")
-  # yardstick for the prefill attention rows of nf4flash-kernel-bench: torch SDPA, where torch is installed
+  # yardstick for the kernel benchmark's prefill attention rows: torch SDPA, where torch is installed
   if python3 -c "import torch" 2>/dev/null; then
-    python3 scripts/sdpa_bench.py --json "$out/torch-sdpa.json" >"$out/torch-sdpa.txt" 2>&1 || echo "sdpa_bench failed"
+    python3 scripts/sdpa_bench.py --json "$out/$gpu-torch-sdpa.json" >"$out/torch-sdpa.txt" 2>&1 || echo "sdpa_bench failed"
   fi
-  # the reference model benchmark (DESIGN.md "how we measure"), then peak VRAM for NF4 at ctx 8192
+  # the reference model benchmark (docs/performance.md), then peak VRAM for NF4 at ctx 8192
   ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant none,nf4 --double-quant \
     --attn flash,sdpa,eager -p 512,4096 -n 128 --ctx 512,32768 --no-cache -r 3 \
-    --json "$out/h200-llama3-8b.json" --svg "$out/h200-llama3-8b.svg" --markdown "$out/h200-llama3-8b.md" \
+    --json "$out/$gpu-llama3-8b.json" --svg "$out/$gpu-llama3-8b.svg" --markdown "$out/$gpu-llama3-8b.md" \
     >"$out/bench.txt" 2>"$out/bench.err" || echo "model bench failed (see bench.err)"
   ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 \
-    -p 512 --ctx 8000 -n 32 -r 1 --json "$out/h200-llama3-8b-vram-ctx8192.json" \
+    -p 512 --ctx 8000 -n 32 -r 1 --json "$out/$gpu-llama3-8b-vram-ctx8192.json" \
     >"$out/bench-vram.txt" 2>&1 || echo "vram bench failed"
   # the same with 512-row prefill chunks (the activation buffers are sized by --ubatch)
   ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant --ctx-size 8192 --ubatch 512 \
-    -p 512 --ctx 8000 -n 32 -r 1 --json "$out/h200-llama3-8b-vram-ctx8192-ubatch512.json" \
+    -p 512 --ctx 8000 -n 32 -r 1 --json "$out/$gpu-llama3-8b-vram-ctx8192-ubatch512.json" \
     >"$out/bench-vram-ub512.txt" 2>&1 || echo "vram bench (ubatch 512) failed"
 fi
 

@@ -5,7 +5,8 @@
 #                   scripts/ncu-step-table.py turns it into a per-step breakdown
 #   ncu-<regex>.txt the detailed sections for the kernels matching each extra regex argument
 #                   (SOL, warp states, occupancy, pipes, memory, instruction stats, stall sources)
-# Usage: scripts/profile-decode.sh BIN [KERNEL_REGEX...]   e.g. build-gpu/nf4flash gemv_q4_seq
+# Usage: scripts/profile-decode.sh BIN [KERNEL_REGEX...]   e.g. build-gpu/nf4flash attn_decode
+#   (kernel names: the first column of scripts/ncu-step-table.py's output)
 #   PROFILE_TIMES=0 skips the timing run; PROFILE_SKIP / PROFILE_COUNT pick the detailed launches
 #   (default: skip 8, profile 4 = one layer's four GEMVs when the regex matches them);
 #   PROFILE_QUANT="none" profiles the bf16-weight model (default "nf4 --double-quant");

@@ -3,7 +3,7 @@
 torch.nn.functional.scaled_dot_product_attention (is_causal=True, enable_gqa=True, bf16) on the
 Llama-3-8B layer shape (q [1,32,seq,128], k/v [1,8,seq,128]) with each SDPA backend forced in turn
 (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION) and with torch's default choice.
-CUDA events, warm-up, median of >= 20 calls. FLOP convention as nf4flash-kernel-bench's:
+CUDA events, warm-up, median of >= 20 calls. FLOP convention as `nf4flash-kernel-bench`:
 4 * seq^2 / 2 * head_dim * n_heads (causal). PyTorch runs only here (GPU machine), never in nf4flash.
 
 usage: python3 scripts/sdpa_bench.py [--seq 4096 16384] [--iters 20] [--json out.json]
