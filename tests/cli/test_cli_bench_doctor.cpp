@@ -170,6 +170,18 @@ TEST_F(BenchDoctorCli, DoctorCleanOnCpuExitsZero) {
   EXPECT_NE(r.out.find("linear     decode: cpu"), std::string::npos) << r.out;  // loaded: exact kernel names
 }
 
+// The NF4FLASH_* settings in effect are listed (text and JSON), each set one an info line.
+TEST_F(BenchDoctorCli, DoctorListsTheSettingsInEffect) {
+  const std::string cmd = "doctor --model " + model("llama-gqa-hd64") + " --device cpu --no-load";
+  nf4flash::test::CliResult r = run(cmd);
+  EXPECT_NE(r.out.find("defaults (no NF4FLASH_* setting in the environment)"), std::string::npos) << r.out;
+  r = nf4flash::test::run_cli(cmd + " --json", "", "NF4FLASH_Q4_GEMM=dequant NF4FLASH_PDL=0");
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out << r.err;
+  EXPECT_EQ(j["settings"]["NF4FLASH_Q4_GEMM"], "dequant") << r.out;
+  EXPECT_EQ(j["settings"]["NF4FLASH_PDL"], "0") << r.out;
+}
+
 TEST_F(BenchDoctorCli, DoctorWarnsOnNoCache) {
   const nf4flash::test::CliResult r = run("doctor --model " + model("llama-gqa-hd64") + " --device cpu --no-cache");
   EXPECT_EQ(r.code, 1) << r.out << r.err;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "io/hf_config.h"
 #include "model_flags.h"
+#include "runtime/env_settings.h"
 #include "runtime/plan.h"
 
 namespace nf4flash::cli {
@@ -122,6 +124,13 @@ class Doctor {
     out_["host"] = host_to_json(host_);
     out_["gpus"] = json::array();
     for (const GpuInfo& g : gpus_) out_["gpus"].push_back(gpu_to_json(g));
+    // the NF4FLASH_* settings in effect (runtime/env_settings.h): each one set changes a path
+    out_["settings"] = json::object();
+    for (const EnvSetting& s : env_settings())
+      if (const char* v = std::getenv(s.name); v && *v) out_["settings"][s.name] = v;
+    if (!out_["settings"].empty())
+      info("settings", cat(out_["settings"].size(), " NF4FLASH_* setting(s) in the environment change the defaults"),
+           "unset them to measure the default paths");
     if (!built_with_cuda() && (std::filesystem::exists("/proc/driver/nvidia/version") || std::filesystem::exists("/dev/nvidia0")))
       warn("gpu_unused_build", "an NVIDIA GPU is present but this nf4flash was built without CUDA",
            "rebuild with -DNF4FLASH_CUDA=ON (nvcc on PATH)");
@@ -334,6 +343,9 @@ class Doctor {
                   g.index, g.name.c_str(), g.cc_major, g.cc_minor, g.sm_count, format_bytes(g.free_bytes).c_str(),
                   format_bytes(g.total_bytes).c_str(), g.driver_version.empty() ? "?" : g.driver_version.c_str(),
                   g.driver_cuda_version.c_str(), g.runtime_version.c_str(), g.bf16 ? "yes" : "no", g.tf32 ? "yes" : "no");
+    std::printf("settings\n");
+    if (out_["settings"].empty()) std::printf("  defaults (no NF4FLASH_* setting in the environment)\n");
+    for (const auto& [k, v] : out_["settings"].items()) std::printf("  %s=%s\n", k.c_str(), v.get<std::string>().c_str());
     std::printf("host\n  %s | %d threads | %s | RAM %s, %s available | %s\n", host_.cpu_model.c_str(), host_.logical_cores,
                 host_.simd.c_str(), format_bytes(host_.mem_total_bytes).c_str(),
                 format_bytes(host_.mem_available_bytes).c_str(), host_.os.c_str());
