@@ -114,7 +114,6 @@ bool Scheduler::preempt_youngest(int64_t self, bool allow_self, StepPlan& p, int
     free += kv_.releasable_blocks(id);
     v.info.state = SeqState::Waiting;
     v.info.computed = 0;  // recomputed from position 0 (prompt + tokens generated so far)
-    v.admitted = -1;
     v.planned = p.step;  // not re-admitted in this step
     ++v.info.preemptions;
     ++stats_.preemptions;
@@ -191,7 +190,6 @@ StepPlan Scheduler::plan_step() {
     if (n == 0) break;  // the head waits for blocks; no one overtakes it
     waiting_.pop_front();
     running_.push_back(id);
-    s.admitted = next_admit_++;
     s.info.state = SeqState::Prefilling;
     add(p, s, n, false, free, kv_.blocks_needed(id, n));
   }

@@ -153,7 +153,6 @@ class Scheduler {
  private:
   struct Seq {
     SeqInfo info;
-    int64_t admitted = -1;  // admission stamp (larger = more recent); -1 while waiting
     int64_t planned = -1;   // the step that last scheduled it
   };
   Seq& get(int64_t id);
@@ -170,7 +169,6 @@ class Scheduler {
   std::unordered_map<int64_t, Seq> seqs_;  // lookups only; order lives in the two queues
   std::deque<int64_t> waiting_;            // FCFS; preempted sequences at the front
   std::vector<int64_t> running_;           // admission order (oldest first)
-  int64_t next_admit_ = 0;
   SchedulerStats stats_;
 };
 
