@@ -50,6 +50,8 @@ struct Context {
 
   // Copies of a `bytes` working set to rotate over so that they add up to >= 4x the L2 (at least 2).
   int copies_for(double bytes) const;
+  // A second backend like `be` with `edit` applied to its tuning (the rows of a non-default path).
+  std::unique_ptr<Backend> backend_with(const std::function<void(CudaTuning&)>& edit) const;
 };
 
 // Throws Error naming `what` and the CUDA error unless e is cudaSuccess.

@@ -12,6 +12,14 @@
 
 namespace nf4flash::kbench {
 
+std::unique_ptr<Backend> Context::backend_with(const std::function<void(CudaTuning&)>& edit) const {
+  CudaBackendOptions o = options;
+  CudaTuning t = o.tuning.value_or(cuda_tuning_current());
+  edit(t);
+  o.tuning = t;
+  return make_cuda_backend(o);
+}
+
 namespace {
 
 constexpr const char* kRowFmt = "%-58s %10s %9s %7s %9s\n";

@@ -26,14 +26,6 @@ struct Run {
   AttnImpl impl;
 };
 
-std::unique_ptr<Backend> flash_backend(const Context& c, FlashKernelChoice k) {
-  CudaBackendOptions o = c.options;
-  CudaTuning t = o.tuning.value_or(cuda_tuning_current());
-  t.flash_kernel = k;
-  o.tuning = t;
-  return make_cuda_backend(o);
-}
-
 }  // namespace
 
 void prefill_attention(Context& c) {
@@ -41,10 +33,10 @@ void prefill_attention(Context& c) {
   c.report.section("prefill_attention", "prefill attention (causal, 32 q / 8 kv heads, hd 128, bf16)");
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Run> runs;
-  owned.push_back(flash_backend(c, FlashKernelChoice::Mma));
+  owned.push_back(c.backend_with([](CudaTuning& t) { t.flash_kernel = FlashKernelChoice::Mma; }));
   runs.push_back({"flash-mma", owned.back().get(), AttnImpl::Flash});
   if (cuda::attention_flash_wgmma_supported()) {
-    owned.push_back(flash_backend(c, FlashKernelChoice::Wgmma));
+    owned.push_back(c.backend_with([](CudaTuning& t) { t.flash_kernel = FlashKernelChoice::Wgmma; }));
     runs.push_back({"flash-wgmma", owned.back().get(), AttnImpl::Flash});
   }
   runs.push_back({"sdpa", &c.be, AttnImpl::Sdpa});

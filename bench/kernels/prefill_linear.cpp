@@ -23,14 +23,6 @@ struct Path {
   std::vector<std::unique_ptr<Weight>> ws;  // the copies of the current shape
 };
 
-std::unique_ptr<Backend> q4_backend(const Context& c, Q4GemmMode m) {
-  CudaBackendOptions o = c.options;
-  CudaTuning t = o.tuning.value_or(cuda_tuning_current());
-  t.q4_gemm = m;
-  o.tuning = t;
-  return make_cuda_backend(o);
-}
-
 }  // namespace
 
 void prefill_linears(Context& c) {
@@ -38,12 +30,12 @@ void prefill_linears(Context& c) {
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Path> paths;
   if (cuda::gemm_q4_wgmma_supported()) {
-    owned.push_back(q4_backend(c, Q4GemmMode::Fused));
+    owned.push_back(c.backend_with([](CudaTuning& t) { t.q4_gemm = Q4GemmMode::Fused; }));
     paths.push_back({"nf4-dq fused", owned.back().get(), {}});
   } else {
     std::printf("prefill nf4-dq fused: skipped (needs a build for sm_90a and a compute capability 9.0 GPU)\n");
   }
-  owned.push_back(q4_backend(c, Q4GemmMode::Dequant));
+  owned.push_back(c.backend_with([](CudaTuning& t) { t.q4_gemm = Q4GemmMode::Dequant; }));
   paths.push_back({"nf4-dq dequant", owned.back().get(), {}});
   paths.push_back({"bf16", &c.be, {}});
 
