@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Installs what nf4flash needs (Debian/Ubuntu), builds it, and runs the main job on a built-in
-# default: text generation with the bundled 32k-vocab Llama fixture (random weights, the real
-# Llama-2 tokenizer), quantized to NF4 on load, then a short benchmark on a synthetic model.
+# Installs what nf4flash needs (Debian/Ubuntu), builds it (for this machine's GPU when it has one),
+# and runs the main job on a built-in default: text generation with the bundled 32k-vocab Llama
+# fixture (random weights, the real Llama-2 tokenizer), quantized to NF4 on load.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
