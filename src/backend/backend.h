@@ -93,6 +93,19 @@ struct AttnParams {
   AttnImpl impl = AttnImpl::Auto;
 };
 
+// A step over several sequences whose K/V live in a paged cache (kv_allocate_paged): the rows of
+// sequence i are [row_start[i], row_start[i+1]), at positions pos0[i], pos0[i] + 1, ...; position
+// p of sequence i is slot p % block_size of block block_tables[i * max_blocks + p / block_size].
+// Arrays in backend memory (the runtime writes them before the step); n_seqs and max_blocks on the
+// host. Rows of one sequence are computed exactly as that sequence alone would compute them.
+struct PagedSeqs {
+  int n_seqs = 0;
+  const int32_t* row_start = nullptr;     // [n_seqs + 1]
+  const int32_t* pos0 = nullptr;          // [n_seqs]
+  const int32_t* block_tables = nullptr;  // [n_seqs][max_blocks]
+  int max_blocks = 0;
+};
+
 // Device-resident per-step values read by the ops (written by the runtime before each step).
 struct StepState {
   int32_t* pos0 = nullptr;  // backend memory: absolute position of row 0 of the step
@@ -100,6 +113,9 @@ struct StepState {
   // -1 while a graph is being captured (replays change pos0 in device memory only). Ops may use
   // it to size work on the host (eager CUDA attention: key length pos0_host + T).
   int64_t pos0_host = -1;
+  // Several sequences over the paged cache (pos0 and pos0_host unused then); null: one sequence at
+  // pos0 over the contiguous cache.
+  const PagedSeqs* paged = nullptr;
 };
 
 struct KVCacheDesc {
@@ -220,6 +236,16 @@ class Backend {
 
   // ---- KV cache -----------------------------------------------------------------------------
   virtual void kv_allocate(const KVCacheDesc& d) = 0;
+  // The paged cache instead: n_blocks blocks of block_size positions, each holding every layer's K
+  // and V of those positions (d.capacity unused). Steps then pass StepState::paged.
+  virtual void kv_allocate_paged(const KVCacheDesc& d, int64_t n_blocks, int block_size) {
+    fail("the paged KV cache (batched sequences) is not supported by the ", name(), " backend yet");
+  }
+  // out[i, :] = x[rows[i], :] for i < out.rows (rows: backend memory); the rows that give logits
+  // in a step over several sequences.
+  virtual void gather_rows(Act x, const int32_t* rows, Act out) {
+    fail("gather_rows (batched sequences) is not supported by the ", name(), " backend yet");
+  }
   virtual const KVCacheDesc& kv_desc() const = 0;
   virtual size_t kv_bytes() const = 0;
 

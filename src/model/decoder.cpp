@@ -163,7 +163,8 @@ std::string Decoder::linear_path(int64_t rows) const {
   return be_.linear_path(*layers_.at(0).wq, rows);
 }
 
-void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits) {
+void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits,
+                      const int32_t* logit_rows) {
   NF4FLASH_CHECK(T >= 1 && T <= max_rows_, "forward: ", T, " rows exceed the workspace of ", max_rows_);
   NF4FLASH_CHECK(n_logits >= 1 && n_logits <= T, "forward: n_logits out of range");
   ensure_workspace(T);
@@ -233,11 +234,19 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
       be_.linear(u, *L.down, L.b_down.get(), o);
     }
   }
-  // only the rows that give logits need the last residual add and the final norm
-  Act last = x.slice_rows(T - n_logits, n_logits);
   Act last_n = xn.slice_rows(0, n_logits);
-  if (fused) be_.rms_norm(last, *final_norm_, eps, last_n);
-  else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
+  if (logit_rows) {
+    // the rows that give logits, gathered (after the last residual add) into o's first rows
+    if (!fused) be_.add(x, o, x);
+    Act picked = o.slice_rows(0, n_logits);
+    be_.gather_rows(x, logit_rows, picked);
+    be_.rms_norm(picked, *final_norm_, eps, last_n);
+  } else {
+    // only the rows that give logits need the last residual add and the final norm
+    Act last = x.slice_rows(T - n_logits, n_logits);
+    if (fused) be_.rms_norm(last, *final_norm_, eps, last_n);
+    else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
+  }
   be_.linear(last_n, lm_head(), nullptr, logits);
 }
 

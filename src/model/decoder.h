@@ -6,7 +6,9 @@
 //   per layer: xn = rms(x); q,k,v = linear(xn) (+bias); [q/k per-head rms]; rope; kv_write;
 //              attn = attention(q, cache); x += o_proj(attn);
 //              xn = rms(x); x += down(silu(gate(xn)) * up(xn))
-//   logits = lm_head(rms(x)) for the last `n_logits` rows (F32)
+//   logits = lm_head(rms(x)) for the last `n_logits` rows, or the rows logit_rows names (F32)
+// With StepState::paged the T rows belong to several sequences (a batched step over the paged
+// KV cache); each row is computed as its sequence alone would compute it.
 #pragma once
 #include <functional>
 #include <memory>
@@ -50,8 +52,11 @@ class Decoder {
           const std::function<void(int, int)>& progress = nullptr);
 
   // ids: backend memory, T entries (T <= max_rows). logits: F32 [n_logits, vocab] backend memory,
-  // receiving the logits of the last n_logits rows.
-  void forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits);
+  // receiving the logits of the last n_logits rows, or of the rows logit_rows names.
+  // logit_rows (backend memory, n_logits entries): the rows that give logits (a step over several
+  // sequences: the last row of each that samples); null: the last n_logits rows.
+  void forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits,
+               const int32_t* logit_rows = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   const ArchFlags& arch() const { return arch_; }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -204,11 +205,11 @@ class CpuBackend final : public Backend {
 
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override {
     const int hd = p.head_dim, half = hd / 2;
-    const int32_t pos0 = *s.pos0;
+    const std::vector<RowAt> at = rows_of(q.rows, s);
     auto apply = [&](Act a) {
       const int64_t heads = a.cols / hd;
       for (int64_t t = 0; t < a.rows; ++t) {
-        const float pos = static_cast<float>(pos0 + t);
+        const float pos = static_cast<float>(at[size_t(t)].pos);
         for (int i = 0; i < half; ++i) {
           const float ang = pos * p.inv_freq[i];
           const float c = std::cos(ang), sn = std::sin(ang);
@@ -228,6 +229,7 @@ class CpuBackend final : public Backend {
   void kv_allocate(const KVCacheDesc& d) override {
     kv_ = d;
     kv_.dtype = DType::F32;
+    paged_ = false;
     const size_t n = static_cast<size_t>(d.n_layers) * d.n_kv_heads * d.capacity * d.head_dim;
     k_cache_.assign(n, 0.0f);
     v_cache_.assign(n, 0.0f);
@@ -235,32 +237,55 @@ class CpuBackend final : public Backend {
   const KVCacheDesc& kv_desc() const override { return kv_; }
   size_t kv_bytes() const override { return (k_cache_.size() + v_cache_.size()) * 4; }
 
+  // The paged cache: [layer][block][kv head][slot][head_dim], f32.
+  void kv_allocate_paged(const KVCacheDesc& d, int64_t n_blocks, int block_size) override {
+    NF4FLASH_CHECK(n_blocks > 0 && block_size > 0, "paged KV cache: ", n_blocks, " blocks of ", block_size, " positions");
+    kv_ = d;
+    kv_.dtype = DType::F32;
+    kv_.capacity = n_blocks * block_size;
+    paged_ = true;
+    n_blocks_ = n_blocks;
+    block_size_ = block_size;
+    const size_t n = static_cast<size_t>(d.n_layers) * n_blocks * d.n_kv_heads * block_size * d.head_dim;
+    k_cache_.assign(n, 0.0f);
+    v_cache_.assign(n, 0.0f);
+  }
+
+  void gather_rows(Act x, const int32_t* rows, Act out) override {
+    NF4FLASH_CHECK(out.cols == x.cols, "gather_rows: widths ", x.cols, " and ", out.cols, " differ");
+    for (int64_t i = 0; i < out.rows; ++i) {
+      NF4FLASH_CHECK(rows[i] >= 0 && rows[i] < x.rows, "gather_rows: row ", rows[i], " of ", x.rows);
+      std::memmove(f32p(out) + i * out.cols, f32p(x) + int64_t(rows[i]) * x.cols, size_t(x.cols) * 4);
+    }
+  }
+
   void kv_write(int layer, Act k, Act v, const StepState& s) override {
-    const int32_t pos0 = *s.pos0;
     const int hd = kv_.head_dim;
-    NF4FLASH_CHECK(pos0 + k.rows <= kv_.capacity, "context length ", pos0 + k.rows,
-                   " exceeds the KV cache capacity ", kv_.capacity, " (raise --ctx-size)");
+    const std::vector<RowAt> at = rows_of(k.rows, s);
     for (int64_t t = 0; t < k.rows; ++t)
       for (int g = 0; g < kv_.n_kv_heads; ++g) {
-        std::memcpy(kv_ptr(k_cache_, layer, g, pos0 + t), f32p(k) + t * k.cols + g * hd, hd * 4);
-        std::memcpy(kv_ptr(v_cache_, layer, g, pos0 + t), f32p(v) + t * v.cols + g * hd, hd * 4);
+        std::memcpy(kv_at(k_cache_, layer, g, s, at[size_t(t)]), f32p(k) + t * k.cols + g * hd, hd * 4);
+        std::memcpy(kv_at(v_cache_, layer, g, s, at[size_t(t)]), f32p(v) + t * v.cols + g * hd, hd * 4);
       }
   }
 
   void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) override {
-    const int32_t pos0 = *s.pos0;
     const int hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
+    const std::vector<RowAt> at = rows_of(q.rows, s);
+    int64_t longest = 0;
+    for (const RowAt& r : at) longest = std::max(longest, r.pos + 1);
     thread_pool().parallel_for(q.rows * p.n_heads, 1, [&](int64_t i0, int64_t i1) {
-      std::vector<float> sc(pos0 + q.rows);
+      std::vector<float> sc(static_cast<size_t>(longest));
       std::vector<double> acc(hd);
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t t = i / p.n_heads;
         const int h = static_cast<int>(i % p.n_heads), g = h / group;
         const float* qv = f32p(q) + t * q.cols + h * hd;
-        const int64_t n = pos0 + t + 1;
+        const RowAt& r = at[size_t(t)];
+        const int64_t n = r.pos + 1;
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
-          const float* kr = kv_ptr(k_cache_, layer, g, j);
+          const float* kr = kv_at(k_cache_, layer, g, s, {r.seq, j});
           float d = 0;
           for (int c = 0; c < hd; ++c) d += qv[c] * kr[c];
           sc[j] = d * p.scale;
@@ -271,7 +296,7 @@ class CpuBackend final : public Backend {
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < n; ++j) {
           const float w = static_cast<float>(sc[j] / sum);
-          const float* vr = kv_ptr(v_cache_, layer, g, j);
+          const float* vr = kv_at(v_cache_, layer, g, s, {r.seq, j});
           for (int c = 0; c < hd; ++c) acc[c] += static_cast<double>(w) * vr[c];
         }
         float* o = f32p(out) + t * out.cols + h * hd;
@@ -306,6 +331,49 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Where row t of a step is: its sequence (0 for a one-sequence step) and absolute position.
+  struct RowAt {
+    int seq = 0;
+    int64_t pos = 0;
+  };
+  std::vector<RowAt> rows_of(int64_t T, const StepState& s) const {
+    std::vector<RowAt> at(static_cast<size_t>(T));
+    if (!s.paged) {
+      NF4FLASH_CHECK(!paged_, "the KV cache is paged: a step must give its sequences (StepState::paged)");
+      const int64_t pos0 = *s.pos0;
+      NF4FLASH_CHECK(pos0 + T <= kv_.capacity, "context length ", pos0 + T, " exceeds the KV cache capacity ",
+                     kv_.capacity, " (raise --ctx-size)");
+      for (int64_t t = 0; t < T; ++t) at[size_t(t)] = {0, pos0 + t};
+      return at;
+    }
+    const PagedSeqs& p = *s.paged;
+    NF4FLASH_CHECK(paged_, "a step over several sequences needs the paged KV cache (kv_allocate_paged)");
+    NF4FLASH_CHECK(p.n_seqs >= 1 && p.row_start[0] == 0 && p.row_start[p.n_seqs] == T, "paged step: the ",
+                   p.n_seqs, " sequences' rows do not cover the step's ", T, " rows");
+    for (int i = 0; i < p.n_seqs; ++i) {
+      NF4FLASH_CHECK(p.row_start[i] <= p.row_start[i + 1] && p.pos0[i] >= 0, "paged step: sequence ", i,
+                     " has rows [", p.row_start[i], ", ", p.row_start[i + 1], ") at position ", p.pos0[i]);
+      const int64_t end = p.pos0[i] + p.row_start[i + 1] - p.row_start[i];
+      NF4FLASH_CHECK(end <= int64_t(p.max_blocks) * block_size_, "paged step: sequence ", i, " reaches position ", end,
+                     " past its ", p.max_blocks, " blocks");
+      for (int64_t t = p.row_start[i]; t < p.row_start[i + 1]; ++t) at[size_t(t)] = {i, p.pos0[i] + t - p.row_start[i]};
+    }
+    return at;
+  }
+  // K or V of kv head g at (sequence, position) of the step's layout.
+  float* kv_at(std::vector<float>& c, int layer, int g, const StepState& s, RowAt r) {
+    return const_cast<float*>(std::as_const(*this).kv_at(c, layer, g, s, r));
+  }
+  const float* kv_at(const std::vector<float>& c, int layer, int g, const StepState& s, RowAt r) const {
+    if (!paged_) return kv_ptr(c, layer, g, r.pos);
+    const int32_t b = s.paged->block_tables[int64_t(r.seq) * s.paged->max_blocks + r.pos / block_size_];
+    NF4FLASH_CHECK(b >= 0 && b < n_blocks_, "paged step: block ", b, " of sequence ", r.seq, " out of range (",
+                   n_blocks_, " blocks)");
+    return c.data() +
+           (((static_cast<size_t>(layer) * n_blocks_ + b) * kv_.n_kv_heads + g) * block_size_ + r.pos % block_size_) *
+               kv_.head_dim;
+  }
+
   const CpuDense& dense(const Weight& w, const char* op) const {
     NF4FLASH_CHECK(w.kind() == Weight::Kind::Dense, op, ": expects a dense weight");
     return static_cast<const CpuDense&>(w);
@@ -321,6 +389,9 @@ class CpuBackend final : public Backend {
   int32_t slots_[kSampleSlots] = {};
   KVCacheDesc kv_;
   std::vector<float> k_cache_, v_cache_;
+  bool paged_ = false;  // kv_allocate_paged: blocks instead of one contiguous range per layer
+  int64_t n_blocks_ = 0;
+  int block_size_ = 0;
 };
 
 }  // namespace

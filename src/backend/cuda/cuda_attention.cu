@@ -7,7 +7,13 @@
 
 namespace nf4flash::cuda_impl {
 
+// Steps over several sequences (StepState::paged) need the paged kernels, not built on CUDA yet.
+static void refuse_paged(const StepState& s, const char* op) {
+  NF4FLASH_CHECK(!s.paged, op, ": a step over several sequences (paged KV cache) is not supported by the CUDA backend yet");
+}
+
 RopeArgs CudaBackend::rope_args(const Act& q, const Act& k, const RopeParams& p, const StepState& s) const {
+  refuse_paged(s, "rope");
   check_act(q, "rope");
   check_act(k, "rope");
   NF4FLASH_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && q.cols % p.head_dim == 0 && k.cols % p.head_dim == 0,
@@ -29,6 +35,7 @@ RopeArgs CudaBackend::rope_args(const Act& q, const Act& k, const RopeParams& p,
 }
 
 KvWriteArgs CudaBackend::kv_write_args(int layer, const Act& k, const Act& v, const StepState& s) const {
+  refuse_paged(s, "kv_write");
   check_layer(layer);
   check_act(k, "kv_write");
   check_act(v, "kv_write");
@@ -74,6 +81,7 @@ void CudaBackend::attention(int layer, Act q, Act out, const AttnParams& p, cons
 
 // The arguments of every attention kernel; decode's split workspace attached.
 AttnArgs CudaBackend::attn_args(int layer, const Act& q, const Act& out, const AttnParams& p, const StepState& s) {
+  refuse_paged(s, "attention");
   check_layer(layer);
   check_act(q, "attention");
   check_act(out, "attention");
