@@ -1,0 +1,135 @@
+// Continuous batching on the CPU (BatchRunner): prompts joining and leaving a batch smaller than
+// their number, some sharing a prefix (prefix-cache hits), greedy and seeded sampling with stop
+// ids and max_new_tokens, give each request exactly the tokens Engine::generate gives it alone;
+// a tiny pool makes requests wait and be preempted with the same results; every block is back
+// after the run, and the engine's own generate runs on the contiguous cache again.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+#include "nf4flash/engine.h"
+#include "runtime/batch_runner.h"
+#include "test_util.h"
+
+namespace nf4flash {
+namespace {
+
+std::unique_ptr<Engine> load_cpu(const std::string& model, QuantChoice quant) {
+  LoadOptions o;
+  o.model_dir = test::model_dir(model);
+  o.device = DeviceChoice::CPU;
+  o.quant = quant;
+  o.ctx_size = 128;
+  o.load_tokenizer = false;
+  return Engine::load(o);
+}
+
+struct Case {
+  std::vector<int32_t> prompt;
+  GenerateOptions gen;
+};
+
+std::vector<Case> cases(int64_t V) {
+  std::vector<Case> cs;
+  const std::vector<int32_t> shared = {5, 17, 29, 41, 53, 65, 77, 89, 101};  // a common prefix of 9 tokens
+  for (int i = 0; i < 7; ++i) {
+    Case c;
+    if (i % 2 == 0) c.prompt = shared;
+    for (int k = 0; k < 3 + 4 * i; ++k) c.prompt.push_back(int32_t((13 + 37 * k + 211 * i) % (V - 1) + 1));
+    c.gen.max_new_tokens = 3 + i % 4 * 3;
+    c.gen.ignore_eos = true;
+    if (i % 3 == 1) {  // seeded sampling
+      c.gen.sampling.temperature = 0.9f;
+      c.gen.sampling.top_p = 0.9f;
+      c.gen.sampling.seed = uint64_t(100 + i);
+    }
+    cs.push_back(c);
+  }
+  cs[3].gen.max_new_tokens = 0;
+  return cs;
+}
+
+void expect_batched_equals_alone(const std::string& model, QuantChoice quant, const BatchRunnerOptions& o,
+                                 bool expect_hits = true) {
+  SCOPED_TRACE(model);
+  auto e = load_cpu(model, quant);
+  const std::vector<Case> cs = cases(e->vocab_size());
+  std::vector<GenerateResult> alone;
+  for (const Case& c : cs) {
+    GenerateOptions g = c.gen;
+    g.reuse_cache = false;
+    alone.push_back(e->generate(c.prompt, g));
+  }
+  // a stop id taken from one request's own output makes it stop there
+  std::vector<Case> bs = cs;
+  ASSERT_GE(alone[2].tokens.size(), 3u);
+  bs[2].gen.ignore_eos = false;
+  bs[2].gen.stop_ids = {alone[2].tokens[1]};
+  std::map<int64_t, BatchOutput> got;
+  {
+    BatchRunner r(*e, o);
+    // the first four at once, the rest after a few steps (when the shared prefix is cached)
+    for (size_t i = 0; i < bs.size(); ++i) {
+      if (i == 4)
+        for (int step = 0; step < 4; ++step)
+          for (BatchOutput& out : r.step()) got[out.id] = std::move(out);
+      const SubmitResult s = r.submit({int64_t(i), bs[i].prompt, bs[i].gen});
+      ASSERT_TRUE(s.ok()) << s.error;
+    }
+    for (int step = 0; r.has_work() && step < 1000; ++step)
+      for (BatchOutput& out : r.step()) got[out.id] = std::move(out);
+    EXPECT_FALSE(r.has_work());
+    EXPECT_EQ(r.pool().available_blocks(), r.pool().n_blocks()) << "blocks leaked";
+    EXPECT_GT(r.pool().cached_blocks(), 0);
+    EXPECT_GT(r.scheduler().stats().steps, int64_t(cs.size()));
+    if (!expect_hits) EXPECT_GT(r.scheduler().stats().preemptions, 0) << "the tiny pool never preempted";
+  }
+  ASSERT_EQ(got.size(), cs.size());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const BatchOutput& b = got.at(int64_t(i));
+    if (i == 2) {  // up to the first occurrence of its stop id
+      const auto stop = std::find(alone[2].tokens.begin(), alone[2].tokens.end(), alone[2].tokens[1]);
+      EXPECT_EQ(b.tokens, std::vector<int32_t>(alone[2].tokens.begin(), stop + 1)) << "request 2";
+      EXPECT_EQ(b.finish_reason, "stop");
+      continue;
+    }
+    EXPECT_EQ(b.tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(b.finish_reason, "length") << "request " << i;
+    EXPECT_EQ(b.prompt_tokens, int64_t(cs[i].prompt.size()));
+  }
+  if (expect_hits) EXPECT_GT(got.at(4).cached_tokens + got.at(6).cached_tokens, 0) << "no prefix-cache hit";
+  // the engine's own generate works again afterwards (the contiguous cache is back)
+  GenerateOptions g = cs[0].gen;
+  g.reuse_cache = false;
+  EXPECT_EQ(e->generate(cs[0].prompt, g).tokens, alone[0].tokens);
+}
+
+TEST(BatchRunner, JoinLeaveAndPrefixHitsGiveTheTokensOfEachAloneF32) {
+  BatchRunnerOptions o;
+  o.block_size = 4;
+  o.sched.max_seqs_per_step = 3;
+  o.sched.max_tokens_per_step = 16;
+  expect_batched_equals_alone("llama-gqa-hd64", QuantChoice::Auto, o);
+}
+
+TEST(BatchRunner, JoinLeaveAndPrefixHitsGiveTheTokensOfEachAloneNf4) {
+  BatchRunnerOptions o;
+  o.block_size = 8;
+  o.sched.max_seqs_per_step = 2;
+  o.sched.max_tokens_per_step = 64;
+  expect_batched_equals_alone("llama3-hd128-ropescaled", QuantChoice::NF4, o);
+}
+
+TEST(BatchRunner, TinyPoolWaitsAndPreemptsWithTheSameResults) {
+  BatchRunnerOptions o;
+  o.block_size = 4;
+  o.n_blocks = 12;  // 48 positions for 7 requests of up to ~46
+  o.sched.max_seqs_per_step = 4;
+  o.sched.max_tokens_per_step = 16;
+  expect_batched_equals_alone("llama-gqa-hd64", QuantChoice::Auto, o, /*expect_hits=*/false);
+}
+
+}  // namespace
+}  // namespace nf4flash
