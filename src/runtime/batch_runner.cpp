@@ -17,7 +17,7 @@ std::unique_ptr<Buffer> upload_ints(Backend& be, const std::vector<int32_t>& v) 
 }
 }  // namespace
 
-BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(engine) {
+BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(engine), on_token_(o.on_token) {
   Engine::Impl& im = engine.internals();
   NF4FLASH_CHECK(o.block_size >= 1, "batch: block size ", o.block_size);
   SchedulerConfig c = o.sched;
@@ -132,7 +132,8 @@ std::vector<BatchOutput> BatchRunner::step() {
       const int32_t t = sample_with_uniform(logits.data() + k * V, V, sp, q.tokens, u);
       q.tokens.push_back(t);
       q.out.tokens.push_back(t);
-      if (std::find(q.stops.begin(), q.stops.end(), t) != q.stops.end()) {
+      const bool go_on = !on_token_ || on_token_(e.seq_id, t);
+      if (!go_on || std::find(q.stops.begin(), q.stops.end(), t) != q.stops.end()) {
         sched_->finish(e.seq_id, FinishReason::Eos);
         end(e.seq_id, "stop");
       }

@@ -7,6 +7,7 @@
 // paged cache (the CPU backend today; construction says so by name elsewhere).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,9 @@ struct BatchRunnerOptions {
   int block_size = 16;
   int64_t n_blocks = 0;  // 0: the engine's context size in blocks, times max_seqs_per_step
   SchedulerConfig sched;  // max_tokens_per_step is capped by the decoder's rows per forward
+  // Called with each sampled token (the stop tokens too); false ends the request with "stop"
+  // (stop strings matched on the text). Null: none.
+  std::function<bool(int64_t id, int32_t token)> on_token;
 };
 
 struct BatchRequest {
@@ -65,6 +69,7 @@ class BatchRunner {
   void end(int64_t id, const char* reason);
 
   Engine& engine_;
+  std::function<bool(int64_t, int32_t)> on_token_;
   std::unique_ptr<KvBlockPool> pool_;
   std::unique_ptr<PoolAdmission> kv_;
   std::unique_ptr<Scheduler> sched_;
