@@ -23,11 +23,23 @@
 #include "backend/cuda_tuning.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "nf4flash/engine.h"
 
 namespace nf4flash::test {
 
 inline std::string fixture(const std::string& rel) { return std::string(NF4FLASH_FIXTURES_DIR) + "/" + rel; }
 inline std::string model_dir(const std::string& name) { return fixture("models/" + name); }
+
+// A fixture model on the CPU backend with `ctx_size` tokens of KV cache and no tokenizer.
+inline std::unique_ptr<Engine> load_cpu_engine(const std::string& model, QuantChoice quant, int64_t ctx_size) {
+  LoadOptions o;
+  o.model_dir = model_dir(model);
+  o.device = DeviceChoice::CPU;
+  o.quant = quant;
+  o.ctx_size = ctx_size;
+  o.load_tokenizer = false;
+  return Engine::load(o);
+}
 
 // A golden file: NAME.golden.safetensors with f32/i32 tensors.
 class Golden {

@@ -16,13 +16,7 @@ namespace nf4flash {
 namespace {
 
 std::unique_ptr<Engine> load_cpu(const std::string& model, QuantChoice quant) {
-  LoadOptions o;
-  o.model_dir = test::model_dir(model);
-  o.device = DeviceChoice::CPU;
-  o.quant = quant;
-  o.ctx_size = 256;
-  o.load_tokenizer = false;
-  return Engine::load(o);
+  return test::load_cpu_engine(model, quant, 256);
 }
 
 // Backend memory holding `v` (int32).
