@@ -4,6 +4,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chat/ast.h"
@@ -51,6 +52,20 @@ class Evaluator {
   std::string* out_ = nullptr;
   const Value* filter_input_ = nullptr;
   int depth_ = 0;
+
+  // Makes `scope` the current scope for its lifetime and restores the previous one, also when an
+  // error unwinds.
+  class ScopeSwap {
+   public:
+    ScopeSwap(Evaluator& ev, std::shared_ptr<Scope> scope) : ev_(ev), saved_(std::exchange(ev.scope_, std::move(scope))) {}
+    ~ScopeSwap() { ev_.scope_ = std::move(saved_); }
+    ScopeSwap(const ScopeSwap&) = delete;
+    ScopeSwap& operator=(const ScopeSwap&) = delete;
+
+   private:
+    Evaluator& ev_;
+    std::shared_ptr<Scope> saved_;
+  };
 
   Flow exec(const Body& body);
   Flow exec_stmt(const Stmt& s);

@@ -108,16 +108,8 @@ bool value_contains(const Value& c, const Value& item) {
 // ---- evaluator --------------------------------------------------------------------------------
 
 Value Evaluator::eval_in(const Expr& e, std::shared_ptr<Scope> scope) {
-  auto saved = scope_;
-  scope_ = std::move(scope);
-  try {
-    Value v = eval(e);
-    scope_ = saved;
-    return v;
-  } catch (...) {
-    scope_ = saved;
-    throw;
-  }
+  ScopeSwap swap(*this, std::move(scope));
+  return eval(e);
 }
 
 Value Evaluator::call(const Value& fn, CallArgs& args) {

@@ -49,20 +49,16 @@ std::string Evaluator::render(const Body& body) {
 std::string Evaluator::render_in(const Body& body, std::shared_ptr<Scope> scope) {
   if (++depth_ > kMaxDepth) fail("maximum macro recursion depth (", kMaxDepth, ") exceeded");
   std::string out;
-  std::string* saved_out = out_;
-  auto saved_scope = scope_;
-  out_ = &out;
-  scope_ = std::move(scope);
+  std::string* saved_out = std::exchange(out_, &out);
   try {
+    ScopeSwap swap(*this, std::move(scope));
     exec(body);
   } catch (...) {
     out_ = saved_out;
-    scope_ = saved_scope;
     --depth_;
     throw;
   }
   out_ = saved_out;
-  scope_ = saved_scope;
   --depth_;
   return out;
 }
@@ -127,17 +123,8 @@ Evaluator::Flow Evaluator::exec_stmt(const Stmt& s) {
       auto inner = std::make_shared<Scope>();
       inner->parent = scope_;
       for (size_t k = 0; k < s.targets.size(); ++k) inner->set(s.targets[k], eval(*s.conds[k]));
-      auto saved = scope_;
-      scope_ = inner;
-      Flow f;
-      try {
-        f = exec(s.body);
-      } catch (...) {
-        scope_ = saved;
-        throw;
-      }
-      scope_ = saved;
-      return f;
+      ScopeSwap swap(*this, std::move(inner));
+      return exec(s.body);
     }
     case StmtKind::Break: return Flow::Break;
     case StmtKind::Continue: return Flow::Continue;
@@ -170,23 +157,15 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s) {
   } catch (const Error& e) {
     error_at(*s.expr, e.what());
   }
-  auto saved = scope_;
+  const std::shared_ptr<Scope> outer = scope_;
   if (s.cond) {
     ValueList kept;
     for (const Value& it : items) {
       auto sc = std::make_shared<Scope>();
-      sc->parent = saved;
+      sc->parent = outer;
       assign_targets(*sc, s.targets, it, s);
-      scope_ = sc;
-      bool keep;
-      try {
-        keep = eval(*s.cond).truthy();
-      } catch (...) {
-        scope_ = saved;
-        throw;
-      }
-      scope_ = saved;
-      if (keep) kept.push_back(it);
+      ScopeSwap swap(*this, std::move(sc));
+      if (eval(*s.cond).truthy()) kept.push_back(it);
     }
     items = std::move(kept);
   }
@@ -194,7 +173,7 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s) {
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
     auto sc = std::make_shared<Scope>();
-    sc->parent = saved;
+    sc->parent = outer;
     assign_targets(*sc, s.targets, items[k], s);
     ValueDict loop;
     loop.set("index", Value::integer(k + 1));
@@ -213,16 +192,8 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s) {
       return a.args[k % a.args.size()];
     }));
     sc->set("loop", Value::make_dict(std::move(loop)));
-    scope_ = sc;
-    Flow f;
-    try {
-      f = exec(s.body);
-    } catch (...) {
-      scope_ = saved;
-      throw;
-    }
-    scope_ = saved;
-    if (f == Flow::Break) break;
+    ScopeSwap swap(*this, std::move(sc));
+    if (exec(s.body) == Flow::Break) break;
   }
   return Flow::Normal;
 }
