@@ -52,10 +52,13 @@ GenerateOptions request_options(const GenerateOptions& dflt, const BatchJob& j) 
   return g;
 }
 
-// A running request's text state: the stop strings and, once one appears, the text before it.
+// A running request's text state: its completion decoded so far and, once a stop string appears,
+// the text before it.
 struct Running {
-  const BatchJob* job = nullptr;
-  std::vector<int32_t> tokens;
+  Running(const BatchJob& j, const Tokenizer& tok) : job(&j), stream(tok, true) {}
+  const BatchJob* job;
+  StreamDecoder stream;
+  std::string text;
   std::optional<std::string> stopped_text;
 };
 
@@ -85,13 +88,16 @@ int run_batch(const BatchArgs& a) {
   o.sched.max_context = INT64_MAX / 4;  // the engine's context size caps it
   o.on_token = [&](int64_t id, int32_t t) {
     Running& r = running.at(id);
-    r.tokens.push_back(t);
     if (r.job->stop.empty()) return true;
-    const std::string text = tok->decode(r.tokens, true);
+    // a stop string not found before this token can only appear ending in the new text
+    size_t longest = 0;
+    for (const std::string& s : r.job->stop) longest = std::max(longest, s.size());
+    const size_t from = r.text.size() + 1 > longest ? r.text.size() + 1 - longest : 0;
+    r.text += r.stream.push(t);
     size_t cut = std::string::npos;
-    for (const std::string& s : r.job->stop) cut = std::min(cut, text.find(s));
+    for (const std::string& s : r.job->stop) cut = std::min(cut, r.text.find(s, from));
     if (cut == std::string::npos) return true;
-    r.stopped_text = text.substr(0, cut);
+    r.stopped_text = r.text.substr(0, cut);
     return false;
   };
   BatchRunner runner(*engine, o);
@@ -103,7 +109,7 @@ int run_batch(const BatchArgs& a) {
     res.id = j.id;
     try {
       BatchRequest r{int64_t(i), prompt_ids(*engine, j), request_options(dflt, j)};
-      running[int64_t(i)].job = &j;
+      running.try_emplace(int64_t(i), j, *tok);
       const SubmitResult s = runner.submit(std::move(r));
       if (s.status == SubmitResult::Status::Rejected) {
         running.erase(int64_t(i));
