@@ -104,6 +104,10 @@ struct PagedSeqs {
   const int32_t* pos0 = nullptr;          // [n_seqs]
   const int32_t* block_tables = nullptr;  // [n_seqs][max_blocks]
   int max_blocks = 0;
+  // The same row_start and pos0 in host memory (a backend sizes work from them: CUDA computes the
+  // rows of a sequence with many rows, a prompt chunk, with its prompt kernels).
+  const int32_t* row_start_host = nullptr;
+  const int32_t* pos0_host = nullptr;
 };
 
 // Device-resident per-step values read by the ops (written by the runtime before each step).
@@ -271,6 +275,12 @@ class Backend {
   // (sampling/sampler.h). Returns false when the backend leaves sampling to the host.
   virtual bool sample(Act logits, const SamplingParams& p, const int32_t* history, int n_history,
                       float uniform, int32_t* out_id_host) { return false; }
+
+  // One token per row of logits [n, vocab] (F32), row i picked as sample() picks it with params[i],
+  // the history histories[i] (host ids: prompt + generated) and uniforms[i], all rows in one round
+  // trip; ids to out_ids_host[n]. Returns false when the backend leaves sampling to the host.
+  virtual bool sample_rows(Act logits, const SamplingParams* params, const std::vector<int32_t>* const* histories,
+                           const float* uniforms, int32_t* out_ids_host) { return false; }
 
   // ---- pipelined decode (optional) ----------------------------------------------------------
   // The decode loop without a host round trip per token: sample_to_device() picks the id as

@@ -9,13 +9,18 @@
 
 namespace nf4flash {
 
-namespace {
-std::unique_ptr<Buffer> upload_ints(Backend& be, const std::vector<int32_t>& v) {
-  auto b = be.alloc(std::max<size_t>(v.size(), 1) * 4);
+// A step's input in backend memory: the buffer grows (to twice the need) and is reused, so steady
+// steps allocate nothing.
+const int32_t* BatchRunner::upload(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v) {
+  Backend& be = *engine_.internals().be;
+  const size_t bytes = std::max<size_t>(v.size(), 1) * 4;
+  if (!b || b->bytes() < bytes) {
+    b.reset();
+    b = be.alloc(2 * bytes);
+  }
   be.upload(b->data(), v.data(), v.size() * 4);
-  return b;
+  return static_cast<const int32_t*>(b->data());
 }
-}  // namespace
 
 BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(engine), on_token_(o.on_token) {
   Engine::Impl& im = engine.internals();
@@ -25,7 +30,19 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
   c.max_seqs_per_step = std::min(c.max_seqs_per_step, c.max_tokens_per_step);
   c.max_context = std::min(c.max_context, im.ctx);
   const int64_t per_seq = (c.max_context + o.block_size - 1) / o.block_size;
-  const int64_t n_blocks = o.n_blocks > 0 ? o.n_blocks : per_seq * c.max_seqs_per_step;
+  int64_t n_blocks = o.n_blocks > 0 ? o.n_blocks : per_seq * c.max_seqs_per_step;
+  if (o.n_blocks <= 0 && im.be->free_memory() > 0) {
+    // the default pool: every slot's whole context, capped by the device memory left once the
+    // contiguous cache is freed, less a reserve for the activation workspace, prompt-chunk gathers
+    // and logits
+    const KVCacheDesc& d = im.be->kv_desc();
+    const size_t block_bytes = size_t(2) * d.n_layers * d.n_kv_heads * o.block_size * d.head_dim * dtype_size(d.dtype);
+    const size_t avail = im.be->free_memory() + im.be->kv_bytes();
+    const size_t reserve = (size_t(1) << 30) + size_t(2) * d.n_kv_heads * c.max_context * d.head_dim * dtype_size(d.dtype);
+    NF4FLASH_CHECK(avail > reserve + block_bytes, "batch: no device memory left for the paged KV cache (",
+                   avail >> 20, " MiB free)");
+    n_blocks = std::min<int64_t>(n_blocks, int64_t((avail - reserve) / block_bytes));
+  }
   pool_ = std::make_unique<KvBlockPool>(n_blocks, o.block_size);
   im.be->kv_allocate_paged(im.be->kv_desc(), n_blocks, o.block_size);  // Error naming the backend without it
   im.kv_tokens.clear();
@@ -80,6 +97,7 @@ std::vector<BatchOutput> BatchRunner::step() {
   Engine::Impl& im = engine_.internals();
   Backend& be = *im.be;
   const StepPlan plan = sched_->plan_step();
+  last_ = StepInfo{};
   if (!plan.empty()) {
     for (int64_t id : plan.preempted) kv_->release(id);
     std::vector<KvBlockCopy> copies;
@@ -104,32 +122,57 @@ std::vector<BatchOutput> BatchRunner::step() {
         sampling.push_back(i);
       }
     }
+    last_.seqs = n;
+    last_.rows = int64_t(ids.size());
+    last_.sampled = int64_t(sampling.size());
+    last_.decode_only = last_.rows == n && last_.sampled == n;
     const int64_t n_logits = std::max<int64_t>(1, int64_t(logit_rows.size()));
     if (logit_rows.empty()) logit_rows.push_back(row_start.back() - 1);  // forward gives one row at least
-    auto idb = upload_ints(be, ids), rsb = upload_ints(be, row_start), p0b = upload_ints(be, pos0),
-         tbb = upload_ints(be, tables), lrb = upload_ints(be, logit_rows);
     PagedSeqs ps;
     ps.n_seqs = n;
-    ps.row_start = static_cast<const int32_t*>(rsb->data());
-    ps.pos0 = static_cast<const int32_t*>(p0b->data());
-    ps.block_tables = static_cast<const int32_t*>(tbb->data());
+    const int32_t* dev_ids = upload(buf_ids_, ids);
+    ps.row_start = upload(buf_row_start_, row_start);
+    ps.pos0 = upload(buf_pos0_, pos0);
+    ps.block_tables = upload(buf_tables_, tables);
+    ps.row_start_host = row_start.data();
+    ps.pos0_host = pos0.data();
     ps.max_blocks = max_blocks;
+    const int32_t* dev_logit_rows = upload(buf_logit_rows_, logit_rows);
     StepState s;
     s.paged = &ps;
     const int64_t V = engine_.vocab_size();
-    auto lg = be.alloc(size_t(n_logits * V) * 4);
-    im.dec->forward(static_cast<const int32_t*>(idb->data()), int64_t(ids.size()), s,
-                    Act{lg->data(), DType::F32, n_logits, V}, n_logits, static_cast<const int32_t*>(lrb->data()));
-    std::vector<float> logits(size_t(n_logits * V));
-    be.download(logits.data(), lg->data(), logits.size() * 4);
+    const size_t lbytes = size_t(n_logits * V) * 4;
+    if (!buf_logits_ || buf_logits_->bytes() < lbytes) {
+      buf_logits_.reset();
+      buf_logits_ = be.alloc(lbytes);
+    }
+    const Act lg{buf_logits_->data(), DType::F32, n_logits, V};
+    im.dec->forward(dev_ids, int64_t(ids.size()), s, lg, n_logits, dev_logit_rows);
     // the computed full blocks enter the prefix cache (before a finish releases them)
     for (const StepEntry& e : plan.seqs) kv_->computed(e.seq_id, seqs_.at(e.seq_id).tokens);
-    for (size_t k = 0; k < sampling.size(); ++k) {
+    // one token per sampling sequence, each with its own parameters and random stream: on the
+    // backend when it samples rows, else on the host from the downloaded logits
+    const size_t ns = sampling.size();
+    std::vector<SamplingParams> params(ns);
+    std::vector<const std::vector<int32_t>*> hists(ns);
+    std::vector<float> uniforms(ns);
+    for (size_t k = 0; k < ns; ++k) {
+      Seq& q = seqs_.at(plan.seqs[size_t(sampling[k])].seq_id);
+      params[k] = q.req.gen.sampling;
+      hists[k] = &q.tokens;
+      uniforms[k] = params[k].greedy() ? 0.0f : q.sampler->next_uniform();
+    }
+    std::vector<int32_t> picked(ns);
+    if (ns && !be.sample_rows(lg.slice_rows(0, int64_t(ns)), params.data(), hists.data(), uniforms.data(), picked.data())) {
+      std::vector<float> logits(ns * size_t(V));
+      be.download(logits.data(), lg.data, logits.size() * 4);
+      for (size_t k = 0; k < ns; ++k)
+        picked[k] = sample_with_uniform(logits.data() + k * V, V, params[k], *hists[k], uniforms[k]);
+    }
+    for (size_t k = 0; k < ns; ++k) {
       const StepEntry& e = plan.seqs[size_t(sampling[k])];
       Seq& q = seqs_.at(e.seq_id);
-      const SamplingParams& sp = q.req.gen.sampling;
-      const float u = sp.greedy() ? 0.0f : q.sampler->next_uniform();
-      const int32_t t = sample_with_uniform(logits.data() + k * V, V, sp, q.tokens, u);
+      const int32_t t = picked[k];
       q.tokens.push_back(t);
       q.out.tokens.push_back(t);
       const bool go_on = !on_token_ || on_token_(e.seq_id, t);

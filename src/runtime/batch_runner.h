@@ -2,9 +2,9 @@
 // one Decoder::forward over every scheduled sequence's rows (decodes and prefill chunks together,
 // StepState::paged), the prefix cache shared across requests. Scheduler (the policy),
 // PoolAdmission over a KvBlockPool (the blocks) and the engine's decoder and backend (the compute);
-// sampling per sequence with its own parameters and seed, on the host, as Engine::generate picks
-// (sample_with_uniform), so a request's tokens are those it gets alone. Runs on backends with the
-// paged cache (the CPU backend today; construction says so by name elsewhere).
+// sampling per sequence with its own parameters and seed, as Engine::generate picks (the backend's
+// sample_rows, else sample_with_uniform on the host), so a request's tokens are those it gets
+// alone. Runs on backends with the paged cache (CPU and CUDA).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kv/block_pool.h"
 #include "nf4flash/engine.h"
 #include "runtime/kv_admission.h"
@@ -23,7 +24,8 @@ namespace nf4flash {
 
 struct BatchRunnerOptions {
   int block_size = 16;
-  int64_t n_blocks = 0;  // 0: the engine's context size in blocks, times max_seqs_per_step
+  // 0: the engine's context size in blocks times max_seqs_per_step, capped by the device memory left
+  int64_t n_blocks = 0;
   SchedulerConfig sched;  // max_tokens_per_step is capped by the decoder's rows per forward
   // Called with each sampled token (the stop tokens too); false ends the request with "stop"
   // (stop strings matched on the text). Null: none.
@@ -55,6 +57,14 @@ class BatchRunner {
   // One step; the requests that finished in it (and those finished at submit).
   std::vector<BatchOutput> step();
   bool has_work() const { return sched_->has_work() || !done_.empty(); }
+  // What the last step() computed: its sequences, rows, sampled tokens, and whether every row was
+  // a decode (one row per sequence, each sampling).
+  struct StepInfo {
+    int seqs = 0;
+    int64_t rows = 0, sampled = 0;
+    bool decode_only = false;
+  };
+  const StepInfo& last_step() const { return last_; }
   const KvBlockPool& pool() const { return *pool_; }
   const Scheduler& scheduler() const { return *sched_; }
 
@@ -67,6 +77,7 @@ class BatchRunner {
     BatchOutput out;
   };
   void end(int64_t id, const char* reason);
+  const int32_t* upload(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v);
 
   Engine& engine_;
   std::function<bool(int64_t, int32_t)> on_token_;
@@ -75,6 +86,9 @@ class BatchRunner {
   std::unique_ptr<Scheduler> sched_;
   std::map<int64_t, Seq> seqs_;
   std::vector<BatchOutput> done_;
+  StepInfo last_;
+  // a step's inputs and logits in backend memory, reused from step to step
+  std::unique_ptr<Buffer> buf_ids_, buf_row_start_, buf_pos0_, buf_tables_, buf_logit_rows_, buf_logits_;
 };
 
 }  // namespace nf4flash

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "backend/device_info.h"
+#include "bench/bench_batch.h"
 #include "bench/bench_report.h"
 #include "bench/bench_runner.h"
 #include "bench/bench_svg.h"
@@ -23,7 +24,7 @@ namespace {
 
 struct BenchArgs {
   ModelFlags model;
-  std::string preset, quants = "auto", attns = "auto", graphs = "auto", prompts = "512", ctxs, json, svg, md;
+  std::string preset, quants = "auto", attns = "auto", graphs = "auto", prompts = "512", ctxs, json, svg, md, batch;
   bool no_cache = false;
   int n_gen = 128, reps = 3, warmup = 1;
 };
@@ -129,7 +130,57 @@ void write_file(const std::string& path, const std::string& text, const char* fl
   if (!out.flush()) fail(flag, " ", path, ": write failed");
 }
 
+// --batch: the batched engine under load at each batch size (bench/bench_batch.h), one
+// configuration (a single --quant and --attn, one -p length).
+int run_batch_bench_cmd(const BenchArgs& a) {
+  const BenchSpec spec = make_spec(a);
+  NF4FLASH_CHECK(spec.quants.size() == 1 && spec.attns.size() == 1 && spec.prompts.size() == 1 && !spec.no_cache,
+                 "bench --batch: give one --quant, one --attn and one -p length (no --no-cache)");
+  BatchBenchSpec bs;
+  bs.batches.clear();
+  for (int64_t b : parse_lengths(a.batch, "--batch", 1)) {
+    NF4FLASH_CHECK(b <= 4096, "--batch: ", b, " sequences (at most 4096)");
+    bs.batches.push_back(int(b));
+  }
+  bs.prompt = spec.prompts.front();
+  bs.n_gen = spec.n_gen;
+  bs.warmup = spec.warmup;
+  for (const auto& [path, flag] : {std::pair{a.json, "--json"}, std::pair{a.svg, "--svg"}, std::pair{a.md, "--markdown"}})
+    if (!path.empty()) write_file(path, "", flag);
+  const BenchMeta meta = collect_bench_meta();
+  LoadOptions o = spec.base;
+  o.model_dir = spec.model;
+  o.quant = spec.quants.front();
+  o.double_quant = spec.double_quant && o.quant != QuantChoice::None;
+  o.attn = spec.attns.front();
+  o.load_tokenizer = false;
+  if (o.ctx_size <= 0) o.ctx_size = std::min<int64_t>(bs.prompt + bs.n_gen, spec.model_max_positions);
+  const bool quiet = a.model.quiet;
+  auto say = [quiet](const std::string& s) {
+    if (!quiet) std::fprintf(stderr, "[bench --batch] %s\n", s.c_str());
+  };
+  say("loading");
+  auto e = spec.preset.empty() ? Engine::load(o) : Engine::load_preset(spec.preset, o);
+  const BatchBenchResult r = run_batch_bench(*e, bs, spec.preset.empty() ? spec.model : spec.preset, say);
+  const std::string md = batch_bench_markdown(r, &meta);
+  std::printf("%s", md.c_str());
+  std::fflush(stdout);
+  if (!a.json.empty()) write_file(a.json, batch_bench_to_json(r, meta).dump(2) + "\n", "--json");
+  if (!a.md.empty()) write_file(a.md, md, "--markdown");
+  if (!a.svg.empty()) {
+    std::string title = cat("nf4flash bench --batch: ", r.model, " -p ", bs.prompt, " -n ", bs.n_gen);
+    if (!meta.gpus.empty()) title += cat(" on ", meta.gpus.front().name);
+    title += cat(" (commit ", meta.commit, meta.commit_dirty ? "+dirty" : "", ")");
+    write_file(a.svg, batch_bench_svg(r, title), "--svg");
+  }
+  for (const BatchBenchCell& c : r.cells)
+    if (c.error.empty()) return 0;
+  std::fprintf(stderr, "error: no batch size could run: %s\n", r.cells.empty() ? "none" : r.cells.front().error.c_str());
+  return 1;
+}
+
 int run_bench_cmd(const BenchArgs& a) {
+  if (!a.batch.empty()) return run_batch_bench_cmd(a);
   const BenchSpec spec = make_spec(a);
   // fail on unwritable outputs before a long run, not after it
   for (const auto& [path, flag] : {std::pair{a.json, "--json"}, std::pair{a.svg, "--svg"}, std::pair{a.md, "--markdown"}})
@@ -174,9 +225,15 @@ sampled after each load and timed section (device 0, all processes); host peak R
 The KV cache is sized to what the largest -p, or --ctx plus -n, needs (unless --ctx-size is given),
 capped by the model's max_position_embeddings; a depth beyond it is an error in its cell.
 
+--batch B1,B2,...: instead of the matrix, B requests of -p random tokens and -n new tokens each,
+submitted at once to the batched engine (continuous batching over the paged KV cache), per B:
+aggregate decode tok/s (steps where every row decodes), per-sequence decode tok/s, TTFT under load,
+end-to-end tok/s, KV blocks used at the peak and the pool's size. One --quant, --attn and -p.
+
 Example (the reference H200 run):
   nf4flash bench --preset llama3-8b --quant none,nf4 --double-quant --attn flash,sdpa,eager \
-      -p 512,4096 -n 128 --ctx 512,32768 --no-cache -r 3 --json bench.json --svg bench.svg)";
+      -p 512,4096 -n 128 --ctx 512,32768 --no-cache -r 3 --json bench.json --svg bench.svg
+  nf4flash bench --preset llama3-8b --quant nf4 --double-quant --batch 1,8,32,64 -p 512 -n 128)";
 
 NF4FLASH_COMMAND("bench", "Measure prefill latency (TTFT) and decode tokens/s over a matrix of settings",
                  [](CLI::App& app) -> CommandRun {
@@ -209,6 +266,9 @@ NF4FLASH_COMMAND("bench", "Measure prefill latency (TTFT) and decode tokens/s ov
                    app.add_option("--warmup", a->warmup, "unrecorded warm-up runs before the repetitions")
                        ->check(CLI::Range(0, 100))
                        ->capture_default_str();
+                   app.add_option("--batch", a->batch,
+                                  "comma list of batch sizes: measure the batched engine instead of the matrix "
+                                  "(aggregate and per-sequence decode tok/s, TTFT under load, KV blocks)");
                    app.add_option("--json", a->json, "write every raw number, GPU/driver/CPU, commit and command line here");
                    app.add_option("--svg", a->svg, "write a chart here: TTFT vs prompt length, decode tok/s vs context");
                    app.add_option("--markdown", a->md, "also write the Markdown table here");

@@ -1,5 +1,6 @@
 // CudaBackend's rope, KV cache and attention: the argument structs of the kernels (with their shape
-// checks), the KV cache allocation and the attention path of a step: T <= kDecodeMaxRows rows take
+// checks; a paged step's rows attached), the KV cache allocation and the attention path of a step
+// (paged steps: cuda_paged.cu): T <= kDecodeMaxRows rows take
 // flash-decoding (attention_decode) for flash, sdpa and auto; more rows the flash kernel of the
 // tuning (wgmma on Hopper, mma.sync elsewhere) or the CUDA-core "sdpa" kernel; eager materializes
 // the scores with cuBLAS.
@@ -7,13 +8,7 @@
 
 namespace nf4flash::cuda_impl {
 
-// Steps over several sequences (StepState::paged) need the paged kernels, not built on CUDA yet.
-static void refuse_paged(const StepState& s, const char* op) {
-  NF4FLASH_CHECK(!s.paged, op, ": a step over several sequences (paged KV cache) is not supported by the CUDA backend yet");
-}
-
 RopeArgs CudaBackend::rope_args(const Act& q, const Act& k, const RopeParams& p, const StepState& s) const {
-  refuse_paged(s, "rope");
   check_act(q, "rope");
   check_act(k, "rope");
   NF4FLASH_CHECK(p.head_dim > 0 && p.head_dim % 2 == 0 && q.cols % p.head_dim == 0 && k.cols % p.head_dim == 0,
@@ -31,11 +26,11 @@ RopeArgs CudaBackend::rope_args(const Act& q, const Act& k, const RopeParams& p,
   a.k_stride = k.cols;
   a.inv_freq = p.inv_freq;
   a.pos0 = s.pos0;
+  if (s.paged) a.paged = paged_rows(*s.paged);
   return a;
 }
 
 KvWriteArgs CudaBackend::kv_write_args(int layer, const Act& k, const Act& v, const StepState& s) const {
-  refuse_paged(s, "kv_write");
   check_layer(layer);
   check_act(k, "kv_write");
   check_act(v, "kv_write");
@@ -55,6 +50,9 @@ KvWriteArgs CudaBackend::kv_write_args(int layer, const Act& k, const Act& v, co
   a.n_kv = kv_.n_kv_heads;
   a.head_dim = kv_.head_dim;
   a.pos0 = s.pos0;
+  NF4FLASH_CHECK(bool(s.paged) == paged_, paged_ ? "kv_write: the KV cache is paged: a step must give its sequences"
+                                                 : "kv_write: a step over several sequences needs the paged KV cache");
+  if (s.paged) a.paged = paged_rows(*s.paged);
   return a;
 }
 
@@ -73,7 +71,8 @@ void CudaBackend::rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams
 void CudaBackend::attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) {
   const AttnArgs a = attn_args(layer, q, out, p, s);
   const AttnImpl impl = resolve_attn(p.impl);
-  if (impl == AttnImpl::Eager) attention_eager_run(a, capturing_ ? -1 : s.pos0_host);
+  if (s.paged) attention_paged(a, impl, s);
+  else if (impl == AttnImpl::Eager) attention_eager_run(a, capturing_ ? -1 : s.pos0_host);
   else if (a.T <= kDecodeMaxRows) attention_decode(a, stream_);
   else if (impl == AttnImpl::Flash) attention_flash(a, stream_);
   else attention_prefill(a, stream_);
@@ -81,7 +80,6 @@ void CudaBackend::attention(int layer, Act q, Act out, const AttnParams& p, cons
 
 // The arguments of every attention kernel; decode's split workspace attached.
 AttnArgs CudaBackend::attn_args(int layer, const Act& q, const Act& out, const AttnParams& p, const StepState& s) {
-  refuse_paged(s, "attention");
   check_layer(layer);
   check_act(q, "attention");
   check_act(out, "attention");
@@ -109,6 +107,11 @@ AttnArgs CudaBackend::attn_args(int layer, const Act& q, const Act& out, const A
   a.pos0 = s.pos0;
   a.num_sms = props_.multiProcessorCount;
   a.flash = flash_kernel_;
+  if (s.paged) {
+    NF4FLASH_CHECK(paged_, "attention: a step over several sequences needs the paged KV cache (kv_allocate_paged)");
+    return a;  // attention_paged sizes its workspace
+  }
+  NF4FLASH_CHECK(!paged_, "attention: the KV cache is paged: a step must give its sequences (StepState::paged)");
   if (a.T <= kDecodeMaxRows) {
     const int64_t need = attention_decode_workspace_floats(kDecodeMaxRows, p.n_heads, p.head_dim);
     if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
@@ -144,6 +147,9 @@ void CudaBackend::kv_allocate(const KVCacheDesc& d) {
                  "KV cache dtype ", dtype_name(d.dtype), " not supported on CUDA");
   k_cache_.reset();
   v_cache_.reset();
+  gather_k_.reset();
+  gather_v_.reset();
+  paged_ = false;
   kv_ = d;
   const size_t bytes = size_t(d.n_layers) * d.n_kv_heads * d.capacity * d.head_dim * dtype_size(d.dtype);
   k_cache_ = std::make_unique<CudaBuffer>(bytes);

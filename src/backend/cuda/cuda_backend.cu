@@ -70,6 +70,7 @@ CudaBackend::~CudaBackend() {
   for (auto e : slot_ev_)
     if (e) cudaEventDestroy(e);
   if (host_ids_) cudaFreeHost(host_ids_);
+  if (rows_ids_host_) cudaFreeHost(rows_ids_host_);
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
 }

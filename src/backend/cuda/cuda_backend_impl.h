@@ -5,6 +5,8 @@
 //   cuda_weights.cu    uploads (dense, embedding in pinned host memory, 4-bit repacked on the GPU)
 //   cuda_linear.cu     LinearPlan: which kernel a linear takes, and linear() with its fused forms
 //   cuda_attention.cu  rope, KV cache, attention (decode, flash, sdpa, eager)
+//   cuda_paged.cu      the paged KV cache and steps over several sequences (attention, row gather,
+//                      sampling of many rows)
 // Buffers and the weight types live in cuda_resources.h.
 #pragma once
 #include <algorithm>
@@ -114,6 +116,11 @@ class CudaBackend : public Backend {
   void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) override;
   void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) override;
   void kv_allocate(const KVCacheDesc& d) override;
+  // ---- paged steps (cuda_paged.cu) ----
+  void kv_allocate_paged(const KVCacheDesc& d, int64_t n_blocks, int block_size) override;
+  void gather_rows(Act x, const int32_t* rows, Act out) override;
+  bool sample_rows(Act logits, const SamplingParams* params, const std::vector<int32_t>* const* histories,
+                   const float* uniforms, int32_t* out_ids_host) override;
   const KVCacheDesc& kv_desc() const override { return kv_; }
   size_t kv_bytes() const override { return (k_cache_ ? k_cache_->bytes() : 0) + (v_cache_ ? v_cache_->bytes() : 0); }
   std::string attn_unsupported_reason(AttnImpl impl, int head_dim) const override;
@@ -178,6 +185,12 @@ class CudaBackend : public Backend {
   KvWriteArgs kv_write_args(int layer, const Act& k, const Act& v, const StepState& s) const;
   AttnArgs attn_args(int layer, const Act& q, const Act& out, const AttnParams& p, const StepState& s);
   AttnImpl resolve_attn(AttnImpl impl) const;
+  // The paged step's rows for the kernels (checks that the cache is paged).
+  PagedRows paged_rows(const PagedSeqs& p) const;
+  // Attention of a paged step: flash-decoding over every sequence of at most kPagedDecodeRows rows,
+  // then each longer sequence (a prompt chunk) through the prompt kernels over its blocks gathered.
+  void attention_paged(const AttnArgs& base, AttnImpl impl, const StepState& s);
+  static constexpr int kPagedDecodeRows = 16;
   void attention_eager_run(const AttnArgs& a, int64_t pos0_host);
   void check_layer(int layer) const {
     NF4FLASH_CHECK(k_cache_ && layer >= 0 && layer < kv_.n_layers, "KV cache: layer ", layer,
@@ -228,6 +241,16 @@ class CudaBackend : public Backend {
   int32_t* host_ids_ = nullptr;
   cudaEvent_t slot_ev_[kSampleSlots] = {};
   KVCacheDesc kv_;
+  // the paged cache (kv_allocate_paged): kv_.capacity = blocks * block_size positions per kv head;
+  // a sequence's K/V gathered for the prompt kernels into gather_k_/gather_v_ [n_kv][gather_cap_][hd]
+  bool paged_ = false;
+  int block_size_ = 0;
+  int64_t gather_cap_ = 0;
+  std::unique_ptr<CudaBuffer> gather_k_, gather_v_;
+  // sample_rows: the ids on the device, their pinned host copy (capacity rows_cap_), argmax scratch
+  std::unique_ptr<CudaBuffer> rows_ids_, rows_scratch_;
+  int32_t* rows_ids_host_ = nullptr;
+  int64_t rows_cap_ = 0;
   std::vector<cudaGraphExec_t> graphs_;
   bool capturing_ = false;
 };

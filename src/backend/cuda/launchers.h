@@ -171,6 +171,18 @@ void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t co
 // x += delta (rounded to act), then out = rms_norm(x); x, delta, out [rows, cols].
 void add_rms_norm(void* x, const void* delta, const float* w, float eps, int64_t rows, int64_t cols, void* out,
                   DType act, cudaStream_t st);
+// A step over several sequences in the paged KV cache (StepState::paged, device arrays): the rows
+// of sequence i are [row_start[i], row_start[i+1]) at positions pos0[i], pos0[i] + 1, ...; the
+// cache of one layer is [n_kv][n_blocks * block_size][hd] and position p of sequence i lives at
+// cache position tables[i * max_blocks + p / block_size] * block_size + p % block_size.
+// tables == nullptr: one sequence over the contiguous cache (the step's pos0).
+struct PagedRows {
+  const int32_t* row_start = nullptr;
+  const int32_t* pos0 = nullptr;
+  const int32_t* tables = nullptr;
+  int n_seqs = 0, max_blocks = 0, block_size = 0;
+};
+
 struct RopeArgs {
   void* q = nullptr;
   void* k = nullptr;
@@ -180,6 +192,7 @@ struct RopeArgs {
   int64_t q_stride = 0, k_stride = 0;  // elements per row
   const float* inv_freq = nullptr;
   const int32_t* pos0 = nullptr;
+  PagedRows paged;  // set: rows of several sequences, positions per sequence (pos0 unused)
 };
 void rope(const RopeArgs& a, cudaStream_t st);
 void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);
@@ -200,6 +213,7 @@ struct KvWriteArgs {
   int64_t T = 0, capacity = 0;
   int n_kv = 0, head_dim = 0;
   const int32_t* pos0 = nullptr;
+  PagedRows paged;  // set: rows of several sequences, written to their blocks (pos0 unused)
 };
 void kv_write(const KvWriteArgs& a, cudaStream_t st);
 
@@ -226,11 +240,29 @@ struct AttnArgs {
   int64_t workspace_floats = 0;
   int num_sms = 132;
   FlashKernel flash = FlashKernel::Mma;  // attention_flash: the kernel (the backend resolves it once)
+  // set: rows of several sequences over the paged cache (attention_paged_decode; pos0 unused)
+  PagedRows paged;
+  // attention_paged_decode: rows of sequences with more rows than this are skipped (the backend
+  // computes them by gathering the sequence's blocks for the prompt kernels)
+  int paged_max_rows = 0;
 };
 // Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
 void attention_decode(const AttnArgs& a, cudaStream_t st);
 constexpr int kDecodeMaxRows = 4;
 constexpr int kDecodeMaxSplits = 128;
+// Flash-decoding of every row of a paged step whose sequence has at most a.paged_max_rows rows
+// (each row attends over its own sequence's blocks, ragged lengths; any T).
+void attention_paged_decode(const AttnArgs& a, cudaStream_t st);
+// The splits attention_paged_decode uses for a.T rows, and its workspace in floats.
+int64_t attention_paged_workspace_floats(const AttnArgs& a);
+// Copies positions [0, len) of sequence `seq`'s blocks (layer caches k_src/v_src as in PagedRows)
+// into contiguous caches k_dst/v_dst [n_kv][dst_capacity][hd] (the prompt kernels' layout).
+void paged_gather_kv(const void* k_src, const void* v_src, int64_t src_capacity, const PagedRows& p, int seq,
+                     int len, void* k_dst, void* v_dst, int64_t dst_capacity, int n_kv, int head_dim,
+                     DType kv_dtype, cudaStream_t st);
+// out[i, :] = x[rows[i], :] for i < n_out (rows in device memory), row width cols elements of `es` bytes.
+void gather_rows(const void* x, const int32_t* rows, void* out, int64_t n_out, int64_t cols, size_t es,
+                 cudaStream_t st);
 // Partials (m, l, acc) of every split for T tokens.
 int64_t attention_decode_workspace_floats(int T, int n_heads, int head_dim);
 // Tiled causal attention with online softmax (any T), CUDA cores ("sdpa").
@@ -269,6 +301,10 @@ void attention_eager_softmax(const EagerSoftmaxArgs& a, cudaStream_t st);
 constexpr int kArgmaxBlocks = 256;
 void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_history,
             float repeat_penalty, void* scratch, int32_t* out_id, cudaStream_t st);
+// Greedy argmax of each of n rows of logits [n, vocab] (F32) -> out_ids[n] (device); scratch:
+// >= n * 2 * kArgmaxRowBlocks floats/ints.
+constexpr int kArgmaxRowBlocks = 32;
+void argmax_rows(const float* logits, int64_t n, int64_t vocab, void* scratch, int32_t* out_ids, cudaStream_t st);
 
 // The next token from logits [vocab] (F32) as sample_with_uniform() picks it on the host
 // (sampling/sampler.h): repetition penalty over the history ids, temperature (<= 0: greedy),

@@ -1,6 +1,6 @@
-// Launchers of the attention kernels: decode (kernels/attention.cuh + attention_combine.cuh), the
-// CUDA-core prompt kernel ("sdpa", attention.cuh), flash (kernels/attention_flash.cuh; the Hopper
-// form in sm90a/) and the eager softmax. One dispatch over (act dtype, cache dtype, head_dim);
+// Launchers of the attention kernels: decode and paged decode (kernels/attention.cuh +
+// attention_combine.cuh), the CUDA-core prompt kernel ("sdpa", attention.cuh), flash
+// (kernels/attention_flash.cuh; the Hopper form in sm90a/) and the eager softmax. One dispatch over (act dtype, cache dtype, head_dim);
 // head_dim other than 64/128 is refused by name.
 #include <algorithm>
 #include <cstdlib>
@@ -60,6 +60,31 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, a, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
     launch_k(attn_combine_wide_kernel<TA, HD>, dim3(a.n_heads, a.T), dim3(128), 0, st, a, nsplit, a.T);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+int64_t attention_paged_workspace_floats(const AttnArgs& a) {
+  const int hchunks = (a.n_heads / std::max(a.n_kv, 1) + kDecGT - 1) / kDecGT;
+  return int64_t(a.T) * a.n_heads * decode_splits(a, hchunks) * (a.head_dim + 2);
+}
+
+void attention_paged_decode(const AttnArgs& a, cudaStream_t st) {
+  NF4FLASH_CHECK(a.paged.tables && a.paged.n_seqs >= 1 && a.paged.block_size >= 1, "attention_paged_decode: no paged rows");
+  NF4FLASH_CHECK(a.n_kv > 0 && a.n_heads % a.n_kv == 0, "attention: n_heads ", a.n_heads,
+                 " not a multiple of n_kv_heads ", a.n_kv);
+  if (a.T == 0) return;
+  const int hchunks = (a.n_heads / a.n_kv + kDecGT - 1) / kDecGT;
+  const int nsplit = decode_splits(a, hchunks);
+  NF4FLASH_CHECK(attention_paged_workspace_floats(a) <= a.workspace_floats, "attention_paged_decode: workspace too small");
+  dispatch_attn(a, "attention (paged decode)", [&](auto ta, auto tk, auto hd) {
+    using TA = decltype(ta);
+    using TK = decltype(tk);
+    constexpr int HD = decltype(hd)::value;
+    const dim3 grid(static_cast<unsigned>(a.n_kv * hchunks), static_cast<unsigned>(nsplit), static_cast<unsigned>(a.T));
+    launch_k(attn_decode_kernel<TA, TK, HD, true>, grid, dim3(128), 0, st, a, nsplit, hchunks);
+    CUDA_CHECK_LAUNCH();
+    launch_k(attn_combine_wide_kernel<TA, HD, true>, dim3(a.n_heads, a.T), dim3(128), 0, st, a, nsplit, a.T);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -22,6 +22,17 @@ void argmax(const float* logits, int64_t vocab, const int32_t* history, int n_hi
   CUDA_CHECK_LAUNCH();
 }
 
+void argmax_rows(const float* logits, int64_t n, int64_t vocab, void* scratch, int32_t* out_ids, cudaStream_t st) {
+  NF4FLASH_CHECK(n >= 0 && n <= 65535, "argmax_rows: ", n, " rows");
+  if (n == 0) return;
+  float* pv = static_cast<float*>(scratch);
+  int* pi = reinterpret_cast<int*>(pv + n * kArgmaxRowBlocks);
+  argmax_rows_partial_kernel<<<dim3(kArgmaxRowBlocks, unsigned(n)), 256, 0, st>>>(logits, vocab, pv, pi);
+  CUDA_CHECK_LAUNCH();
+  argmax_rows_final_kernel<<<unsigned(n), 256, 0, st>>>(pv, pi, kArgmaxRowBlocks, out_ids);
+  CUDA_CHECK_LAUNCH();
+}
+
 void decode_advance(const int32_t* id, int32_t* next_id, int32_t* pos, int32_t* hist, int32_t* hist_count,
                     int hist_cap, cudaStream_t st) {
   NF4FLASH_CHECK(!hist || (hist_count && hist_cap > 0), "decode_advance: a history needs its count and capacity");

@@ -14,6 +14,8 @@
 //   caches use 2 slots), so 3 iterations are in flight while one is summed. Partials (m, l,
 //   acc[hd]) go to the workspace; attn_combine_wide_kernel (attention_combine.cuh) merges the
 //   splits per (t, head) in a second launch.
+//   PAGED: rows of several sequences (AttnArgs::paged): row t's length and cache slots are its
+//   sequence's (kernels/paged.cuh); rows of sequences longer than paged_max_rows exit at once.
 // attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
 //   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
@@ -23,6 +25,7 @@
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/elementwise.cuh"
+#include "backend/cuda/kernels/paged.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace nf4flash::cuda {
@@ -87,9 +90,22 @@ __host__ __device__ __forceinline__ int decode_nact(int L, int nsplit, int chunk
 // token t over the cache slice [s0, s1) of split `split` (slices of `chunk` positions); active =
 // s0 < L (idle splits exit), i.e. split < nact, the active splits (what the merge reads).
 struct DecodeBlock {
-  int kvh, h0, nh, t, split, L, chunk, s0, s1, nact;
+  int kvh, h0, nh, t, split, L, chunk, s0, s1, nact, seq;
   __device__ bool active() const { return s0 < L; }
 };
+// The context length of query row t: pos0 + t + 1, or over a paged step its sequence's position + 1
+// (0: a row of a sequence with more than a.paged_max_rows rows, which another kernel computes).
+template <bool PAGED>
+__device__ __forceinline__ int decode_row_len(const AttnArgs& a, int t, int* seq = nullptr) {
+  if constexpr (PAGED) {
+    const PagedRow r = paged_row(a.paged, t);
+    if (seq) *seq = r.seq;
+    return r.n_rows > a.paged_max_rows ? 0 : r.pos + 1;
+  } else {
+    return a.pos0[0] + t + 1;
+  }
+}
+template <bool PAGED = false>
 __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nsplit, int hchunks, int per_block) {
   DecodeBlock b;
   const int hc = blockIdx.x % hchunks, G = a.n_heads / a.n_kv;
@@ -97,7 +113,8 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nspli
   b.h0 = b.kvh * G + hc * per_block;
   b.nh = min(per_block, G - hc * per_block);
   b.t = blockIdx.z, b.split = blockIdx.y;
-  b.L = a.pos0[0] + b.t + 1;
+  b.seq = 0;
+  b.L = decode_row_len<PAGED>(a, b.t, &b.seq);
   b.chunk = decode_chunk(b.L, nsplit);
   b.s0 = b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
   b.nact = decode_nact(b.L, nsplit, b.chunk);
@@ -123,8 +140,9 @@ struct SplitPartials {
   int64_t base;
   int nact;
 };
+template <bool PAGED = false>
 __device__ __forceinline__ SplitPartials split_partials(const AttnArgs& a, int nsplit, int T, int t, int h) {
-  const int L = a.pos0[0] + t + 1;
+  const int L = decode_row_len<PAGED>(a, t);
   SplitPartials p;
   p.ml = a.workspace;
   p.acc = a.workspace + int64_t(T) * a.n_heads * nsplit * 2;
@@ -135,7 +153,7 @@ __device__ __forceinline__ SplitPartials split_partials(const AttnArgs& a, int n
 
 constexpr int kDecGT = 4;  // q heads per decode block
 
-template <typename TA, typename TK, int HD>
+template <typename TA, typename TK, int HD, bool PAGED = false>
 __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
   pdl_trigger();
   pdl_wait();
@@ -146,7 +164,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   __shared__ uint4 s_ring[RS][U][2][NCP][128];
   __shared__ float s_acc[NW][GT][HD];
   __shared__ float s_ml[NW][GT][2];
-  const DecodeBlock db = decode_block(a, nsplit, hchunks, GT);
+  const DecodeBlock db = decode_block<PAGED>(a, nsplit, hchunks, GT);
   if (!db.active()) return;  // inactive split (whole block)
   const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split;
   const int s0 = db.s0, s1 = db.s1;
@@ -180,8 +198,9 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
         const int p = pos_of(j, u), pc = p < pend ? p : s0;
 #pragma unroll
         for (int c = 0; c < NCP; ++c) {
-          cp_async16(&s_ring[j % RS][u][0][c][threadIdx.x], kb + int64_t(pc) * HD + c * (16 / sizeof(TK)), true);
-          cp_async16(&s_ring[j % RS][u][1][c][threadIdx.x], vb + int64_t(pc) * HD + c * (16 / sizeof(TK)), true);
+          const int64_t cpos = PAGED ? paged_slot(a.paged, db.seq, pc) : pc;
+          cp_async16(&s_ring[j % RS][u][0][c][threadIdx.x], kb + cpos * HD + c * (16 / sizeof(TK)), true);
+          cp_async16(&s_ring[j % RS][u][1][c][threadIdx.x], vb + cpos * HD + c * (16 / sizeof(TK)), true);
         }
       }
     }

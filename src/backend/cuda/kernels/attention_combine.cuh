@@ -11,6 +11,7 @@
 // loads), <= 128 two. (A merge that loaded the partials 8 splits at a time took ~15 dependent L2
 // round trips at 66 splits: 3.9-6.6 us per launch at ctx 32768 on the H200; this kernel: H100,
 // decode @512 / @32768 +2.0% / +4.1% end to end.)
+// PAGED: the rows of a paged step (AttnArgs::paged); rows the decode kernel skipped are left alone.
 // Sums: each group over its splits in order, then the groups 0..3 in order (deterministic).
 #pragma once
 #include "backend/cuda/kernels/attention.cuh"
@@ -39,7 +40,7 @@ __device__ __forceinline__ CombineVec<N> ldcg_vec(const float* p, bool vec) {
   return r;
 }
 
-template <typename TA, int HD>
+template <typename TA, int HD, bool PAGED = false>
 __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a, int nsplit, int T) {
   pdl_trigger();
   pdl_wait();
@@ -49,7 +50,8 @@ __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a
   __shared__ float s_red[NG][HD];
   __shared__ float s_w[NG];
   const int h = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, lane = tid & 31, g = tid >> 5;
-  const SplitPartials sp = split_partials(a, nsplit, T, t, h);
+  const SplitPartials sp = split_partials<PAGED>(a, nsplit, T, t, h);
+  if (PAGED && sp.nact == 0) return;  // a row the paged decode kernel skipped
   const float *ws_ml = sp.ml, *ws_acc = sp.acc;
   const int64_t base = sp.base;
   const int nact = sp.nact;

@@ -10,8 +10,11 @@
 //            (pos0[0] + t) * inv_freq[i] in f32, sincosf (full range reduction: angles reach 1e5 rad).
 //  silu_mul  out = silu(gate) * up;  add  out = a + b;  bias_add  out[r, c] += bias[c];  convert.
 //  kv_write  cache[h][pos0+t][:] = k[t, h*hd : (h+1)*hd]   (cache [n_kv][capacity][hd] of one layer)
+//  rope, kv_write and rope_kv over a paged step (PagedRows set): row t's position is its
+//            sequence's (kernels/paged.cuh) and the cache position written is that position's slot.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/paged.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace nf4flash::cuda {
@@ -184,7 +187,7 @@ __global__ void rope_kernel(const RopeArgs a) {
     TA* base = h < a.n_q_heads ? static_cast<TA*>(a.q) + t * a.q_stride + int64_t(h) * a.head_dim
                                : static_cast<TA*>(a.k) + t * a.k_stride + int64_t(h - a.n_q_heads) * a.head_dim;
     float sn, cs;
-    rope_angle(a.pos0[0] + t, a.inv_freq, d, sn, cs);
+    rope_angle(a.paged.tables ? paged_row(a.paged, int(t)).pos : a.pos0[0] + t, a.inv_freq, d, sn, cs);
     const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
     base[d] = from_f32<TA>(rope_lo(x1, x2, cs, sn));
     base[d + half] = from_f32<TA>(rope_hi(x1, x2, cs, sn));
@@ -260,7 +263,11 @@ __global__ void kv_write_kernel(const KvWriteArgs a) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_t, hd = i % per_t;
     const int64_t h = hd / a.head_dim, d = hd % a.head_dim;
-    const int64_t pos = a.pos0[0] + t;
+    int64_t pos = a.pos0 ? a.pos0[0] + t : 0;
+    if (a.paged.tables) {
+      const PagedRow r = paged_row(a.paged, int(t));
+      pos = paged_slot(a.paged, r.seq, r.pos);
+    }
     if (pos < 0 || pos >= a.capacity) continue;  // the runtime bounds positions by the capacity
     const int64_t dst = (h * a.capacity + pos) * a.head_dim + d;
     static_cast<TK*>(a.k_cache)[dst] = from_f32<TK>(to_f32<TA>(static_cast<const TA*>(a.k)[t * a.k_stride + hd]));
@@ -278,10 +285,17 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
   pdl_wait();
   const int half = r.head_dim / 2;
   const int n_r = (r.n_q_heads + r.n_k_heads) * half, n_v = kv.n_kv * kv.head_dim;
-  const int64_t pos0 = r.pos0[0];
+  const bool paged = kv.paged.tables != nullptr;
+  const int64_t pos0 = paged ? 0 : r.pos0[0];
   for (int64_t t = blockIdx.y; t < r.T; t += gridDim.y) {
-    const int64_t pos = pos0 + t;
-    const bool cached = pos >= 0 && pos < kv.capacity;  // the runtime bounds positions by the capacity
+    // the position (the angle) and the cache position it is written to (its block slot when paged)
+    int64_t pos = pos0 + t, slot = pos;
+    if (paged) {
+      const PagedRow pr = paged_row(kv.paged, int(t));
+      pos = pr.pos;
+      slot = paged_slot(kv.paged, pr.seq, pr.pos);
+    }
+    const bool cached = slot >= 0 && slot < kv.capacity;  // the runtime bounds positions by the capacity
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_r + n_v; i += gridDim.x * blockDim.x) {
       if (i < n_r) {
         const int h = i / half, d = i - h * half;
@@ -295,13 +309,13 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         base[d] = y1;
         base[d + half] = y2;
         if (is_k && cached) {
-          TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + pos) * kv.head_dim;
+          TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + slot) * kv.head_dim;
           dst[d] = from_f32<TK>(to_f32<TA>(y1));
           dst[d + half] = from_f32<TK>(to_f32<TA>(y2));
         }
       } else if (cached) {
         const int j = i - n_r, h = j / kv.head_dim, d = j - h * kv.head_dim;
-        static_cast<TK*>(kv.v_cache)[(h * kv.capacity + pos) * kv.head_dim + d] =
+        static_cast<TK*>(kv.v_cache)[(h * kv.capacity + slot) * kv.head_dim + d] =
             from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
       }
     }

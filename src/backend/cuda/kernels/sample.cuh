@@ -82,6 +82,32 @@ __global__ void __launch_bounds__(256) argmax_final_kernel(const float* pv, cons
   if (threadIdx.x == 0) out[0] = idx == INT_MAX ? 0 : idx;
 }
 
+// Greedy argmax of several rows (a batched step's logits [n, vocab]): grid (kArgmaxRowBlocks, n),
+// each block a grid-stride share of row blockIdx.y -> (pv, pi)[row][block]; then one block per row
+// reduces its partials into out[row]. Same result as argmax() of that row alone (ties: first index).
+__global__ void __launch_bounds__(256) argmax_rows_partial_kernel(const float* __restrict__ logits, int64_t vocab,
+                                                                  float* pv, int* pi) {
+  const float* row = logits + int64_t(blockIdx.y) * vocab;
+  float v = -FLT_MAX;
+  int idx = INT_MAX;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vocab; i += int64_t(gridDim.x) * blockDim.x) {
+    const float l = row[i];
+    if (!(l != l)) argmax_pair(v, idx, l, int(i));
+  }
+  block_argmax<256>(v, idx);
+  if (threadIdx.x == 0) {
+    pv[blockIdx.y * gridDim.x + blockIdx.x] = v;
+    pi[blockIdx.y * gridDim.x + blockIdx.x] = idx;
+  }
+}
+__global__ void __launch_bounds__(256) argmax_rows_final_kernel(const float* pv, const int* pi, int n, int32_t* out) {
+  float v = -FLT_MAX;
+  int idx = INT_MAX;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) argmax_pair(v, idx, pv[blockIdx.x * n + i], pi[blockIdx.x * n + i]);
+  block_argmax<256>(v, idx);
+  if (threadIdx.x == 0) out[blockIdx.x] = idx == INT_MAX ? 0 : idx;
+}
+
 // The pipelined decode loop's hand-over (one thread): the sampled id becomes the next step's input
 // id, the step position advances by one and, with a history (the repetition penalty's), the id is
 // appended to it. Shapes: id, next_id, pos, hist_count one int32 each; hist [hist_cap] (device).
