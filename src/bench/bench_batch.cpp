@@ -222,7 +222,7 @@ std::string batch_bench_svg(const BatchBenchResult& r, const std::string& title)
     for (int i = 0; i < n; ++i) {
       const double v = value(*ok[size_t(i)]);
       const int bh = int(h * v / mx), x = x0 + bw / 2 + 2 * bw * i;
-      s << "<rect x=\"" << x << "\" y=\"" << y0 + h - bh << "\" width=\"" << bw << "\" height=\"" << bh
+      s << "<rect class=\"bar\" x=\"" << x << "\" y=\"" << y0 + h - bh << "\" width=\"" << bw << "\" height=\"" << bh
         << "\" fill=\"#1f77b4\"/>\n<text x=\"" << x + bw / 2 << "\" y=\"" << y0 + h - bh - 4
         << "\" text-anchor=\"middle\">" << format_num(v) << "</text>\n<text x=\"" << x + bw / 2 << "\" y=\""
         << y0 + h + 16 << "\" text-anchor=\"middle\">" << ok[size_t(i)]->batch << "</text>\n";

@@ -138,10 +138,18 @@ int run_batch_bench_cmd(const BenchArgs& a) {
                  "bench --batch: give one --quant, one --attn and one -p length (no --no-cache)");
   BatchBenchSpec bs;
   bs.batches.clear();
-  for (int64_t b : parse_lengths(a.batch, "--batch", 1)) {
-    NF4FLASH_CHECK(b <= 4096, "--batch: ", b, " sequences (at most 4096)");
+  for (const std::string& item : split_list(a.batch)) {
+    size_t pos = 0;
+    long long b = -1;
+    try {
+      b = std::stoll(item, &pos);
+    } catch (...) {
+      pos = 0;
+    }
+    if (pos != item.size() || b < 1 || b > 4096) fail("--batch: '", item, "' is not a batch size (1..4096 sequences)");
     bs.batches.push_back(int(b));
   }
+  if (bs.batches.empty()) fail("--batch: no batch sizes given");
   bs.prompt = spec.prompts.front();
   bs.n_gen = spec.n_gen;
   bs.warmup = spec.warmup;
