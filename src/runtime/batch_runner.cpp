@@ -46,6 +46,7 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
   pool_ = std::make_unique<KvBlockPool>(n_blocks, o.block_size);
   im.be->kv_allocate_paged(im.be->kv_desc(), n_blocks, o.block_size);  // Error naming the backend without it
   im.kv_tokens.clear();
+  im.graph_id = -1;  // a captured decode step holds the old cache's addresses
   kv_ = std::make_unique<PoolAdmission>(*pool_);
   sched_ = std::make_unique<Scheduler>(c, *kv_);
 }
@@ -56,6 +57,7 @@ BatchRunner::~BatchRunner() {
   KVCacheDesc d = im.be->kv_desc();
   d.capacity = im.ctx;
   im.be->kv_allocate(d);
+  im.graph_id = -1;
 }
 
 SubmitResult BatchRunner::submit(BatchRequest r) {
@@ -91,6 +93,13 @@ void BatchRunner::end(int64_t id, const char* reason) {
   it->second.out.finish_reason = reason;
   done_.push_back(std::move(it->second.out));
   seqs_.erase(it);
+}
+
+bool BatchRunner::cancel(int64_t id) {
+  if (!seqs_.count(id)) return false;
+  sched_->finish(id, FinishReason::Abort);
+  end(id, "abort");
+  return true;
 }
 
 std::vector<BatchOutput> BatchRunner::step() {

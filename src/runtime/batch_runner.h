@@ -41,7 +41,7 @@ struct BatchRequest {
 struct BatchOutput {
   int64_t id = 0;
   std::vector<int32_t> tokens;  // generated ids, the stop token included (as Engine::generate)
-  std::string finish_reason;    // "stop" | "length"
+  std::string finish_reason;    // "stop" | "length" | "abort"
   int64_t prompt_tokens = 0, cached_tokens = 0;
 };
 
@@ -54,8 +54,11 @@ class BatchRunner {
   // Accepted (runs in later steps), Finished (max_new_tokens 0: its output is returned by the next
   // step()) or Rejected with one line naming the request and the sizes.
   SubmitResult submit(BatchRequest r);
-  // One step; the requests that finished in it (and those finished at submit).
+  // One step; the requests that finished in it (and those finished at submit or cancelled).
   std::vector<BatchOutput> step();
+  // Ends a running request now (its client went away): its blocks are freed and the next step()
+  // returns it with finish_reason "abort". False when the id is not running.
+  bool cancel(int64_t id);
   bool has_work() const { return sched_->has_work() || !done_.empty(); }
   // What the last step() computed: its sequences, rows, sampled tokens, and whether every row was
   // a decode (one row per sequence, each sampling).
