@@ -24,7 +24,7 @@ enum class FlashKernelChoice : uint8_t { Auto, Mma, Wgmma };
 
 struct CudaTuning {
   bool pdl = true;
-  int gemv_max_rows = 32;
+  int gemv_max_rows = 8;  // launchers.h kGemvMaxRows: why 8
   Q4GemmMode q4_gemm = Q4GemmMode::Auto;
   int64_t q4_fused_max_rows = 512;
   int dequant_chunk_mb = 32;

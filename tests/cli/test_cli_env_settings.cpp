@@ -52,7 +52,7 @@ struct EnvVar {
 TEST(CudaTuningFromEnv, ParsesEveryField) {
   const CudaTuning d = cuda_tuning_from_env();
   EXPECT_TRUE(d.pdl);
-  EXPECT_EQ(d.gemv_max_rows, 32);
+  EXPECT_EQ(d.gemv_max_rows, 8);
   EXPECT_EQ(d.q4_gemm, Q4GemmMode::Auto);
   EXPECT_EQ(d.q4_fused_max_rows, 512);
   EXPECT_EQ(d.dequant_chunk_mb, 32);
@@ -60,12 +60,12 @@ TEST(CudaTuningFromEnv, ParsesEveryField) {
   EXPECT_EQ(d.stack_bytes, 0);
   EXPECT_FALSE(d.vram_trace);
   {
-    EnvVar a("NF4FLASH_PDL", "0"), b("NF4FLASH_GEMV_MAX_ROWS", "8"), c("NF4FLASH_Q4_GEMM", "fused"),
+    EnvVar a("NF4FLASH_PDL", "0"), b("NF4FLASH_GEMV_MAX_ROWS", "16"), c("NF4FLASH_Q4_GEMM", "fused"),
         e("NF4FLASH_Q4GEMM_FUSED_MAX_ROWS", "1024"), f("NF4FLASH_DEQUANT_CHUNK_MB", "0"),
         g("NF4FLASH_FLASH_KERNEL", "wgmma"), h("NF4FLASH_CUDA_STACK_BYTES", "256"), i("NF4FLASH_VRAM_TRACE", "1");
     const CudaTuning t = cuda_tuning_from_env();
     EXPECT_FALSE(t.pdl);
-    EXPECT_EQ(t.gemv_max_rows, 8);
+    EXPECT_EQ(t.gemv_max_rows, 16);
     EXPECT_EQ(t.q4_gemm, Q4GemmMode::Fused);
     EXPECT_EQ(t.q4_fused_max_rows, 1024);
     EXPECT_EQ(t.dequant_chunk_mb, 0);

@@ -100,15 +100,17 @@ TEST(CudaOps, LinearQuant4) {
   run_q4_linear(DType::F32, Q4Case{QuantType::FP4, false, 65, 320, 64, 12});
 }
 
-// The register GEMV alone (9..32 rows take it by default): its 8-row launches, ragged last launch.
+// The register GEMV alone (9..32 rows take it with NF4FLASH_GEMV_MAX_ROWS=32): its 8-row launches,
+// ragged last launch.
 TEST(CudaOps, LinearQuant4RegisterGemv) {
   NF4FLASH_REQUIRE_CUDA();
+  const auto gemv32 = tuning_with([](CudaTuning& t) { t.gemv_max_rows = 32; });
   for (DType dt : {DType::BF16, DType::F16})
     for (Q4Case c : {Q4Case{QuantType::NF4, true, 333, 640, 64, 9}, Q4Case{QuantType::FP4, false, 257, 512, 128, 16},
                      Q4Case{QuantType::NF4, true, 4100, 384, 256, 31, false}, Q4Case{QuantType::NF4, true, 64, 4096, 64, 32}})
-      run_q4_linear(dt, c);
-  // with the GEMV limit at 8 rows, 9 rows take the GEMM path instead (CudaTuning::gemv_max_rows)
-  run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 333, 640, 64, 9}, tuning_with([](CudaTuning& t) { t.gemv_max_rows = 8; }));
+      run_q4_linear(dt, c, gemv32);
+  // with the default GEMV limit of 8 rows, 9 rows take the GEMM path instead (CudaTuning::gemv_max_rows)
+  run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 333, 640, 64, 9});
   // and with 0, even one row
   run_q4_linear(DType::BF16, Q4Case{QuantType::NF4, true, 333, 640, 64, 1}, tuning_with([](CudaTuning& t) { t.gemv_max_rows = 0; }));
 }

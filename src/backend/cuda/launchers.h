@@ -35,12 +35,11 @@ void q4_repack(const uint8_t* packed_dev, int64_t rows, int64_t cols, uint8_t* t
                cudaStream_t st);
 
 constexpr int kGemvMaxRows = 8;
-// 4-bit linears of up to this many rows run a GEMV (1..8 rows the decode GEMV, 9..32 the register
-// GEMV in launches of 8) rather than the GEMM path (CudaTuning::gemv_max_rows overrides). H200,
-// nf4-dq, GEMV against dequantize + cuBLAS:
-//   14336x4096: T=16 44.3 vs 91.6 us, T=32 87.9 vs 88.8, T=64 175.1 vs 90.3
-//   4096x14336: T=16 37.9 vs 90.8 us, T=32 75.4 vs 91.4, T=64 150.1 vs 94.1
-constexpr int kGemvRowsDefault = 32;
+// 4-bit linears of up to CudaTuning::gemv_max_rows rows (default 8: the decode GEMV) run a GEMV
+// (9..32 rows the register GEMV in launches of 8) rather than the fused 4-bit GEMM. The fused GEMM
+// costs about the same from 8 to 64 rows (H200 at 14fd2fa, 14336x4096: 36.4 / 36.6 / 37.0 us at
+// T = 8 / 16 / 32 against the GEMV's 20.8 / 41.2 / 81.8): the batched engine's decode at 32
+// sequences (llama3-8b NF4 dq, H100) ran 4408 tok/s with 8 against 2525 with the former default 32.
 
 // The register-prefetch GEMV (kernels/gemv_q4.cuh): one weight, T <= 8 tokens, plain store.
 struct GemvQ4Args {
