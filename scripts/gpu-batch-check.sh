@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# GPU check of the batched engine, from the repo root on the GPU machine. Stages (STAGES, default
+# "build test bench"):
+#   build  this tree into build-gpu (nf4flash + gpu tests) and, with BASE=DIR, another source tree
+#          into build-base (nf4flash only), both at once
+#   test   the gpu tests of the batched engine (GpuBatch*; GTEST_FILTER overrides)
+#   bench  bench --batch 1,8,32,64 on the reference preset (llama3-8b, NF4 double quant, -p 512 -n 128)
+#          once per NF4FLASH_GEMV_MAX_ROWS value in GEMV_ROWS (default: "" = the built-in default);
+#          with BASE, the single-sequence NF4 benchmark (-p 512 -n 128 -r 5) of both trees, alternated
+#          ROUNDS times (batch 1 must not get slower)
+# Logs, JSON and Markdown go to $OUT (default build-gpu/out), named after the GPU.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+out=${OUT:-$root/build-gpu/out}
+mkdir -p "$out"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+gpu=${gpu:-gpu}
+deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=${SERVE:-OFF})
+stages=${STAGES:-build test bench}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+if [[ " $stages " == *" build "* ]]; then
+  cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+  pb=
+  if [ -n "${BASE:-}" ]; then
+    cmake -S "$BASE" -B build-base -G Ninja "${deps[@]}" -DNF4FLASH_TESTS=OFF >"$out/configure-base.log" 2>&1 ||
+      { tail -20 "$out/configure-base.log"; exit 1; }
+    ninja -C build-base -j8 nf4flash >"$out/build-base.log" 2>&1 &
+    pb=$!
+  fi
+  ninja -C build-gpu -j"${JOBS:-12}" nf4flash nf4flash_gpu_tests >"$out/build.log" 2>&1 ||
+    { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
+  if [ -n "$pb" ]; then wait "$pb" || { grep -E "error|FAILED" "$out/build-base.log" | head -20; exit 1; }; fi
+  stamp "built"
+fi
+
+if [[ " $stages " == *" test "* ]]; then
+  ./build-gpu/tests/nf4flash_gpu_tests --gtest_filter="${GTEST_FILTER:-GpuBatch*}" >"$out/batch-tests.log" 2>&1
+  stamp "tests rc=$?"
+  grep -E "FAILED|Failure|Expected|Which is|rel_l2|request [0-9]|PASSED" "$out/batch-tests.log" | head -60
+fi
+
+if [[ " $stages " == *" bench "* ]]; then
+  for rows in ${GEMV_ROWS:-default}; do
+    tag=$gpu-batch-gemv$rows
+    if [ "$rows" = default ]; then env_set=(); else env_set=(NF4FLASH_GEMV_MAX_ROWS=$rows); fi
+    env "${env_set[@]}" ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant \
+      --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --json "$out/$tag.json" --markdown "$out/$tag.md" \
+      >/dev/null 2>"$out/$tag.err" || { echo "bench --batch ($rows) failed"; tail -3 "$out/$tag.err"; }
+    stamp "bench --batch, GEMV rows $rows"
+    cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+  done
+  if [ -n "${BASE:-}" ]; then
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+      for t in gpu base; do
+        ./build-$t/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant -p 512 -n 128 -r 5 \
+          --json "$out/$gpu-single-$t-$r.json" >/dev/null 2>&1 || echo "single bench $t failed"
+        python3 - "$out/$gpu-single-$t-$r.json" "$t" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for c in j["configs"]:
+    if c["status"] != "ok": continue
+    p = c["prefill"][0]["ttft_ms"]["median"]; d = c["decode"][0]["tok_s"]["median"]
+    print(f"{sys.argv[2]}: TTFT@512 {p:.2f} ms, decode@512 {d:.1f} tok/s")
+PY
+      done
+    done
+    stamp "single-sequence benches"
+  fi
+fi
