@@ -173,7 +173,10 @@ TEST(CudaOps, Quant4PathNames) {
   const CudaTuning dflt;
   EXPECT_NE(path(dflt, 1).find("gemv_q4_decode"), std::string::npos) << path(dflt, 1);
   EXPECT_NE(path(dflt, 8).find("gemv_q4_decode"), std::string::npos) << path(dflt, 8);
-  EXPECT_NE(path(dflt, 9).find("gemv_q4 nf4-dq x2 launches"), std::string::npos) << path(dflt, 9);
+  // 9..32 rows: the register GEMV where NF4FLASH_GEMV_MAX_ROWS allows it (default 8: the GEMM)
+  const CudaTuning gemv32 = tuning_with([](CudaTuning& t) { t.gemv_max_rows = 32; });
+  EXPECT_NE(path(gemv32, 9).find("gemv_q4 nf4-dq x2 launches"), std::string::npos) << path(gemv32, 9);
+  EXPECT_EQ(path(dflt, 9).find("gemv_q4"), std::string::npos) << path(dflt, 9);
   // default (auto): the fused GEMM up to 512 rows where it runs, dequantize + cuBLAS above
   const bool fused = cuda::gemm_q4_wgmma_supported();
   EXPECT_NE(path(dflt, 100).find(fused ? "gemm_q4 fused" : "cublas"), std::string::npos) << path(dflt, 100);

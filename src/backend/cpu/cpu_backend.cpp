@@ -205,7 +205,7 @@ class CpuBackend final : public Backend {
 
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override {
     const int hd = p.head_dim, half = hd / 2;
-    const std::vector<RowAt> at = rows_of(q.rows, s);
+    const std::vector<RowAt> at = rows_of(q.rows, s, /*cache=*/false);
     auto apply = [&](Act a) {
       const int64_t heads = a.cols / hd;
       for (int64_t t = 0; t < a.rows; ++t) {
@@ -336,13 +336,16 @@ class CpuBackend final : public Backend {
     int seq = 0;
     int64_t pos = 0;
   };
-  std::vector<RowAt> rows_of(int64_t T, const StepState& s) const {
+  // cache: the rows' positions index the KV cache (kv_write, attention; rope only needs positions).
+  std::vector<RowAt> rows_of(int64_t T, const StepState& s, bool cache = true) const {
     std::vector<RowAt> at(static_cast<size_t>(T));
     if (!s.paged) {
-      NF4FLASH_CHECK(!paged_, "the KV cache is paged: a step must give its sequences (StepState::paged)");
       const int64_t pos0 = *s.pos0;
-      NF4FLASH_CHECK(pos0 + T <= kv_.capacity, "context length ", pos0 + T, " exceeds the KV cache capacity ",
-                     kv_.capacity, " (raise --ctx-size)");
+      if (cache) {
+        NF4FLASH_CHECK(!paged_, "the KV cache is paged: a step must give its sequences (StepState::paged)");
+        NF4FLASH_CHECK(pos0 + T <= kv_.capacity, "context length ", pos0 + T, " exceeds the KV cache capacity ",
+                       kv_.capacity, " (raise --ctx-size)");
+      }
       for (int64_t t = 0; t < T; ++t) at[size_t(t)] = {0, pos0 + t};
       return at;
     }
