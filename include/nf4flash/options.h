@@ -27,6 +27,9 @@ struct LoadOptions {
   int threads = 0;         // CPU threads, 0 = all cores
   int64_t ubatch = 0;      // prompt tokens per prefill chunk; 0: auto (see resolve_ubatch in runtime/plan.h)
   bool load_tokenizer = true;
+  // Engine::load_preset: the tokenizer (tokenizer.json, tokenizer_config.json's chat template) of this
+  // folder, for serving a synthetic model with a real tokenizer; empty: none.
+  std::string tokenizer_dir;
 };
 
 struct SamplingParams {

@@ -184,6 +184,7 @@ std::unique_ptr<Engine> Engine::load_preset(const std::string& preset, const Loa
   LoadOptions o = opts;
   o.load_tokenizer = false;
   auto im = build_engine(o, cfg, make_synthetic_store(cfg, preset), "preset:" + preset, progress);
+  if (!opts.tokenizer_dir.empty()) load_tokenizer_into(*im, opts.tokenizer_dir);
   return std::unique_ptr<Engine>(new Engine(std::move(im)));
 }
 

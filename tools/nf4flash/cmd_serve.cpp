@@ -27,7 +27,7 @@ struct ServeArgs {
   SamplingFlags sampling;
   serve::ServeOptions engine;
   serve::HttpOptions http;
-  std::string api_key_file;
+  std::string api_key_file, preset, tokenizer;
   double max_body_mb = 4;
   int shutdown_grace = 30;
   bool no_log = false;
@@ -41,6 +41,11 @@ int run_serve(ServeArgs& a, bool max_tokens_given) {
     NF4FLASH_CHECK(!k.empty(), "--api-key-file ", a.api_key_file, ": the file is empty");
     a.http.api_key = k;
   }
+  NF4FLASH_CHECK(a.preset.empty() != a.model.model.empty(), "serve: give exactly one of --model DIR or --preset NAME");
+  NF4FLASH_CHECK(a.preset.empty() || !a.tokenizer.empty(),
+                 "serve --preset: a synthetic model has no tokenizer; give --tokenizer DIR (a folder with tokenizer.json)");
+  NF4FLASH_CHECK(a.tokenizer.empty() || !a.preset.empty(), "serve: --tokenizer goes with --preset (a model folder has its own)");
+  if (a.http.model_id.empty() && !a.preset.empty()) a.http.model_id = a.preset;
   if (a.http.model_id.empty()) a.http.model_id = std::filesystem::path(a.model.model).filename().string();
   if (a.http.model_id.empty()) a.http.model_id = std::filesystem::path(a.model.model).parent_path().filename().string();
   a.http.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
@@ -50,7 +55,15 @@ int run_serve(ServeArgs& a, bool max_tokens_given) {
   a.http.ignore_eos = g.ignore_eos;
   a.http.log_requests = !a.no_log;
 
-  auto engine = load_engine(a.model);
+  std::unique_ptr<Engine> engine;
+  if (a.preset.empty()) {
+    engine = load_engine(a.model);
+  } else {
+    LoadOptions o = a.model.to_options();
+    o.tokenizer_dir = a.tokenizer;
+    engine = Engine::load_preset(a.preset, o);
+    if (!a.model.quiet) std::fprintf(stderr, "%s\n", describe_load(*engine).c_str());
+  }
   NF4FLASH_CHECK(engine->tokenizer(), a.model.model, ": serve needs the model's tokenizer.json");
   serve::Metrics metrics;
   serve::ServeEngine se(*engine, a.engine, metrics);
@@ -61,7 +74,7 @@ int run_serve(ServeArgs& a, bool max_tokens_given) {
   std::signal(SIGPIPE, SIG_IGN);
   std::thread listener([&] { http.listen(); });
   std::fprintf(stderr, "nf4flash serve: %s on http://%s:%d (model id \"%s\", context %lld, batch %d%s)\n",
-               a.model.model.c_str(), a.http.host.c_str(), port, a.http.model_id.c_str(),
+               a.preset.empty() ? a.model.model.c_str() : ("preset " + a.preset).c_str(), a.http.host.c_str(), port, a.http.model_id.c_str(),
                (long long)se.context_size(), a.engine.max_batch, a.http.api_key.empty() ? "" : ", API key required");
   std::fflush(stderr);
   while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -88,8 +101,11 @@ int run_serve(ServeArgs& a, bool max_tokens_given) {
 
 CommandRun setup_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
-  a->model.add(app);
+  a->model.add(app, false);
   a->sampling.add(app);
+  app.add_option("--preset", a->preset,
+                 "a synthetic model built in memory instead of --model (benchmarks: llama3-8b, ...), with --tokenizer");
+  app.add_option("--tokenizer", a->tokenizer, "with --preset: the folder whose tokenizer.json and chat template to use");
   app.add_option("--host", a->http.host, "address to listen on (loopback by default)")->capture_default_str();
   app.add_option("--port", a->http.port, "TCP port (0: any free port, printed at start)")
       ->check(CLI::Range(0, 65535))
