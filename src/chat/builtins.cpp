@@ -323,14 +323,16 @@ Value g_range(Evaluator&, CallArgs& a) {
   return Value::make_list(std::move(out));
 }
 
-Value g_namespace(Evaluator&, CallArgs& a) {
+Value g_namespace(Evaluator& ev, CallArgs& a) {
   ValueDict d;
   for (const Value& v : a.args) {
     if (!v.is_mapping()) fail("namespace(): positional arguments must be mappings");
     for (const auto& [k, x] : v.dict->items) d.set(k, x);
   }
   for (auto& [k, v] : a.kwargs) d.set(k, v);
-  return Value::make_namespace(std::move(d));
+  Value ns = Value::make_namespace(std::move(d));
+  ev.own_namespace(ns.dict);
+  return ns;
 }
 
 Value g_dict(Evaluator&, CallArgs& a) {

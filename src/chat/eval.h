@@ -26,6 +26,8 @@ class Evaluator {
   // Clears the variables of every scope that received a macro: a macro value captures its defining
   // scope, which holds the macro (a shared_ptr cycle that would otherwise outlive the render).
   ~Evaluator();
+  // namespace() registers the objects it makes (see namespaces_).
+  void own_namespace(const std::shared_ptr<ValueDict>& d) { namespaces_.push_back(d); }
   Evaluator(const Evaluator&) = delete;
   Evaluator& operator=(const Evaluator&) = delete;
 
@@ -49,9 +51,13 @@ class Evaluator {
   ValueDict context_;
   std::shared_ptr<Scope> scope_;
   std::vector<std::shared_ptr<Scope>> macro_scopes_;  // see ~Evaluator
+  // namespace() objects of this render: a template may store one inside itself (a reference cycle),
+  // so ~Evaluator empties those still alive
+  std::vector<std::weak_ptr<ValueDict>> namespaces_;
   std::string* out_ = nullptr;
   const Value* filter_input_ = nullptr;
   int depth_ = 0;
+  int64_t steps_ = 0;  // statements executed (a template from a download must not run forever)
 
   // Makes `scope` the current scope for its lifetime and restores the previous one, also when an
   // error unwinds.

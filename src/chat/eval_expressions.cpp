@@ -16,6 +16,8 @@ namespace nf4flash::chat {
 using detail::with_position;
 
 namespace {
+// Budget of one `seq * n` (items of a list or bytes of a string).
+constexpr int64_t kMaxRepeatItems = int64_t(16) << 20;
 std::string type_name(const Value& v) {
   switch (v.kind) {
     case Kind::None: return "NoneType";
@@ -216,6 +218,9 @@ Value Evaluator::eval_binary(const Expr& e) {
       const Value& cnt = l.is_number() ? l : r;
       if (!(cnt.kind == Kind::Int || cnt.kind == Kind::Bool)) return bad();
       int64_t times = std::max<int64_t>(0, cnt.as_int());
+      const int64_t unit = seq.is_string() ? int64_t(seq.s.size()) : seq.is_list() ? int64_t(seq.list->size()) : 0;
+      if (unit > 0 && times > kMaxRepeatItems / unit)
+        fail("sequence repetition too big (more than ", kMaxRepeatItems, " items)");
       if (seq.is_string()) {
         std::string out;
         for (int64_t k = 0; k < times; ++k) out += seq.s;

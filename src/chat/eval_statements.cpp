@@ -14,6 +14,9 @@ using detail::with_position;
 
 namespace {
 constexpr int kMaxDepth = 200;  // macro recursion limit
+// Budgets of one render: real chat templates run a few thousand statements and write kilobytes.
+constexpr int64_t kMaxSteps = 10'000'000;
+constexpr size_t kMaxOutputBytes = size_t(64) << 20;
 }  // namespace
 
 Value* Scope::find(const std::string& name) {
@@ -80,6 +83,8 @@ Evaluator::Flow Evaluator::exec(const Body& body) {
 }
 
 Evaluator::Flow Evaluator::exec_stmt(const Stmt& s) {
+  if (++steps_ > kMaxSteps) error_at(s, cat("the template ran more than ", kMaxSteps, " statements"));
+  if (out_ && out_->size() > kMaxOutputBytes) error_at(s, cat("the template wrote more than ", kMaxOutputBytes >> 20, " MiB"));
   switch (s.kind) {
     case StmtKind::Text: *out_ += s.text; return Flow::Normal;
     case StmtKind::Emit: *out_ += py_str(eval(*s.expr)); return Flow::Normal;
@@ -172,6 +177,7 @@ Evaluator::Flow Evaluator::exec_for(const Stmt& s) {
   if (items.empty()) return exec(s.else_body);
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t k = 0; k < n; ++k) {
+    if (++steps_ > kMaxSteps) error_at(s, cat("the template ran more than ", kMaxSteps, " statements"));
     auto sc = std::make_shared<Scope>();
     sc->parent = outer;
     assign_targets(*sc, s.targets, items[k], s);
@@ -212,6 +218,8 @@ void Evaluator::exec_set(const Stmt& s) {
 
 Evaluator::~Evaluator() {
   for (auto& sc : macro_scopes_) sc->vars.clear();
+  for (auto& w : namespaces_)
+    if (auto d = w.lock()) d->items.clear();
 }
 
 void Evaluator::define_macro(const Stmt& s, const std::string& bind_name) {

@@ -397,4 +397,15 @@ TEST(ChatLangErrors, Runtime) {
   EXPECT_EQ(error_of("{{ '%s' % 1 }}"), "chat template: line 1:9: unsupported construct: printf-style '%' string formatting");
 }
 
+// A template comes with a downloaded model: one that would run or write without end is an error.
+TEST(ChatLangErrors, Budgets) {
+  EXPECT_NE(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+                .find("ran more than 10000000 statements"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}").find("wrote more than 64 MiB"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 'ab' * 100000000 }}").find("sequence repetition too big"), std::string::npos);
+  EXPECT_EQ(render("{{ 'ab' * 3 }}{{ ([1] * 2) | length }}"), "ababab2");
+}
+
 }  // namespace
