@@ -180,7 +180,7 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
     json out = {{"id", id},           {"object", chat ? "chat.completion" : "text_completion"},
                 {"created", created}, {"model", model},
                 {"choices", arr},     {"usage", usage_json(P, completion, cached)}};
-    res.set_content(out.dump(), "application/json");
+    res.set_content(json_text(out), "application/json");
     return;
   }
 
@@ -199,7 +199,7 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
     }
     json o = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
               {"model", model}, {"choices", json::array({ch})}};
-    return "data: " + o.dump() + "\n\n";
+    return "data: " + json_text(o) + "\n\n";
   };
   auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   auto finished = std::make_shared<bool>(false);
@@ -230,7 +230,7 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
               } else {
                 const std::string msg = e.finish_reason == "abort" ? "the server shut down before the request finished"
                                                                    : e.finish_reason;
-                out += "data: " + bad_request(msg).to_json().dump() + "\n\n";
+                out += "data: " + json_text(bad_request(msg).to_json()) + "\n\n";
               }
             }
           }
@@ -250,7 +250,7 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
             }
             json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
                       {"model", model}, {"choices", json::array()}, {"usage", usage_json(P, completion, cached)}};
-            tail += "data: " + u.dump() + "\n\n";
+            tail += "data: " + json_text(u) + "\n\n";
           }
           tail += "data: [DONE]\n\n";
           *finished = true;

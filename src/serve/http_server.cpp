@@ -52,7 +52,7 @@ std::string endpoint_label(const std::string& path) {
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
-  res.set_content(e.to_json().dump(), "application/json");
+  res.set_content(json_text(e.to_json()), "application/json");
 }
 
 HttpServer::HttpServer(Engine& engine, ServeEngine& serve, Metrics& metrics, const HttpOptions& o)
@@ -111,7 +111,7 @@ HttpServer::HttpServer(Engine& engine, ServeEngine& serve, Metrics& metrics, con
   svr.Get("/health", [&m](const httplib::Request&, httplib::Response& res) {
     const bool draining = m.draining->load();
     res.status = draining ? 503 : 200;
-    res.set_content(json{{"status", draining ? "shutting down" : "ok"}}.dump(), "application/json");
+    res.set_content(json_text(json{{"status", draining ? "shutting down" : "ok"}}), "application/json");
   });
   svr.Get("/metrics", [&m](const httplib::Request&, httplib::Response& res) {
     res.set_content(m.metrics.prometheus(), "text/plain; version=0.0.4");
@@ -120,13 +120,13 @@ HttpServer::HttpServer(Engine& engine, ServeEngine& serve, Metrics& metrics, con
     static const int64_t created = int64_t(std::time(nullptr));
     json d = {{"id", m.opt.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "nf4flash"},
               {"max_model_len", m.serve.context_size()}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({d})}}.dump(), "application/json");
+    res.set_content(json_text(json{{"object", "list"}, {"data", json::array({d})}}), "application/json");
   });
   svr.Post("/tokenize", [&m](const httplib::Request& req, httplib::Response& res) {
     TokenizeRequest t;
     if (auto e = parse_tokenize(req.body, &t)) return send_error(res, *e);
     const std::vector<int32_t> ids = m.engine.tokenizer()->encode(t.content, t.add_special);
-    res.set_content(json{{"tokens", ids}}.dump(), "application/json");
+    res.set_content(json_text(json{{"tokens", ids}}), "application/json");
   });
   svr.Post("/detokenize", [&m](const httplib::Request& req, httplib::Response& res) {
     std::vector<int32_t> ids;
@@ -138,7 +138,7 @@ HttpServer::HttpServer(Engine& engine, ServeEngine& serve, Metrics& metrics, con
         e.message = cat("'tokens[", i, "]' is ", ids[i], ", outside the vocabulary (", m.engine.vocab_size(), " ids)");
         return send_error(res, e);
       }
-    res.set_content(json{{"content", m.engine.tokenizer()->decode(ids, false)}}.dump(), "application/json");
+    res.set_content(json_text(json{{"content", m.engine.tokenizer()->decode(ids, false)}}), "application/json");
   });
   GenerateContext ctx{m.engine, m.serve, m.opt};
   svr.Post("/v1/chat/completions", [ctx](const httplib::Request& req, httplib::Response& res) {

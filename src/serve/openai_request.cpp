@@ -9,6 +9,8 @@ namespace nf4flash::serve {
 
 using nlohmann::json;
 
+std::string json_text(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 json ApiError::to_json() const {
   json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;

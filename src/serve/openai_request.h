@@ -22,6 +22,10 @@
 
 namespace nf4flash::serve {
 
+// JSON text for a reply: bytes that are not UTF-8 (a client's body echoed in an error, a byte-level
+// token decoded alone) become U+FFFD instead of an exception.
+std::string json_text(const nlohmann::json& j);
+
 // An error reply: HTTP status and OpenAI's {"error": {message, type, param, code}}.
 struct ApiError {
   int status = 400;

@@ -97,6 +97,18 @@ TEST(ServeRequest, EveryBadBodyIsOneErrorNamingTheField) {
   }
 }
 
+// A body whose bytes are not UTF-8 is echoed in the error message; the reply is still JSON text.
+TEST(ServeRequest, ErrorsEchoingBadBytesStayJson) {
+  for (const std::string body : {std::string("{\"messages\": [\xff"), std::string("{\"\xff\xfe\": 1}")}) {
+    const ParseResult r = parse_gen_request(body, Endpoint::Chat);
+    ASSERT_TRUE(r.error);
+    EXPECT_ANY_THROW((void)r.error->to_json().dump());  // the message does hold the bytes
+    std::string text;
+    EXPECT_NO_THROW(text = json_text(r.error->to_json())) << r.error->message;
+    EXPECT_NO_THROW((void)nlohmann::json::parse(text));
+  }
+}
+
 TEST(ServeRequest, TokenizeBodies) {
   TokenizeRequest t;
   EXPECT_FALSE(parse_tokenize(R"({"content": "hi", "add_special": false})", &t));
