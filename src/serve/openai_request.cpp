@@ -138,7 +138,7 @@ GenRequest parse(const std::string& body, Endpoint ep) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
     bad("", std::string("the body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad("", std::string("the body must be a JSON object, not ") + type_name(j));
@@ -241,7 +241,7 @@ json parse_object(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
     bad("", std::string("the body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad("", std::string("the body must be a JSON object, not ") + type_name(j));

@@ -55,6 +55,7 @@ TEST(ServeRequest, EveryBadBodyIsOneErrorNamingTheField) {
   const std::pair<const char*, const char*> chat[] = {
       {"{", ""},
       {"[]", ""},
+      {R"({"messages": [5002153233355E5555555]})", ""},  // a number past double: not valid JSON here
       {R"({})", "messages"},
       {R"({"messages": []})", "messages"},
       {R"({"messages": "hi"})", "messages"},
