@@ -277,6 +277,11 @@ class Doctor {
 
     const size_t needed = weight_bytes + kv_bytes + est.workspace_bytes;
     const bool fits = free_b == 0 || needed <= free_b || !estimated;
+    // the paged KV pool of `serve` / `batch` (BatchRunner): the memory left after the weights and the
+    // workspace, less its 1 GiB reserve, in tokens (0: unknown or none)
+    const size_t reserve = (size_t(1) << 30) + weight_bytes + est.workspace_bytes;
+    const int64_t pool_tokens =
+        gpu && free_b > reserve && est.kv_per_token ? static_cast<int64_t>((free_b - reserve) / est.kv_per_token) : 0;
     out_["memory"] = {{"where", gpu ? "gpu" : "host"},
                       {"free_bytes", free_b},
                       {"total_bytes", total_b},
@@ -287,7 +292,8 @@ class Doctor {
                       {"ctx", ctx},
                       {"workspace_bytes_estimate", est.workspace_bytes},
                       {"needed_bytes", needed},
-                      {"fits", fits}};
+                      {"fits", fits},
+                      {"batch_pool_tokens", pool_tokens}};
     const int tthreads = o.threads > 0 ? o.threads : num_threads();
     out_["tokenizer"] = {{"present", tok_present}, {"file", tok_file}, {"threads", tthreads}};
 
@@ -376,6 +382,11 @@ class Doctor {
       std::printf("  kv cache   %s, %s at ctx %lld (%s/token)\n", p["use_cache"].get<bool>() ? "on" : "OFF",
                   format_bytes(mem["kv_bytes"].get<size_t>()).c_str(), static_cast<long long>(mem["ctx"].get<int64_t>()),
                   format_bytes(mem["kv_bytes_per_token"].get<size_t>()).c_str());
+      if (mem["batch_pool_tokens"].get<int64_t>() > 0)
+        std::printf("  batching   the paged KV pool of serve/batch holds ~%lld tokens (%lld sequences at ctx %lld)\n",
+                    static_cast<long long>(mem["batch_pool_tokens"].get<int64_t>()),
+                    static_cast<long long>(mem["batch_pool_tokens"].get<int64_t>() / std::max<int64_t>(1, mem["ctx"].get<int64_t>())),
+                    static_cast<long long>(mem["ctx"].get<int64_t>()));
       std::printf("  graphs     %s\n", p["graphs"].get<bool>() ? "on" : "off");
       std::printf("  decode     %s\n", p["decode_pipelined"].get<bool>()
                                           ? "pipelined (each step queued before the host has the token it consumes)"
