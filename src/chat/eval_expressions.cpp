@@ -169,9 +169,13 @@ Value Evaluator::eval_binary(const Expr& e) {
         return Value::number(l.as_double() / r.as_double());
       }
       if (op == "**") {
-        if (!fl && r.as_int() >= 0) {
-          int64_t res = 1, b = l.as_int();
-          for (int64_t k = 0; k < r.as_int(); ++k) res *= b;
+        if (!fl && r.as_int() >= 0) {  // by squaring; past 64 bits is an error (Python's ints have no bound)
+          int64_t res = 1, b = l.as_int(), e = r.as_int();
+          while (e > 0) {
+            if ((e & 1) && __builtin_mul_overflow(res, b, &res)) fail("integer overflow in '**'");
+            e >>= 1;
+            if (e > 0 && __builtin_mul_overflow(b, b, &b)) fail("integer overflow in '**'");
+          }
           return Value::integer(res);
         }
         return Value::number(std::pow(l.as_double(), r.as_double()));
@@ -190,11 +194,16 @@ Value Evaluator::eval_binary(const Expr& e) {
         }
         return bad();
       }
-      int64_t x = l.as_int(), y = r.as_int();
-      if (op == "+") return Value::integer(x + y);
-      if (op == "-") return Value::integer(x - y);
-      if (op == "*") return Value::integer(x * y);
+      int64_t x = l.as_int(), y = r.as_int(), v = 0;
+      if (op == "+" || op == "-" || op == "*") {
+        const bool over = op == "+" ? __builtin_add_overflow(x, y, &v)
+                          : op == "-" ? __builtin_sub_overflow(x, y, &v)
+                                      : __builtin_mul_overflow(x, y, &v);
+        if (over) fail("integer overflow in '", op, "'");
+        return Value::integer(v);
+      }
       if (y == 0) fail("division by zero");
+      if (x == INT64_MIN && y == -1) fail("integer overflow in '", op, "'");
       int64_t q = x / y, m = x % y;
       if (m != 0 && ((m < 0) != (y < 0))) {
         q -= 1;
