@@ -3,6 +3,7 @@
 #include "runtime/batch_runner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "runtime/engine_impl.h"
@@ -95,6 +96,25 @@ void BatchRunner::end(int64_t id, const char* reason) {
   seqs_.erase(it);
 }
 
+TokenLogprobs token_logprobs(const float* l, int64_t V, int32_t token, int top_n) {
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < V; ++j) mx = std::max(mx, double(l[j]));
+  double sum = 0;
+  for (int64_t j = 0; j < V; ++j) sum += std::exp(double(l[j]) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprobs r;
+  r.logprob = float(double(l[token]) - lse);
+  const int n = int(std::min<int64_t>(std::max(top_n, 0), V));
+  if (n > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    for (int64_t j = 0; j < V; ++j) idx[size_t(j)] = int32_t(j);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    for (int i = 0; i < n; ++i) r.top.emplace_back(idx[size_t(i)], float(double(l[idx[size_t(i)]]) - lse));
+  }
+  return r;
+}
+
 bool BatchRunner::cancel(int64_t id) {
   if (!seqs_.count(id)) return false;
   sched_->finish(id, FinishReason::Abort);
@@ -172,11 +192,28 @@ std::vector<BatchOutput> BatchRunner::step() {
       uniforms[k] = params[k].greedy() ? 0.0f : q.sampler->next_uniform();
     }
     std::vector<int32_t> picked(ns);
+    std::vector<float> logits;  // all sampling rows on the host, when the host samples
     if (ns && !be.sample_rows(lg.slice_rows(0, int64_t(ns)), params.data(), hists.data(), uniforms.data(), picked.data())) {
-      std::vector<float> logits(ns * size_t(V));
+      logits.resize(ns * size_t(V));
       be.download(logits.data(), lg.data, logits.size() * 4);
       for (size_t k = 0; k < ns; ++k)
         picked[k] = sample_with_uniform(logits.data() + k * V, V, params[k], *hists[k], uniforms[k]);
+    }
+    step_lp_.clear();
+    std::vector<float> row;
+    for (size_t k = 0; k < ns; ++k) {
+      const int64_t id = plan.seqs[size_t(sampling[k])].seq_id;
+      const int n_top = seqs_.at(id).req.logprobs;
+      if (n_top < 0) continue;
+      const float* l = nullptr;
+      if (!logits.empty()) {
+        l = logits.data() + k * V;
+      } else {  // only the rows of the requests that ask come back
+        row.resize(size_t(V));
+        be.download(row.data(), static_cast<const char*>(lg.data) + k * size_t(V) * 4, size_t(V) * 4);
+        l = row.data();
+      }
+      step_lp_[id] = token_logprobs(l, V, picked[k], n_top);
     }
     for (size_t k = 0; k < ns; ++k) {
       const StepEntry& e = plan.seqs[size_t(sampling[k])];

@@ -36,7 +36,18 @@ struct BatchRequest {
   int64_t id = 0;
   std::vector<int32_t> prompt;
   GenerateOptions gen;  // max_new_tokens, sampling (seed), stop_ids (empty: the model's EOS), ignore_eos
+  // >= 0: each generated token's log-probability and the `logprobs` most likely tokens', from the
+  // model's distribution (log-softmax of the raw logits); -1: none
+  int logprobs = -1;
 };
+
+// A generated token's log-probability and the most likely tokens' (best first).
+struct TokenLogprobs {
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+// Log-softmax of logits [vocab] at `token`, and the top_n most likely (ties: lower id first).
+TokenLogprobs token_logprobs(const float* logits, int64_t vocab, int32_t token, int top_n);
 
 struct BatchOutput {
   int64_t id = 0;
@@ -70,6 +81,12 @@ class BatchRunner {
   const StepInfo& last_step() const { return last_; }
   const KvBlockPool& pool() const { return *pool_; }
   const Scheduler& scheduler() const { return *sched_; }
+  // During on_token: the log-probabilities of the token just sampled for `id`, when its request
+  // asked for them (else null).
+  const TokenLogprobs* step_logprobs(int64_t id) const {
+    auto it = step_lp_.find(id);
+    return it == step_lp_.end() ? nullptr : &it->second;
+  }
 
  private:
   struct Seq {
@@ -90,6 +107,7 @@ class BatchRunner {
   std::map<int64_t, Seq> seqs_;
   std::vector<BatchOutput> done_;
   StepInfo last_;
+  std::map<int64_t, TokenLogprobs> step_lp_;  // this step's, for the requests that ask
   // a step's inputs and logits in backend memory, reused from step to step
   std::unique_ptr<Buffer> buf_ids_, buf_row_start_, buf_pos0_, buf_tables_, buf_logit_rows_, buf_logits_;
 };

@@ -78,7 +78,47 @@ struct Choice {
   std::string finish;  // set when finished
   int64_t tokens = 0, prompt_tokens = 0, cached = 0;
   bool role_sent = false;
+  // log-probabilities of tokens not yet in a written chunk (stream) or of all tokens (non-stream)
+  std::vector<int32_t> lp_ids;
+  std::vector<TokenLogprobs> lps;
 };
+
+// The logprobs object of a choice for `ids`: chat {"content": [{token, logprob, bytes, top_logprobs}]},
+// completions {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
+json logprobs_json(const Tokenizer& tok, bool chat, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
+                   size_t text_offset) {
+  auto text_of = [&](int32_t id) { return tok.decode({id}, false); };
+  auto bytes_of = [](const std::string& t) {
+    json b = json::array();
+    for (unsigned char c : t) b.push_back(int(c));
+    return b;
+  };
+  if (chat) {
+    json content = json::array();
+    for (size_t i = 0; i < ids.size() && i < lps.size(); ++i) {
+      const std::string t = text_of(ids[i]);
+      json top = json::array();
+      for (const auto& [id, lp] : lps[i].top) {
+        const std::string tt = text_of(id);
+        top.push_back({{"token", tt}, {"logprob", lp}, {"bytes", bytes_of(tt)}});
+      }
+      content.push_back({{"token", t}, {"logprob", lps[i].logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
+    }
+    return json{{"content", content}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (size_t i = 0; i < ids.size() && i < lps.size(); ++i) {
+    const std::string t = text_of(ids[i]);
+    tokens.push_back(t);
+    token_lps.push_back(lps[i].logprob);
+    json top = json::object();
+    for (const auto& [id, lp] : lps[i].top) top[text_of(id)] = lp;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += t.size();
+  }
+  return json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
 
 // "stop" | "length" as OpenAI names them; "abort" (shutdown) and errors are not finishes a client knows.
 bool client_finish(const std::string& f) { return f == "stop" || f == "length"; }
@@ -89,8 +129,6 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
   ParseResult p = parse_gen_request(req.body, ep);
   if (p.error) return send_error(res, *p.error);
   const GenRequest& r = *p.request;
-  if (r.logprobs)
-    return send_error(res, bad_request("'logprobs' are not supported by this server yet", "logprobs"));
   std::optional<ApiError> err;
   std::vector<int32_t> prompt = prompt_ids(c, r, &err);
   if (err) return send_error(res, *err);
@@ -117,7 +155,7 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
 
   auto choices = std::make_shared<std::vector<Choice>>(size_t(r.n));
   for (int i = 0; i < r.n; ++i) {
-    SubmitSpec s{prompt, gen, r.stop};
+    SubmitSpec s{prompt, gen, r.stop, r.logprobs ? r.top_logprobs : -1};
     s.gen.sampling.seed = gen.sampling.seed + uint64_t(i);
     ServeEngine::Submitted sub = c.serve.submit(std::move(s));
     if (!sub.handle) {
@@ -143,7 +181,12 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
   const int64_t created = int64_t(std::time(nullptr));
   const std::string model = r.model.empty() ? c.opt.model_id : r.model;
   const bool chat = ep == Endpoint::Chat;
-  auto apply = [](Choice& ch, const SeqEvent& e) {
+  const int want_lp = r.logprobs ? r.top_logprobs : -1;
+  auto apply = [want_lp](Choice& ch, const SeqEvent& e) {
+    if (want_lp >= 0) {
+      ch.lp_ids.insert(ch.lp_ids.end(), e.ids.begin(), e.ids.end());
+      ch.lps.insert(ch.lps.end(), e.logprobs.begin(), e.logprobs.end());
+    }
     ch.text += e.delta;
     ch.tokens = e.tokens;
     if (e.finished) {
@@ -173,6 +216,7 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
       completion += ch.tokens;
       cached = std::max(cached, ch.cached);
       json o = {{"index", i}, {"finish_reason", ch.finish}, {"logprobs", nullptr}};
+      if (want_lp >= 0) o["logprobs"] = logprobs_json(*c.engine.tokenizer(), chat, ch.lp_ids, ch.lps, 0);
       if (chat) o["message"] = {{"role", "assistant"}, {"content", ch.text}};
       else o["text"] = ch.text;
       arr.push_back(o);
@@ -187,8 +231,9 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
   // streaming: one chunk per choice and delta, the finish chunk of each, the usage chunk when
   // asked, then [DONE]; a client that goes away cancels every choice
   const bool usage = r.include_usage;
-  auto chunk = [id, created, model, chat](size_t i, const std::string& text, const json& finish, bool role) {
-    json ch = {{"index", i}, {"finish_reason", finish}, {"logprobs", nullptr}};
+  auto chunk = [id, created, model, chat](size_t i, const std::string& text, const json& finish, bool role,
+                                          const json& lp = nullptr) {
+    json ch = {{"index", i}, {"finish_reason", finish}, {"logprobs", lp}};
     if (chat) {
       json d = json::object();
       if (role) d["role"] = "assistant";
@@ -204,9 +249,10 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
   auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   auto finished = std::make_shared<bool>(false);
   res.set_header("Cache-Control", "no-cache");
+  const Tokenizer& tok = *c.engine.tokenizer();
   res.set_chunked_content_provider(
       "text/event-stream",
-      [=](size_t, httplib::DataSink& sink) {
+      [=, &tok](size_t, httplib::DataSink& sink) {
         auto write = [&](const std::string& s) {
           *last_write = std::chrono::steady_clock::now();
           return sink.write(s.data(), s.size());
@@ -222,11 +268,20 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
           if (!ch.finish.empty()) continue;
           const auto evs = ch.h->wait(std::chrono::milliseconds(choices->size() == 1 ? 100 : 10));
           for (const SeqEvent& e : evs) {
+            const size_t offset = ch.text.size();
             apply(ch, e);
-            if (!e.delta.empty()) out += chunk(i, e.delta, nullptr, false);
+            // a chunk carries the log-probabilities of the tokens since the last chunk
+            auto pending_lp = [&]() -> json {
+              if (want_lp < 0 || ch.lp_ids.empty()) return nullptr;
+              json lp = logprobs_json(tok, chat, ch.lp_ids, ch.lps, offset);
+              ch.lp_ids.clear();
+              ch.lps.clear();
+              return lp;
+            };
+            if (!e.delta.empty()) out += chunk(i, e.delta, nullptr, false, pending_lp());
             if (e.finished) {
               if (client_finish(e.finish_reason)) {
-                out += chunk(i, "", e.finish_reason, false);
+                out += chunk(i, "", e.finish_reason, false, pending_lp());
               } else {
                 const std::string msg = e.finish_reason == "abort" ? "the server shut down before the request finished"
                                                                    : e.finish_reason;

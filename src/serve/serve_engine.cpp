@@ -135,6 +135,8 @@ bool ServeEngine::on_token(int64_t id, int32_t t) {
   for (const std::string& s : q.stop) cut = std::min(cut, q.text.find(s, from));
   SeqEvent ev;
   ev.tokens = q.tokens;
+  ev.ids.push_back(t);
+  if (const TokenLogprobs* lp = runner_->step_logprobs(id)) ev.logprobs.push_back(*lp);
   if (cut != std::string::npos) {
     q.text.resize(cut);
     q.stopped = true;
@@ -173,7 +175,7 @@ void ServeEngine::loop() {
       live.at(id).submitted = Clock::now();
       SubmitResult s;
       try {
-        s = runner->submit({id, std::move(spec.prompt), spec.gen});
+        s = runner->submit({id, std::move(spec.prompt), spec.gen, spec.logprobs});
       } catch (const Error& e) {
         s.status = SubmitResult::Status::Rejected;
         s.error = e.what();

@@ -26,11 +26,8 @@
 #include <vector>
 
 #include "nf4flash/engine.h"
+#include "runtime/batch_runner.h"
 #include "serve/serve_metrics.h"
-
-namespace nf4flash {
-class BatchRunner;
-}
 
 namespace nf4flash::serve {
 
@@ -46,6 +43,8 @@ struct ServeOptions {
 struct SeqEvent {
   std::string delta;             // new text (may be empty)
   int64_t tokens = 0;            // tokens generated so far
+  std::vector<int32_t> ids;                  // the tokens of this event (with logprobs: their log-probabilities)
+  std::vector<TokenLogprobs> logprobs;       // when the sequence asked for them, one per id
   bool finished = false;
   std::string finish_reason;     // "stop" | "length" | "abort" (when finished)
   int64_t prompt_tokens = 0, cached_tokens = 0;  // when finished
@@ -73,6 +72,7 @@ struct SubmitSpec {
   std::vector<int32_t> prompt;
   GenerateOptions gen;            // max_new_tokens, sampling (seeded), stop ids / ignore_eos
   std::vector<std::string> stop;  // stop strings, matched on the text
+  int logprobs = -1;              // BatchRequest::logprobs
 };
 
 class ServeEngine {

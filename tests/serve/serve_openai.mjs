@@ -1,7 +1,7 @@
 // `nf4flash serve` driven by the official openai npm client, on the CPU with the llama2 fixture
 // (a copy of it with a chat template added). Two servers on free loopback ports (--port 0, the
 // port read from the start line), each stopped by its PID with SIGTERM (exit code 0 checked):
-//   main:   models list; chat non-stream and stream (same text, greedy); completions both ways;
+//   main:   models list; chat non-stream and stream (same text, greedy); completions both ways; logprobs;
 //           usage in replies and in the last stream chunk; /tokenize and /detokenize; 8 concurrent
 //           streams each equal to its solo reply; every bad request with its status (400 bad JSON,
 //           missing/wrong fields, context; 401 key; 404 path; 413 body); a dropped stream frees its
@@ -158,6 +158,25 @@ await check('stop strings cut the text', async () => {
   assert.equal(cut.choices[0].finish_reason, 'stop');
   const st = await streamText('Tell me a story', { max_tokens: 20, stop: [stop] });
   assert.equal(st.text, full.slice(0, full.indexOf(stop)));
+});
+await check('logprobs: greedy picks the most likely token, one entry per token, stream and not', async () => {
+  const r = await client.chat.completions.create(chatReq('Hello there', { max_tokens: 6, logprobs: true, top_logprobs: 3 }));
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, r.usage.completion_tokens);
+  for (const e of content) {
+    assert.ok(e.logprob <= 0 && e.top_logprobs.length === 3, JSON.stringify(e));
+    assert.equal(e.top_logprobs[0].logprob, e.logprob);  // greedy
+    assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob);
+    assert.deepEqual(e.bytes, [...Buffer.from(e.token, 'utf8')]);
+  }
+  const s = await client.chat.completions.create({ ...chatReq('Hello there', { max_tokens: 6, logprobs: true, top_logprobs: 3 }),
+                                                   stream: true });
+  const streamed = [];
+  for await (const c of s) if (c.choices.length && c.choices[0].logprobs) streamed.push(...c.choices[0].logprobs.content);
+  assert.deepEqual(streamed.map((e) => e.logprob), content.map((e) => e.logprob));
+  const cr = await client.completions.create({ model: modelId, prompt: 'Once upon', max_tokens: 4, temperature: 0, logprobs: 2 });
+  assert.equal(cr.choices[0].logprobs.token_logprobs.length, cr.usage.completion_tokens);
+  assert.equal(cr.choices[0].logprobs.top_logprobs[0] && Object.keys(cr.choices[0].logprobs.top_logprobs[0]).length <= 2, true);
 });
 await check('tokenize and detokenize', async () => {
   const h = { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY}` };

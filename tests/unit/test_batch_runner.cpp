@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -123,6 +124,50 @@ TEST(BatchRunner, TinyPoolWaitsAndPreemptsWithTheSameResults) {
   o.sched.max_seqs_per_step = 4;
   o.sched.max_tokens_per_step = 16;
   expect_batched_equals_alone("llama-gqa-hd64", QuantChoice::Auto, o, /*expect_hits=*/false);
+}
+
+TEST(BatchRunner, TokenLogprobsAreTheLogSoftmax) {
+  const float l[] = {1.f, 3.f, 2.f, 3.f};
+  const double lse = std::log(std::exp(1.0) + 2 * std::exp(3.0) + std::exp(2.0));
+  const TokenLogprobs r = token_logprobs(l, 4, 2, 3);
+  EXPECT_NEAR(r.logprob, 2.0 - lse, 1e-6);
+  ASSERT_EQ(r.top.size(), 3u);
+  EXPECT_EQ(r.top[0].first, 1);  // ties: the lower id first
+  EXPECT_EQ(r.top[1].first, 3);
+  EXPECT_EQ(r.top[2].first, 2);
+  EXPECT_NEAR(r.top[0].second, 3.0 - lse, 1e-6);
+  EXPECT_TRUE(token_logprobs(l, 4, 0, 0).top.empty());
+}
+
+// A request that asks for log-probabilities gets them for each token, during on_token, and those
+// of a greedy pick are the top-1's; one that does not ask gets none.
+TEST(BatchRunner, StepLogprobsForTheRequestsThatAsk) {
+  auto e = load_cpu("llama-gqa-hd64", QuantChoice::Auto);
+  BatchRunner* rp = nullptr;
+  int with = 0, without = 0;
+  BatchRunnerOptions o;
+  o.block_size = 4;
+  o.on_token = [&](int64_t id, int32_t t) {
+    const TokenLogprobs* lp = rp->step_logprobs(id);
+    if (id == 1) {
+      EXPECT_TRUE(lp && lp->top.size() == 2 && lp->top[0].first == t && lp->top[0].second == lp->logprob && lp->logprob <= 0);
+      ++with;
+    } else {
+      EXPECT_EQ(lp, nullptr);
+      ++without;
+    }
+    return true;
+  };
+  BatchRunner r(*e, o);
+  rp = &r;
+  GenerateOptions g;
+  g.max_new_tokens = 5;
+  g.ignore_eos = true;
+  ASSERT_TRUE(r.submit({1, {5, 9, 13}, g, 2}).ok());
+  ASSERT_TRUE(r.submit({2, {7, 11}, g}).ok());
+  for (int s = 0; r.has_work() && s < 100; ++s) r.step();
+  EXPECT_EQ(with, 5);
+  EXPECT_EQ(without, 5);
 }
 
 }  // namespace
