@@ -128,18 +128,7 @@ BatchBenchResult run_batch_bench(Engine& e, const BatchBenchSpec& spec, const st
 
 nlohmann::json batch_bench_to_json(const BatchBenchResult& r, const BenchMeta& meta) {
   using nlohmann::json;
-  json j;
-  j["schema"] = "nf4flash-bench-batch/1";
-  j["date"] = meta.date;
-  j["command"] = meta.command;
-  j["argv"] = meta.argv;
-  j["commit"] = meta.commit;
-  j["commit_dirty"] = meta.commit_dirty;
-  j["version"] = meta.version;
-  j["host"] = host_to_json(meta.host);
-  j["cuda_build"] = meta.cuda_build;
-  j["gpus"] = json::array();
-  for (const GpuInfo& g : meta.gpus) j["gpus"].push_back(gpu_to_json(g));
+  json j = meta_to_json("nf4flash-bench-batch/1", meta);
   j["model"] = r.model;
   j["report"] = report_to_json(r.report);
   const BatchBenchSpec& s = r.spec;

@@ -174,11 +174,10 @@ nlohmann::json report_to_json(const EngineReport& r) {
           {"load_ms", r.load_ms}};
 }
 
-nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
+nlohmann::json meta_to_json(const std::string& schema, const BenchMeta& meta) {
   using nlohmann::json;
-  const BenchSpec& s = r.spec;
   json j;
-  j["schema"] = "nf4flash-bench/1";
+  j["schema"] = schema;
   j["date"] = meta.date;
   j["command"] = meta.command;
   j["argv"] = meta.argv;
@@ -189,6 +188,13 @@ nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
   j["cuda_build"] = meta.cuda_build;
   j["gpus"] = json::array();
   for (const GpuInfo& g : meta.gpus) j["gpus"].push_back(gpu_to_json(g));
+  return j;
+}
+
+nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
+  using nlohmann::json;
+  const BenchSpec& s = r.spec;
+  json j = meta_to_json("nf4flash-bench/1", meta);
   j["model"] = {{"source", s.preset.empty() ? "folder" : "preset"}, {"name", s.preset.empty() ? s.model : s.preset}};
   json q = json::array(), a = json::array(), g = json::array();
   for (QuantChoice x : s.quants) q.push_back(quant_choice_name(x));

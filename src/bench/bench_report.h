@@ -47,6 +47,9 @@ BenchMeta collect_bench_meta();
 nlohmann::json gpu_to_json(const GpuInfo& g);
 nlohmann::json host_to_json(const HostInfo& h);
 nlohmann::json report_to_json(const EngineReport& r);
+// {schema, date, command, argv, commit, commit_dirty, version, host, cuda_build, gpus}: the
+// provenance every bench JSON document starts with.
+nlohmann::json meta_to_json(const std::string& schema, const BenchMeta& meta);
 nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta);
 
 // Markdown: one row per (configuration, test) with median [min-max], then the paths taken per

@@ -134,7 +134,7 @@ std::vector<std::string> parse_stop(const json& v) {
   return out;
 }
 
-GenRequest parse(const std::string& body, Endpoint ep) {
+json parse_object(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
@@ -142,6 +142,17 @@ GenRequest parse(const std::string& body, Endpoint ep) {
     bad("", std::string("the body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) bad("", std::string("the body must be a JSON object, not ") + type_name(j));
+  return j;
+}
+ApiError to_error(const Bad& b) {
+  ApiError e;
+  e.message = b.message;
+  e.param = b.param;
+  return e;
+}
+
+GenRequest parse(const std::string& body, Endpoint ep) {
+  const json j = parse_object(body);
   GenRequest r;
   r.endpoint = ep;
   const char* body_field = ep == Endpoint::Chat ? "messages" : "prompt";
@@ -236,24 +247,6 @@ ParseResult parse_gen_request(const std::string& body, Endpoint endpoint) {
   return out;
 }
 
-namespace {
-json parse_object(const std::string& body) {
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past double
-    bad("", std::string("the body is not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) bad("", std::string("the body must be a JSON object, not ") + type_name(j));
-  return j;
-}
-ApiError to_error(const Bad& b) {
-  ApiError e;
-  e.message = b.message;
-  e.param = b.param;
-  return e;
-}
-}  // namespace
 
 std::optional<ApiError> parse_tokenize(const std::string& body, TokenizeRequest* out) {
   try {

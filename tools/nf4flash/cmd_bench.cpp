@@ -41,7 +41,9 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-std::vector<int64_t> parse_lengths(const std::string& s, const std::string& flag, int64_t min) {
+// A comma list of integers in [min, max]; an entry that is not one is an error naming `what`.
+std::vector<int64_t> parse_int_list(const std::string& s, const std::string& flag, int64_t min, int64_t max,
+                                    const char* what) {
   std::vector<int64_t> v;
   for (const std::string& item : split_list(s)) {
     size_t pos = 0;
@@ -51,10 +53,14 @@ std::vector<int64_t> parse_lengths(const std::string& s, const std::string& flag
     } catch (...) {
       pos = 0;
     }
-    if (pos != item.size() || x < min || x > (int64_t{1} << 24))
-      fail(flag, ": '", item, "' is not a token count (", min, "..", int64_t{1} << 24, ")");
+    if (pos != item.size() || x < min || x > max) fail(flag, ": '", item, "' is not ", what, " (", min, "..", max, ")");
     v.push_back(x);
   }
+  return v;
+}
+
+std::vector<int64_t> parse_lengths(const std::string& s, const std::string& flag, int64_t min) {
+  std::vector<int64_t> v = parse_int_list(s, flag, min, int64_t{1} << 24, "a token count");
   if (v.empty() && min > 0) fail(flag, ": no values given");
   return v;
 }
@@ -138,17 +144,7 @@ int run_batch_bench_cmd(const BenchArgs& a) {
                  "bench --batch: give one --quant, one --attn and one -p length (no --no-cache)");
   BatchBenchSpec bs;
   bs.batches.clear();
-  for (const std::string& item : split_list(a.batch)) {
-    size_t pos = 0;
-    long long b = -1;
-    try {
-      b = std::stoll(item, &pos);
-    } catch (...) {
-      pos = 0;
-    }
-    if (pos != item.size() || b < 1 || b > 4096) fail("--batch: '", item, "' is not a batch size (1..4096 sequences)");
-    bs.batches.push_back(int(b));
-  }
+  for (int64_t b : parse_int_list(a.batch, "--batch", 1, 4096, "a batch size in sequences")) bs.batches.push_back(int(b));
   if (bs.batches.empty()) fail("--batch: no batch sizes given");
   bs.prompt = spec.prompts.front();
   bs.n_gen = spec.n_gen;
