@@ -210,6 +210,19 @@ void Evaluator::exec_set(const Stmt& s) {
     Value ns = lookup(s.targets[0]);
     if (ns.kind != Kind::Namespace)
       error_at(s, "cannot assign attribute '" + s.text + "' on '" + s.targets[0] + "' (only namespace() objects)");
+    // namespaces are the only mutable values: refusing a value that reaches this one keeps every
+    // value acyclic (so printing, tojson and comparisons end)
+    std::vector<const Value*> todo{&v};
+    while (!todo.empty()) {
+      const Value* x = todo.back();
+      todo.pop_back();
+      if ((x->kind == Kind::Namespace || x->kind == Kind::Dict) && x->dict) {
+        if (x->dict == ns.dict) error_at(s, "cannot store namespace '" + s.targets[0] + "' inside itself");
+        for (const auto& kv : x->dict->items) todo.push_back(&kv.second);
+      } else if (x->kind == Kind::List && x->list) {
+        for (const Value& y : *x->list) todo.push_back(&y);
+      }
+    }
     ns.dict->set(s.text, std::move(v));
     return;
   }

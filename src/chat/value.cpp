@@ -152,6 +152,17 @@ static std::string repr_string(const std::string& s) {
 }
 
 std::string py_repr(const Value& v) {
+  // nesting is bounded by what a render can build; a guard against pathological depth
+  static thread_local int depth = 0;
+  struct Depth {
+    Depth() {
+      if (++depth > 512) {
+        --depth;
+        fail("a value nested more than 512 levels deep");
+      }
+    }
+    ~Depth() { --depth; }
+  } guard;
   switch (v.kind) {
     case Kind::String: return repr_string(v.s);
     case Kind::List: {

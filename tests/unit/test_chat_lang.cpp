@@ -406,6 +406,11 @@ TEST(ChatLangErrors, Budgets) {
             std::string::npos);
   EXPECT_NE(error_of("{{ 'ab' * 100000000 }}").find("sequence repetition too big"), std::string::npos);
   EXPECT_EQ(render("{{ 'ab' * 3 }}{{ ([1] * 2) | length }}"), "ababab2");
+  // a namespace stored in itself (directly, or through another) would print without end
+  EXPECT_NE(error_of("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}").find("inside itself"), std::string::npos);
+  EXPECT_NE(error_of("{% set a = namespace(x=0) %}{% set b = namespace(y=a) %}{% set a.x = [b] %}").find("inside itself"),
+            std::string::npos);
+  EXPECT_EQ(render("{% set a = namespace(x=0) %}{% set b = namespace(y=a) %}{% set b.y = 3 %}{{ b.y }}"), "3");
   // integers are 64-bit: past that is an error, not a wrapped value (or a loop of 7e10 steps for **)
   EXPECT_EQ(render("{{ 2 ** 62 }} {{ 3 ** 0 }} {{ (-2) ** 63 }}"), "4611686018427387904 1 -9223372036854775808");
   EXPECT_NE(error_of("{{ 773877787773 ** 73877787773 }}").find("integer overflow in '**'"), std::string::npos);
