@@ -15,7 +15,7 @@ using detail::with_position;
 namespace {
 constexpr int kMaxDepth = 200;  // macro recursion limit
 // Budgets of one render: real chat templates run a few thousand statements and write kilobytes.
-constexpr int64_t kMaxSteps = 10'000'000;
+constexpr int64_t kMaxSteps = 250'000;
 constexpr size_t kMaxOutputBytes = size_t(64) << 20;
 }  // namespace
 
