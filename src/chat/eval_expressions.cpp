@@ -155,7 +155,11 @@ Value Evaluator::eval_binary(const Expr& e) {
   if (op == "and") return l.truthy() ? eval(*e.items[1]) : l;
   if (op == "or") return l.truthy() ? l : eval(*e.items[1]);
   Value r = eval(*e.items[1]);
-  if (op == "~") return Value::string(py_str(l) + py_str(r));
+  if (op == "~") {
+    std::string a = py_str(l), b = py_str(r);
+    check_string_size(a.size() + b.size());
+    return Value::string(std::move(a) + b);
+  }
   return with_position(*this, e, [&]() -> Value {
     if (l.is_undefined()) undefined_error(l);
     if (r.is_undefined()) undefined_error(r);
@@ -214,7 +218,10 @@ Value Evaluator::eval_binary(const Expr& e) {
       return bad();
     }
     if (op == "+") {
-      if (l.is_string() && r.is_string()) return Value::string(l.s + r.s);
+      if (l.is_string() && r.is_string()) {
+        check_string_size(l.s.size() + r.s.size());
+        return Value::string(l.s + r.s);
+      }
       if (l.is_list() && r.is_list()) {
         ValueList out = *l.list;
         out.insert(out.end(), r.list->begin(), r.list->end());

@@ -132,7 +132,12 @@ std::string py_float_repr(double d) {
   return out;
 }
 
+void check_string_size(size_t n) {
+  if (n > kMaxStringBytes) fail("a string of more than ", kMaxStringBytes >> 20, " MiB");
+}
+
 static std::string repr_string(const std::string& s) {
+  check_string_size(2 * s.size());  // escaping at most doubles it
   char q = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
   std::string out(1, q);
   for (char32_t c : utf8_decode(s)) {
