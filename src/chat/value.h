@@ -80,7 +80,7 @@ const char* kind_name(Kind k);
 
 // Python semantics.
 // The largest string a render may build (concatenation, repr); past it is an error.
-constexpr size_t kMaxStringBytes = size_t(64) << 20;
+constexpr size_t kMaxStringBytes = size_t(16) << 20;
 // Error when a string of n bytes would pass kMaxStringBytes.
 void check_string_size(size_t n);
 std::string py_str(const Value& v);   // str(v): what {{ v }} prints (undefined prints "")

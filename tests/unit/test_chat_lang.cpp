@@ -406,9 +406,9 @@ TEST(ChatLangErrors, Budgets) {
             std::string::npos);
   EXPECT_NE(error_of("{{ 'ab' * 100000000 }}").find("sequence repetition too big"), std::string::npos);
   EXPECT_EQ(render("{{ 'ab' * 3 }}{{ ([1] * 2) | length }}"), "ababab2");
-  // repr of repr doubles the escapes each time: a string past 64 MiB is an error, not an OOM
+  // repr of repr doubles the escapes each time: a string past 16 MiB is an error, not an OOM
   EXPECT_NE(error_of("{% set ns = namespace(s='\\\\') %}{% for i in range(60) %}{% set ns.s = [ns.s] ~ '' %}{% endfor %}")
-                .find("a string of more than 64 MiB"),
+                .find("a string of more than 16 MiB"),
             std::string::npos);
   // a namespace stored in itself (directly, or through another) would print without end
   EXPECT_NE(error_of("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns }}").find("inside itself"), std::string::npos);
