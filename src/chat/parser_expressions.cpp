@@ -20,6 +20,7 @@ ExprPtr Parser::parse_tuple() {
 }
 
 ExprPtr Parser::parse_expression() {
+  Nest guard(*this, cur());
   ExprPtr e = parse_or();
   while (is_name("if")) {
     const Token& at = next();
@@ -63,6 +64,7 @@ ExprPtr Parser::parse_and() {
   return l;
 }
 ExprPtr Parser::parse_not() {
+  Nest guard(*this, cur());
   if (is_name("not")) {
     const Token& at = next();
     auto u = expr_node(ExprKind::Unary, at);
@@ -133,6 +135,7 @@ ExprPtr Parser::parse_pow() {
   return l;
 }
 ExprPtr Parser::parse_unary(bool with_filter) {
+  Nest guard(*this, cur());
   ExprPtr node;
   if (is_op("-") || is_op("+")) {
     const Token& at = next();

@@ -32,6 +32,20 @@ class Parser {
   size_t p_ = 0;
   int loop_depth_ = 0;
   std::vector<const Token*> open_stack_;  // keywords of the block statements being parsed
+  // Expressions and blocks nest at most kMaxNesting deep: the parser and the evaluator recurse on
+  // them (a template from a download must not overflow the stack).
+  static constexpr int kMaxNesting = 200;
+  int nest_ = 0;
+  struct Nest {
+    Parser& p;
+    Nest(Parser& parser, const Token& at) : p(parser) {
+      if (++p.nest_ > kMaxNesting) {
+        --p.nest_;
+        p.error(at, "expression nested more than 200 levels deep");
+      }
+    }
+    ~Nest() { --p.nest_; }
+  };
 
   const Token& cur() const { return t_[p_]; }
   const Token& peek(size_t k = 1) const { return t_[std::min(p_ + k, t_.size() - 1)]; }

@@ -71,6 +71,7 @@ void Parser::parse_statement(Body& out) {
   if (kw.type != Tok::Name) error(kw, "expected a statement name after '{%', got " + describe(kw));
   const std::string k = kw.text;
   std::string end;
+  if (open_stack_.size() >= size_t(kMaxNesting)) error(kw, "blocks nested more than 200 levels deep");
   open_stack_.push_back(&kw);
   parse_statement_body(kw, k, end, out);
   open_stack_.pop_back();

@@ -406,6 +406,14 @@ TEST(ChatLangErrors, Budgets) {
             std::string::npos);
   EXPECT_NE(error_of("{{ 'ab' * 100000000 }}").find("sequence repetition too big"), std::string::npos);
   EXPECT_EQ(render("{{ 'ab' * 3 }}{{ ([1] * 2) | length }}"), "ababab2");
+  // nesting deep enough to overflow the stack of a recursive parser or evaluator is an error
+  EXPECT_NE(error_of("{{ " + std::string(5000, '+') + "1 }}").find("nested more than 200 levels"), std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nested more than 200"),
+            std::string::npos);
+  std::string deep;
+  for (int i = 0; i < 300; ++i) deep += "{% if true %}";
+  EXPECT_NE(error_of(deep).find("blocks nested more than 200 levels deep"), std::string::npos);
+  EXPECT_EQ(render("{{ -(-(+1)) }}{{ not not true }}"), "1True");
   // repr of repr doubles the escapes each time: a string past 16 MiB is an error, not an OOM
   EXPECT_NE(error_of("{% set ns = namespace(s='\\\\') %}{% for i in range(60) %}{% set ns.s = [ns.s] ~ '' %}{% endfor %}")
                 .find("a string of more than 16 MiB"),
