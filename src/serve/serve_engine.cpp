@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "runtime/batch_runner.h"
+#include "runtime/stop_text.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nf4flash::serve {
@@ -32,30 +33,13 @@ void SeqHandle::push(SeqEvent e) {
 // A running sequence's text state (engine thread only).
 struct ServeEngine::Live {
   Live(std::shared_ptr<SeqHandle> h, const Tokenizer& tok, std::vector<std::string> stop)
-      : handle(std::move(h)), stream(tok, true), stop(std::move(stop)) {}
+      : handle(std::move(h)), text(tok, std::move(stop)) {}
   std::shared_ptr<SeqHandle> handle;
-  StreamDecoder stream;
-  std::vector<std::string> stop;
-  std::string text;  // decoded so far
-  size_t sent = 0;   // bytes of text pushed to the handle
-  bool stopped = false;
+  StopText text;
+  size_t sent = 0;  // bytes of the text pushed to the handle
   int64_t tokens = 0;
   Clock::time_point submitted, last_token;
 };
-
-namespace {
-// Bytes at the end of `text` that could be the start of one of the stop strings.
-size_t held_back(const std::string& text, const std::vector<std::string>& stop) {
-  size_t hold = 0;
-  for (const std::string& s : stop)
-    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
-      if (text.compare(text.size() - n, n, s, 0, n) == 0) {
-        hold = n;
-        break;
-      }
-  return hold;
-}
-}  // namespace
 
 
 ServeEngine::~ServeEngine() {
@@ -127,27 +111,18 @@ bool ServeEngine::on_token(int64_t id, int32_t t) {
   else metrics_.next_token(std::chrono::duration<double>(now - q.last_token).count());
   q.last_token = now;
   ++q.tokens;
-  size_t longest = 0;
-  for (const std::string& s : q.stop) longest = std::max(longest, s.size());
-  const size_t from = q.text.size() + 1 > longest ? q.text.size() + 1 - longest : 0;
-  q.text += q.stream.push(t);
-  size_t cut = std::string::npos;
-  for (const std::string& s : q.stop) cut = std::min(cut, q.text.find(s, from));
+  const bool stopped = q.text.push(t);
   SeqEvent ev;
   ev.tokens = q.tokens;
   ev.ids.push_back(t);
   if (const TokenLogprobs* lp = runner_->step_logprobs(id)) ev.logprobs.push_back(*lp);
-  if (cut != std::string::npos) {
-    q.text.resize(cut);
-    q.stopped = true;
-  }
-  const size_t ready = q.stopped ? q.text.size() : q.text.size() - held_back(q.text, q.stop);
+  const size_t ready = q.text.ready();
   if (ready > q.sent) {
-    ev.delta = q.text.substr(q.sent, ready - q.sent);
+    ev.delta = q.text.text().substr(q.sent, ready - q.sent);
     q.sent = ready;
   }
   q.handle->push(std::move(ev));
-  return !q.stopped;
+  return !stopped;
 }
 
 void ServeEngine::loop() {
@@ -207,14 +182,12 @@ void ServeEngine::loop() {
       auto it = live.find(b.id);
       if (it == live.end()) continue;
       Live& q = it->second;
-      if (!q.stopped) {  // the held-back text and what the decoder still holds
-        q.text += q.stream.flush();
-        if (q.text.size() > q.sent) {
-          SeqEvent tail;
-          tail.tokens = q.tokens;
-          tail.delta = q.text.substr(q.sent);
-          q.handle->push(std::move(tail));
-        }
+      q.text.flush();  // the held-back text and what the decoder still holds (nothing once stopped)
+      if (q.text.text().size() > q.sent) {
+        SeqEvent tail;
+        tail.tokens = q.tokens;
+        tail.delta = q.text.text().substr(q.sent);
+        q.handle->push(std::move(tail));
       }
       SeqEvent ev;
       ev.finished = true;

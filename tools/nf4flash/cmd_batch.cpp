@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "model_flags.h"
 #include "runtime/batch_runner.h"
+#include "runtime/stop_text.h"
 #include "text_io.h"
 #include "tokenizer/tokenizer.h"
 
@@ -52,14 +53,11 @@ GenerateOptions request_options(const GenerateOptions& dflt, const BatchJob& j) 
   return g;
 }
 
-// A running request's text state: its completion decoded so far and, once a stop string appears,
-// the text before it.
+// A running request and its text (stop strings matched as it is generated).
 struct Running {
-  Running(const BatchJob& j, const Tokenizer& tok) : job(&j), stream(tok, true) {}
+  Running(const BatchJob& j, const Tokenizer& tok) : job(&j), text(tok, j.stop) {}
   const BatchJob* job;
-  StreamDecoder stream;
-  std::string text;
-  std::optional<std::string> stopped_text;
+  StopText text;
 };
 
 int run_batch(const BatchArgs& a) {
@@ -88,17 +86,7 @@ int run_batch(const BatchArgs& a) {
   o.sched.max_context = INT64_MAX / 4;  // the engine's context size caps it
   o.on_token = [&](int64_t id, int32_t t) {
     Running& r = running.at(id);
-    if (r.job->stop.empty()) return true;
-    // a stop string not found before this token can only appear ending in the new text
-    size_t longest = 0;
-    for (const std::string& s : r.job->stop) longest = std::max(longest, s.size());
-    const size_t from = r.text.size() + 1 > longest ? r.text.size() + 1 - longest : 0;
-    r.text += r.stream.push(t);
-    size_t cut = std::string::npos;
-    for (const std::string& s : r.job->stop) cut = std::min(cut, r.text.find(s, from));
-    if (cut == std::string::npos) return true;
-    r.stopped_text = r.text.substr(0, cut);
-    return false;
+    return r.job->stop.empty() || !r.text.push(t);
   };
   BatchRunner runner(*engine, o);
   const GenerateOptions dflt = a.sampling.to_options();
@@ -132,7 +120,7 @@ int run_batch(const BatchArgs& a) {
       Running& r = running.at(b.id);
       BatchResult res;
       res.id = r.job->id;
-      res.text = r.stopped_text ? *r.stopped_text : tok->decode(b.tokens, true);
+      res.text = r.text.stopped() ? r.text.text() : tok->decode(b.tokens, true);
       res.completion_tokens = int64_t(b.tokens.size());
       res.prompt_tokens = b.prompt_tokens;
       res.finish_reason = b.finish_reason;
