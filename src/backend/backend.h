@@ -251,6 +251,9 @@ class Backend {
     fail("gather_rows (batched sequences) is not supported by the ", name(), " backend yet");
   }
   virtual const KVCacheDesc& kv_desc() const = 0;
+  // Changes whenever the KV cache is allocated again (kv_allocate, kv_allocate_paged): a captured
+  // step holds the cache's addresses and is valid only for the epoch it was captured in.
+  int64_t kv_epoch() const { return kv_epoch_; }
   virtual size_t kv_bytes() const = 0;
 
   // Which attention implementations can serve this request; empty string = yes, else why not.
@@ -300,6 +303,9 @@ class Backend {
   // the host (CUDA); a CPU step runs inside the call, so queuing one ahead only adds a step
   // computed in vain when generation stops (the engine may still be told to, for its tests).
   virtual bool pipelines_decode() const { return false; }
+
+ protected:
+  int64_t kv_epoch_ = 0;  // incremented by every kv_allocate
 };
 
 struct CpuBackendOptions {

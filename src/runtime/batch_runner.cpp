@@ -47,7 +47,6 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
   pool_ = std::make_unique<KvBlockPool>(n_blocks, o.block_size);
   im.be->kv_allocate_paged(im.be->kv_desc(), n_blocks, o.block_size);  // Error naming the backend without it
   im.kv_tokens.clear();
-  im.graph_id = -1;  // a captured decode step holds the old cache's addresses
   kv_ = std::make_unique<PoolAdmission>(*pool_);
   sched_ = std::make_unique<Scheduler>(c, *kv_);
 }
@@ -58,7 +57,6 @@ BatchRunner::~BatchRunner() {
   KVCacheDesc d = im.be->kv_desc();
   d.capacity = im.ctx;
   im.be->kv_allocate(d);
-  im.graph_id = -1;
 }
 
 SubmitResult BatchRunner::submit(BatchRequest r) {

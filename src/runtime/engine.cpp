@@ -68,9 +68,11 @@ void Engine::Impl::run_step(int64_t pos) {
   NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
   Act lg = logits_act(1).slice_rows(0, 1);
   if (opts.graphs && be->graphs_supported()) {
-    if (graph_id >= 0 && graph_ws_epoch != dec->workspace_epoch()) graph_id = -1;  // workspace reallocated
+    // the captured step holds the workspace's and the KV cache's addresses: recapture when either moved
+    if (graph_id >= 0 && (graph_ws_epoch != dec->workspace_epoch() || graph_kv_epoch != be->kv_epoch())) graph_id = -1;
     if (graph_id < 0) {
       graph_ws_epoch = dec->workspace_epoch();
+      graph_kv_epoch = be->kv_epoch();
       state.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
       be->capture_begin();
       dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);

@@ -32,6 +32,7 @@ struct Engine::Impl {
   int64_t logits_rows = 0;
   int graph_id = -1;
   int64_t graph_ws_epoch = -1;  // the decoder workspace the captured step uses
+  int64_t graph_kv_epoch = -1;  // and the KV cache (Backend::kv_epoch)
   StepState state;
   // Tokens whose K/V occupy cache positions [0, size): what generate() may reuse. Anything else
   // that writes the cache (score, bench) clears it.

@@ -168,7 +168,6 @@ TEST_P(GpuBatch, PagedStepsMatchGoldens) {
   KVCacheDesc d = im.be->kv_desc();
   d.capacity = im.ctx;
   im.be->kv_allocate(d);
-  im.graph_id = -1;
 }
 
 TEST_P(GpuBatch, BatchRunnerTokensEqualEachAlone) {

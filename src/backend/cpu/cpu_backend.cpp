@@ -227,6 +227,7 @@ class CpuBackend final : public Backend {
   }
 
   void kv_allocate(const KVCacheDesc& d) override {
+    ++kv_epoch_;
     kv_ = d;
     kv_.dtype = DType::F32;
     paged_ = false;

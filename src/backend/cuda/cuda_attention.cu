@@ -143,6 +143,7 @@ void CudaBackend::attention_eager_run(const AttnArgs& a, int64_t pos0_host) {
 }
 
 void CudaBackend::kv_allocate(const KVCacheDesc& d) {
+  ++kv_epoch_;
   NF4FLASH_CHECK(d.dtype == DType::F32 || d.dtype == DType::BF16 || d.dtype == DType::F16,
                  "KV cache dtype ", dtype_name(d.dtype), " not supported on CUDA");
   k_cache_.reset();
