@@ -2,7 +2,8 @@
 // 8 kv heads of 128) as the decoder issues them, through the backend's default path: one weight
 // (Backend::linear: q/o 4096x4096, k/v 1024x4096, gate/up 14336x4096, down 4096x14336), q/k/v in
 // one call (linear_multi), gate + up + SiLU (linear_swiglu) and down with the residual add
-// (linear_residual). 4-bit weights (nf4 and nf4-dq: the decode GEMV) at T = 1, 2, 4, 8 rows; bf16
+// (linear_residual). 4-bit weights (nf4 and nf4-dq: the decode GEMV) at T = 1, 2, 4, 8 rows, and
+// nf4-dq at T = 16, 32, 64 (a batched decode step's rows: the skinny GEMM); bf16
 // weights (the dense GEMV) at T = 1, and the bf16 lm_head 128256x4096 with f32 logits. Bytes: the
 // weights' resident bytes plus the activations read and written (us, GB/s, % of copy).
 #include <algorithm>
@@ -121,6 +122,8 @@ void q4_rows(Context& c, bool dq) {
     for (WeightSet& s : sets)
       for (const auto& h : host) s.push_back(c.be.upload_quant4(h));
     for (int T : {1, 2, 4, 8}) time_case(c, k, format, sets, T);
+    if (dq)
+      for (int T : {16, 32, 64}) time_case(c, k, format, sets, T);
   }
 }
 

@@ -6,7 +6,8 @@
 //
 //   NF4FLASH_PDL                    0|1          programmatic dependent launch (CC >= 9.0)
 //   NF4FLASH_GEMV_MAX_ROWS          0..256       4-bit linears of up to this many rows take a GEMV
-//   NF4FLASH_Q4_GEMM                auto|fused|dequant   4-bit products above the GEMV rows
+//   NF4FLASH_Q4_SKINNY_MAX_ROWS     0..64        auto: the skinny 4-bit GEMM above the GEMV rows up to this
+//   NF4FLASH_Q4_GEMM                auto|fused|dequant   4-bit products above the GEMV (and skinny) rows
 //   NF4FLASH_Q4GEMM_FUSED_MAX_ROWS  0..1048576   rows up to which auto takes the fused GEMM
 //   NF4FLASH_DEQUANT_CHUNK_MB       0..4096      dequantize + cuBLAS in row chunks of this size
 //   NF4FLASH_FLASH_KERNEL           auto|mma|wgmma       the prompt flash kernel
@@ -25,6 +26,9 @@ enum class FlashKernelChoice : uint8_t { Auto, Mma, Wgmma };
 struct CudaTuning {
   bool pdl = true;
   int gemv_max_rows = 8;  // launchers.h kGemvMaxRows: why 8
+  // auto only: rows gemv_max_rows+1 .. this take the skinny GEMM (0: none). 32: on the H100 it beat
+  // the fused GEMM at 16 and 32 rows (14336x4096: 23.3 / 30.5 us against ~36) but not at 64 (47.2)
+  int q4_skinny_max_rows = 32;
   Q4GemmMode q4_gemm = Q4GemmMode::Auto;
   int64_t q4_fused_max_rows = 512;
   int dequant_chunk_mb = 32;

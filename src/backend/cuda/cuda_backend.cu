@@ -13,6 +13,7 @@ CudaBackend::CudaBackend(const CudaBackendOptions& o)
   NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
                  "--compute-dtype: ", dtype_name(act_), " is not supported on CUDA (bf16, f16, f32)");
   NF4FLASH_CHECK(tuning_.gemv_max_rows >= 0 && tuning_.gemv_max_rows <= 256 && tuning_.q4_fused_max_rows >= 0 &&
+                     tuning_.q4_skinny_max_rows >= 0 && tuning_.q4_skinny_max_rows <= kQ4SkinnyMaxRows &&
                      tuning_.dequant_chunk_mb >= 0 && tuning_.stack_bytes >= 0,
                  "CudaTuning: a row count or size is out of range");
   set_pdl_requested(tuning_.pdl);

@@ -28,6 +28,8 @@ using namespace cuda;
 enum class LinearPlan : uint8_t {
   Q4Decode,       // 4-bit, 1..8 rows: gemv_q4_decode (q/k/v, gate+up+SiLU, residual and norm fused)
   Q4Gemv,         // 4-bit, 9..gemv_max_rows rows: gemv_q4 in launches of 8 rows
+  Q4Skinny,       // 4-bit, auto mode, up to q4_skinny_max_rows rows: the skinny GEMM (mma.sync; q/k/v and
+                  // gate+up one launch each)
   Q4FusedGemm,    // 4-bit, up to q4_fused_max_rows rows: the fused wgmma GEMM (sm_90a)
   Q4DequantGemm,  // 4-bit, more rows (or f32 compute): dequantize (in row chunks) + cublasGemmEx
   DenseGemv,      // dense (and 4-bit dequantized at load), 1..8 rows: gemv_dense / gemv_dense_multi
@@ -176,6 +178,11 @@ class CudaBackend : public Backend {
   bool decode_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4DecodeArgs& a) const;
   bool norm_fusable(const Weight& w, int64_t rows) const;
   bool gemm_q4_multi_args(Act x, const Weight* const* ws, int n, GemmQ4MultiArgs& a) const;
+  // The skinny GEMM's arguments for n weights sharing x (all planned Q4Skinny, same quantization
+  // parameters; outputs and biases left to the caller); false when they cannot share one launch.
+  bool skinny_args(Act x, const Weight* const* ws, int n, GemmQ4SkinnyArgs& a) const;
+  // Its launch, with the workspace grown to what it needs first (outside graph capture).
+  void run_skinny(GemmQ4SkinnyArgs& a);
   bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out);
   void dense_gemv(const CudaDense& d, Act x, const float* bias, Act out);
   Q4SplitWs split_ws() const;
@@ -228,6 +235,10 @@ class CudaBackend : public Backend {
   // Allocated at the first fused GEMM (never inside a captured step).
   static constexpr int64_t kSplitWsFloats = int64_t(4) << 20, kSplitTickets = 1024;
   mutable std::unique_ptr<CudaBuffer> split_ws_, split_tickets_;
+  // The skinny GEMM's workspace (kernels/gemm_q4_skinny.cuh): slots of the units cut between blocks
+  // and a zeroed counter per unit, grown to the largest launch so far (Llama-3-8B at 64 rows, gate
+  // and up: 224 units + 132 blocks x 64 KiB).
+  std::unique_ptr<CudaBuffer> skinny_ws_, skinny_tickets_;
 
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;

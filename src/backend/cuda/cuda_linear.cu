@@ -15,6 +15,8 @@ LinearPlan CudaBackend::plan(const Weight& w, int64_t rows) const {
     const bool gemv = act_ != DType::F32 && rows <= tuning_.gemv_max_rows;
     if (gemv && rows <= kGemvMaxRows) return LinearPlan::Q4Decode;
     if (gemv) return LinearPlan::Q4Gemv;
+    if (act_ != DType::F32 && tuning_.q4_gemm == Q4GemmMode::Auto && rows <= tuning_.q4_skinny_max_rows)
+      return LinearPlan::Q4Skinny;
     if (q4_gemm_fused_ && rows <= q4_fused_max_rows_) return LinearPlan::Q4FusedGemm;
     return LinearPlan::Q4DequantGemm;
   }
@@ -115,6 +117,41 @@ bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, Gemm
 }
 
 // ---- decode GEMVs ---------------------------------------------------------------------------------
+
+bool CudaBackend::skinny_args(Act x, const Weight* const* ws, int n, GemmQ4SkinnyArgs& a) const {
+  if (n < 1 || n > 3) return false;
+  const CudaQ4* q0 = nullptr;
+  for (int i = 0; i < n; ++i) {
+    const CudaQ4* q = tiled_q4(*ws[i]);
+    if (!q || plan(*q, x.rows) != LinearPlan::Q4Skinny || (q0 && !same_q4_params(*q0, *q))) return false;
+    if (!q0) q0 = q;
+    a.w[i] = &q->dev;
+  }
+  a.nseg = n;
+  a.x = x.data;
+  a.act = act_;
+  a.T = int(x.rows);
+  return true;
+}
+
+void CudaBackend::run_skinny(GemmQ4SkinnyArgs& a) {
+  const GemmQ4SkinnyWs need = gemm_q4_skinny_ws_needed(a);
+  if (!skinny_ws_ || skinny_ws_->bytes() < size_t(need.floats) * 4 ||
+      skinny_tickets_->bytes() < size_t(need.n_tickets) * 4) {
+    NF4FLASH_CHECK(!capturing_, "skinny 4-bit GEMM: its workspace must be allocated before graph capture");
+    sync();  // a launch in flight may still use the old buffers
+    const size_t floats = std::max(size_t(need.floats), skinny_ws_ ? skinny_ws_->bytes() / 4 : 0);
+    const size_t tickets = std::max(size_t(need.n_tickets), skinny_tickets_ ? skinny_tickets_->bytes() / 4 : 0);
+    skinny_ws_.reset();
+    skinny_tickets_.reset();
+    skinny_ws_ = std::make_unique<CudaBuffer>(floats * 4);
+    skinny_tickets_ = std::make_unique<CudaBuffer>(tickets * 4);
+    CUDA_CHECK(cudaMemsetAsync(skinny_tickets_->data(), 0, skinny_tickets_->bytes(), stream_));
+  }
+  a.ws = {static_cast<float*>(skinny_ws_->data()), int64_t(skinny_ws_->bytes() / 4),
+          static_cast<int*>(skinny_tickets_->data()), int64_t(skinny_tickets_->bytes() / 4)};
+  gemm_q4_skinny(a, stream_);
+}
 
 // The decode GEMV's arguments every form shares: x, its rows, the compute dtype.
 static GemvQ4DecodeArgs decode_base(Act x, DType act) {
@@ -270,6 +307,15 @@ void CudaBackend::linear(Act x, const Weight& w, const Weight* bias, Act out) {
         gemv_q4(a, stream_);
       }
       return;
+    case LinearPlan::Q4Skinny: {
+      GemmQ4SkinnyArgs a;
+      const Weight* ws[1] = {&w};
+      NF4FLASH_CHECK(skinny_args(x, ws, 1, a), "linear: the skinny 4-bit GEMM rejected its own plan");
+      a.bias[0] = b;
+      a.out[0] = out.data;
+      a.out_dtype = out.dtype;
+      return run_skinny(a);
+    }
     case LinearPlan::Q4FusedGemm: {
       GemmQ4Args a;
       a.w = &q->dev;
@@ -311,6 +357,16 @@ void CudaBackend::linear_multi(Act x, const LinearOut* outs, int n) {
     for (int i = 0; i < n; ++i) {
       ws[i] = outs[i].w;
       same_dtype = same_dtype && outs[i].out.dtype == act_;
+    }
+    GemmQ4SkinnyArgs k;
+    if (same_dtype && skinny_args(x, ws, n, k)) {
+      for (int i = 0; i < n; ++i) {
+        check_linear(x, *outs[i].w, outs[i].out);
+        k.bias[i] = outs[i].bias ? vec_f32(*outs[i].bias, outs[i].w->rows(), "linear bias") : nullptr;
+        k.out[i] = outs[i].out.data;
+      }
+      k.out_dtype = act_;
+      return run_skinny(k);
     }
     GemmQ4MultiArgs g;
     if (same_dtype && gemm_q4_multi_args(x, ws, n, g)) {
@@ -403,6 +459,18 @@ void CudaBackend::linear_swiglu(Act x, const Weight& gate, const Weight* bg, con
     // the fused GEMM over gate and up in one launch into g_tmp and out, then silu_mul (what linear
     // + linear + silu_mul give, bit for bit)
     const Weight* ws[2] = {&gate, &up};
+    GemmQ4SkinnyArgs k;
+    if (out.dtype == act_ && g_tmp.dtype == act_ && skinny_args(x, ws, 2, k)) {
+      check_linear(x, gate, g_tmp);
+      check_linear(x, up, out);
+      k.bias[0] = bg ? vec_f32(*bg, gate.rows(), "gate bias") : nullptr;
+      k.bias[1] = bu ? vec_f32(*bu, up.rows(), "up bias") : nullptr;
+      k.out[0] = g_tmp.data;
+      k.out[1] = out.data;
+      k.out_dtype = act_;
+      run_skinny(k);
+      return silu_mul(g_tmp, out, out);
+    }
     GemmQ4MultiArgs a;
     if (out.dtype == act_ && g_tmp.dtype == act_ && gemm_q4_multi_args(x, ws, 2, a)) {
       check_linear(x, gate, g_tmp);
@@ -438,6 +506,9 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
     case LinearPlan::Q4Gemv:
       return cat("gemv_q4 ", qn, " x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows (tile16x64, ", act,
                  " mma, f32 accum)");
+    case LinearPlan::Q4Skinny:
+      return cat("gemm_q4_skinny ", qn, " (tile16x64, ", act, " mma.sync, f32 accum, stream-K over all SMs; q/k/v one "
+                 "launch, gate+up one launch + silu_mul)");
     case LinearPlan::Q4FusedGemm:
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q4->dev.RT + 7) / 8),
                  ", codes decoded to ", act, " in registers, f32 accum; last partial wave split along K; q/k/v one "

@@ -128,6 +128,32 @@ void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& a, cudaStream_t st);
 // (e.g. "ws-n128s6": warp-specialized, 128 tokens a block, 6 stages), for the reported path.
 std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks);
 
+// The skinny 4-bit GEMM (kernels/gemm_q4_skinny.cuh): the batched decode step's linears,
+// out[i] = x W_i^T + bias[i] for up to 3 weights sharing x, cols and quantization parameters (the
+// nested code table of w[0] serves all), T <= kQ4SkinnyMaxRows rows, the decode GEMV's arithmetic.
+// Its workspace: f32 slots for the units cut between blocks and one counter per unit (zeroed at
+// allocation; every launch leaves them zero); gemm_q4_skinny_ws_needed says how much a launch needs.
+constexpr int kQ4SkinnyMaxRows = 64;
+struct GemmQ4SkinnyWs {
+  float* partial = nullptr;
+  int64_t floats = 0;
+  int* tickets = nullptr;
+  int64_t n_tickets = 0;
+};
+struct GemmQ4SkinnyArgs {
+  int nseg = 1;
+  const Q4Device* w[3] = {};
+  const float* bias[3] = {};
+  void* out[3] = {};
+  const void* x = nullptr;        // [T, cols]
+  DType act = DType::BF16;
+  int T = 1;
+  DType out_dtype = DType::BF16;  // act or F32
+  GemmQ4SkinnyWs ws;
+};
+GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& a);  // sizes only, no pointers
+void gemm_q4_skinny(const GemmQ4SkinnyArgs& a, cudaStream_t st);
+
 struct GemvDenseArgs {
   const void* w = nullptr;   // [N, K]
   DType w_dtype = DType::BF16;

@@ -1,0 +1,122 @@
+// Launcher of the skinny 4-bit GEMM (kernels/gemm_q4_skinny.cuh): the configuration by row count,
+// the grid (one block per multiprocessor, stream-K ranges) and the workspace it needs.
+#include <algorithm>
+
+#include "backend/cuda/kernels/gemm_q4_skinny.cuh"
+
+namespace nf4flash::cuda {
+
+namespace {
+
+// Configuration by token tiles: R row tiles per warp, D steps in the register ring.
+constexpr int kSkinnyR = 2;
+constexpr int skinny_depth(int nt) { return nt >= 8 ? 3 : 4; }
+int skinny_nt(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
+
+int64_t skinny_units(const GemmQ4SkinnyArgs& g) {
+  int64_t u = 0;
+  for (int s = 0; s < g.nseg; ++s) u += (g.w[s]->RT + kSkinnyW * kSkinnyR - 1) / (kSkinnyW * kSkinnyR);
+  return u;
+}
+
+int skinny_grid(const GemmQ4SkinnyArgs& g) {
+  const int64_t steps = skinny_units(g) * g.w[0]->KT;
+  return int(std::min<int64_t>(steps, device_sm_count()));
+}
+
+template <typename TA, bool DQ, int NT>
+void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  constexpr int D = skinny_depth(NT);
+  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, kSkinnyR, D>;
+  static const bool attr_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQ4LutBytes));
+    return true;
+  }();
+  (void)attr_set;
+  const Q4Device& w0 = *g.w[0];
+  Q4SkinnyArgs k{};
+  int64_t units = 0;
+  for (int s = 0; s < g.nseg; ++s) {
+    const Q4Device& w = *g.w[s];
+    Q4SkinnySeg& q = k.seg[s];
+    q.tiles = w.tiles;
+    q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
+    q.nested_absmax = w.nested_absmax;
+    q.offset = w.offset;
+    q.bias = g.bias[s];
+    q.out = g.out[s];
+    q.rows = w.rows;
+    q.RT = int(w.RT);
+    units += (w.RT + kSkinnyW * kSkinnyR - 1) / (kSkinnyW * kSkinnyR);
+    k.unit_end[s] = int(units);
+  }
+  for (int i = 0; i < 16; ++i) k.code[i] = w0.code[i];
+  k.nested_code = w0.nested_code;
+  k.x = g.x;
+  k.cols = w0.cols;
+  k.KT = int(w0.KT);
+  k.units = int(units);
+  k.nseg = g.nseg;
+  k.T = g.T;
+  k.out_f32 = g.out_dtype == DType::F32;
+  k.log2_blocksize = w0.log2_blocksize;
+  k.log2_nested = w0.log2_nested;
+  const int grid = skinny_grid(g);
+  const GemmQ4SkinnyWs need = gemm_q4_skinny_ws_needed(g);
+  NF4FLASH_CHECK(g.ws.partial && g.ws.floats >= need.floats && g.ws.tickets && g.ws.n_tickets >= need.n_tickets,
+                 "gemm_q4_skinny: workspace of ", g.ws.floats, " floats / ", g.ws.n_tickets, " counters, needs ",
+                 need.floats, " / ", need.n_tickets);
+  k.partial = g.ws.partial;
+  k.tickets = g.ws.tickets;
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(kQ4LutBytes), st, k);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, bool DQ>
+void launch_skinny_nt(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  switch (skinny_nt(g.T)) {
+    case 2: return launch_skinny<TA, DQ, 2>(g, st);
+    case 4: return launch_skinny<TA, DQ, 4>(g, st);
+    default: return launch_skinny<TA, DQ, 8>(g, st);
+  }
+}
+
+}  // namespace
+
+GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& g) {
+  const int64_t slice = int64_t(kSkinnyR) * skinny_nt(g.T) * 4 * kSkinnyW * 32;
+  const int64_t units = skinny_units(g);
+  GemmQ4SkinnyWs r;
+  r.floats = (units + skinny_grid(g)) * slice;
+  r.n_tickets = units;
+  return r;
+}
+
+void gemm_q4_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  NF4FLASH_CHECK(g.T >= 1 && g.T <= kQ4SkinnyMaxRows, "gemm_q4_skinny: T=", g.T, " outside 1..", kQ4SkinnyMaxRows);
+  NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kSkinnyMaxSegs, "gemm_q4_skinny: ", g.nseg, " weights (1..", kSkinnyMaxSegs, ")");
+  const Q4Device& w0 = *g.w[0];
+  for (int s = 1; s < g.nseg; ++s) {
+    const Q4Device& w = *g.w[s];
+    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
+                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
+                   "gemm_q4_skinny: weights of one launch need the same columns and quantization parameters");
+  }
+  NF4FLASH_CHECK(int64_t(g.T) * w0.cols < (int64_t(1) << 31), "gemm_q4_skinny: x of ", g.T, " x ", w0.cols,
+                 " elements (32-bit offsets)");
+  NF4FLASH_CHECK(w0.cols % 64 == 0 && w0.KT * 64 == w0.cols, "gemm_q4_skinny: cols ", w0.cols, " not a multiple of 64");
+  NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_skinny: output dtype ",
+                 dtype_name(g.out_dtype), " (the compute dtype or f32)");
+  const bool dq = w0.double_quant;
+  if (g.act == DType::BF16) {
+    if (dq) launch_skinny_nt<__nv_bfloat16, true>(g, st);
+    else launch_skinny_nt<__nv_bfloat16, false>(g, st);
+  } else if (g.act == DType::F16) {
+    if (dq) launch_skinny_nt<__half, true>(g, st);
+    else launch_skinny_nt<__half, false>(g, st);
+  } else {
+    fail("gemm_q4_skinny: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+  }
+}
+
+}  // namespace nf4flash::cuda

@@ -1,0 +1,132 @@
+// The skinny 4-bit GEMM (9..64 rows: the batched decode step's linears) against the CPU f32 backend:
+// linear (one weight, bias, f32 and 16-bit output), linear_multi (q/k/v in one launch) and
+// linear_swiglu (gate and up in one launch + silu_mul), at 9..64 tokens (2, 4 and 8 token tiles,
+// ragged), NF4/FP4, plain and double-quant absmax, ragged rows (row tiles past the weight), and
+// launches where units are cut between blocks (stream-K slots summed by the last block) or not.
+// Every launch runs twice and must give bit-identical results (the counters reset themselves);
+// the path names say which rows take it.
+#include "backend/cuda/launchers.h"
+#include "core/error.h"
+#include "ops/cuda_test_util.h"
+#include "quant/blockwise.h"
+
+namespace nf4flash::test {
+namespace {
+
+// The skinny GEMM up to its largest row count (the default stops at 32)
+CudaTuning skinny64() {
+  return tuning_with([](CudaTuning& t) { t.q4_skinny_max_rows = 64; });
+}
+
+struct SkCase {
+  QuantType type;
+  bool dq;
+  std::vector<int64_t> N;  // one weight: linear; more: linear_multi
+  int64_t K, T;
+  bool bias, out_f32 = false;
+};
+
+void run_skinny(DType dt, const SkCase& c) {
+  Backends b(dt, skinny64());
+  std::vector<QW> ws;
+  for (size_t i = 0; i < c.N.size(); ++i) ws.push_back(make_q4(b, dt, c.type, c.dq, c.N[i], c.K, c.bias && i != 1));
+  const std::string path = b.gpu->linear_path(*ws[0].gpu, c.T);
+  ASSERT_NE(path.find("gemm_q4_skinny"), std::string::npos) << path;
+  SCOPED_TRACE(cat(quant_type_name(c.type), c.dq ? "-dq" : "", " N0=", c.N[0], " K=", c.K, " T=", c.T,
+                   c.out_f32 ? " f32 out" : "", " ", dtype_name(dt)));
+  auto X = rounded(randn(size_t(c.T * c.K)), dt);
+  DevAct xc(*b.cpu, c.T, c.K), xg(*b.gpu, c.T, c.K);
+  xc.set(X);
+  xg.set(X);
+  if (c.N.size() == 1) {
+    DevAct yc(*b.cpu, c.T, c.N[0]), yg(*b.gpu, c.T, c.N[0], c.out_f32 ? DType::F32 : dt);
+    yg.poison();
+    b.cpu->linear(xc.act, *ws[0].cpu, ws[0].bcpu.get(), yc.act);
+    b.gpu->linear(xg.act, *ws[0].gpu, ws[0].bgpu.get(), yg.act);
+    const auto once = yg.get();
+    EXPECT_LT(rel_err(once, yc.get()), c.out_f32 ? 5e-3 : 8e-3);
+    yg.poison();
+    b.gpu->linear(xg.act, *ws[0].gpu, ws[0].bgpu.get(), yg.act);
+    EXPECT_EQ(yg.get(), once) << "second launch differs";
+    return;
+  }
+  std::vector<std::unique_ptr<DevAct>> yc, yg;
+  auto oc = linear_outs(*b.cpu, ws, c.T, true, yc), og = linear_outs(*b.gpu, ws, c.T, false, yg);
+  b.cpu->linear_multi(xc.act, oc.data(), int(oc.size()));
+  b.gpu->linear_multi(xg.act, og.data(), int(og.size()));
+  std::vector<std::vector<float>> first;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    first.push_back(yg[i]->get());
+    EXPECT_LT(rel_err(first.back(), yc[i]->get()), 5e-3) << "segment " << i;
+  }
+  b.gpu->linear_multi(xg.act, og.data(), int(og.size()));
+  for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(yg[i]->get(), first[i]) << "second launch differs, segment " << i;
+}
+
+TEST(CudaSkinny, LinearAndMulti) {
+  NF4FLASH_REQUIRE_CUDA();
+  const SkCase cases[] = {
+      // units cut between blocks (16 units x 64 column tiles over every SM) and whole units
+      {QuantType::NF4, true, {4096}, 4096, 32, false},
+      {QuantType::NF4, true, {4096}, 14336, 64, true},
+      {QuantType::NF4, true, {14336}, 4096, 9, false},
+      {QuantType::NF4, true, {333}, 640, 17, true, true},   // ragged rows, one unit and a half
+      {QuantType::FP4, false, {1000}, 1024, 16, true},
+      {QuantType::NF4, false, {77}, 64, 40, true, true},    // one column tile, fewer steps than SMs
+      {QuantType::FP4, true, {2050}, 192, 33, false},
+      {QuantType::NF4, true, {4096, 1024, 1024}, 4096, 32, true},  // q/k/v
+      {QuantType::FP4, false, {2050, 512, 512}, 3072, 24, true},
+      {QuantType::NF4, true, {100, 37, 37}, 512, 64, false},
+  };
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const SkCase& c : cases) run_skinny(dt, c);
+}
+
+TEST(CudaSkinny, SwiGLU) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (auto [I, H, T, bias] : {std::tuple{int64_t{14336}, int64_t{4096}, int64_t{64}, false},
+                               std::tuple{int64_t{1000}, int64_t{512}, int64_t{40}, true},
+                               std::tuple{int64_t{200}, int64_t{128}, int64_t{12}, false}}) {
+    Backends b(DType::BF16, skinny64());
+    QW g = make_q4(b, DType::BF16, QuantType::NF4, true, I, H, bias), u = make_q4(b, DType::BF16, QuantType::NF4, true, I, H, bias);
+    auto X = rounded(randn(size_t(T * H)), DType::BF16);
+    DevAct xc(*b.cpu, T, H), xg(*b.gpu, T, H), tc(*b.cpu, T, I), tg(*b.gpu, T, I), oc(*b.cpu, T, I), og(*b.gpu, T, I);
+    xc.set(X);
+    xg.set(X);
+    og.poison();
+    b.cpu->linear_swiglu(xc.act, *g.cpu, g.bcpu.get(), *u.cpu, u.bcpu.get(), tc.act, oc.act);
+    b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, og.act);
+    const auto once = og.get();
+    EXPECT_LT(rel_err(once, oc.get()), 1e-2) << "I=" << I << " H=" << H << " T=" << T;
+    b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, og.act);
+    EXPECT_EQ(og.get(), once) << "second launch differs";
+  }
+}
+
+TEST(CudaSkinny, PathByRows) {
+  NF4FLASH_REQUIRE_CUDA();
+  auto q = random_quant4(64, 128, QuantType::NF4, true);
+  auto path = [&](const CudaTuning& t, int64_t rows) {
+    Backends b(DType::BF16, t);
+    auto w = b.gpu->upload_quant4(q);
+    return b.gpu->linear_path(*w, rows);
+  };
+  const CudaTuning dflt;
+  EXPECT_NE(path(dflt, 8).find("gemv_q4_decode"), std::string::npos) << path(dflt, 8);
+  for (int64_t rows : {9, 32}) EXPECT_NE(path(dflt, rows).find("gemm_q4_skinny"), std::string::npos) << path(dflt, rows);
+  EXPECT_EQ(path(dflt, 33).find("gemm_q4_skinny"), std::string::npos) << path(dflt, 33);
+  const CudaTuning to64 = tuning_with([](CudaTuning& t) { t.q4_skinny_max_rows = 64; });
+  EXPECT_NE(path(to64, 64).find("gemm_q4_skinny"), std::string::npos) << path(to64, 64);
+  EXPECT_EQ(path(to64, 65).find("gemm_q4_skinny"), std::string::npos) << path(to64, 65);
+  const CudaTuning off = tuning_with([](CudaTuning& t) { t.q4_skinny_max_rows = 0; });
+  EXPECT_EQ(path(off, 32).find("gemm_q4_skinny"), std::string::npos) << path(off, 32);
+  const CudaTuning dq = tuning_with([](CudaTuning& t) { t.q4_gemm = Q4GemmMode::Dequant; });
+  EXPECT_NE(path(dq, 32).find("cublas"), std::string::npos) << path(dq, 32);
+  // f32 compute has no 4-bit tensor-core path
+  Backends f32(DType::F32);
+  auto w = f32.gpu->upload_quant4(q);
+  EXPECT_EQ(f32.gpu->linear_path(*w, 32).find("gemm_q4_skinny"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nf4flash::test
