@@ -27,7 +27,8 @@ struct CudaTuning {
   bool pdl = true;
   int gemv_max_rows = 8;  // launchers.h kGemvMaxRows: why 8
   // auto only: rows gemv_max_rows+1 .. this take the skinny GEMM (0: none). 32: on the H100 it beat
-  // the fused GEMM at 16 and 32 rows (14336x4096: 23.3 / 30.5 us against ~36) but not at 64 (47.2)
+  // the fused GEMM at 32 rows (bench --batch 32: 4713 tok/s against 4435) but not at 64 (6409
+  // against 7189 with the fused GEMM)
   int q4_skinny_max_rows = 32;
   Q4GemmMode q4_gemm = Q4GemmMode::Auto;
   int64_t q4_fused_max_rows = 512;

@@ -1,5 +1,5 @@
 // Launcher of the skinny 4-bit GEMM (kernels/gemm_q4_skinny.cuh): the configuration by row count,
-// the grid (one block per multiprocessor, stream-K ranges) and the workspace it needs.
+// the grid (the resident blocks of every multiprocessor, stream-K ranges) and the workspace it needs.
 #include <algorithm>
 
 #include "backend/cuda/kernels/gemm_q4_skinny.cuh"
@@ -8,10 +8,46 @@ namespace nf4flash::cuda {
 
 namespace {
 
-// Configuration by token tiles: R row tiles per warp, D steps in the register ring.
-constexpr int kSkinnyR = 2;
-constexpr int skinny_depth(int nt) { return nt >= 8 ? 3 : 4; }
+// Token tiles of the kernel serving T rows.
 int skinny_nt(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
+
+// Stages and blocks per multiprocessor: one block of 6 stages for every token-tile count. H100,
+// llama3-8b NF4-dq bench --batch 32: 4713 tok/s against 4450 with two blocks of 3 stages at 2 and 4
+// token tiles (128 registers).
+template <int NT>
+struct SkCfg {
+  static constexpr int S = 6, MINB = 1;
+};
+
+template <typename TA, bool DQ, int NT, typename C>
+constexpr auto skinny_kernel = gemm_q4_skinny_kernel<TA, DQ, NT, C::S, C::MINB>;
+
+// Resident blocks per multiprocessor of the kernel for NT token tiles (its shared-memory opt-in set
+// on first use).
+template <typename TA, bool DQ, int NT, typename C>
+int skinny_per_sm_cfg() {
+  static const int v = [] {
+    constexpr auto kernel = skinny_kernel<TA, DQ, NT, C>;
+    constexpr int smem = skinny_smem_bytes(NT, C::S);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int n = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kSkinnyW * 32, smem));
+    return std::max(n, 1);
+  }();
+  return v;
+}
+template <typename TA, bool DQ, int NT>
+int skinny_per_sm() {
+  return skinny_per_sm_cfg<TA, DQ, NT, SkCfg<NT>>();
+}
+int skinny_per_sm(DType act, bool dq, int nt) {
+  auto pick = [&](auto ta) {
+    using TA = decltype(ta);
+    if (dq) return nt == 2 ? skinny_per_sm<TA, true, 2>() : nt == 4 ? skinny_per_sm<TA, true, 4>() : skinny_per_sm<TA, true, 8>();
+    return nt == 2 ? skinny_per_sm<TA, false, 2>() : nt == 4 ? skinny_per_sm<TA, false, 4>() : skinny_per_sm<TA, false, 8>();
+  };
+  return act == DType::F16 ? pick(__half{}) : pick(__nv_bfloat16{});
+}
 
 int64_t skinny_units(const GemmQ4SkinnyArgs& g) {
   int64_t u = 0;
@@ -21,18 +57,13 @@ int64_t skinny_units(const GemmQ4SkinnyArgs& g) {
 
 int skinny_grid(const GemmQ4SkinnyArgs& g) {
   const int64_t steps = skinny_units(g) * g.w[0]->KT;
-  return int(std::min<int64_t>(steps, device_sm_count()));
+  const int per_sm = skinny_per_sm(g.act, g.w[0]->double_quant, skinny_nt(g.T));
+  return int(std::max<int64_t>(1, std::min<int64_t>(steps / kSkinnyMinSteps, int64_t(per_sm) * device_sm_count())));
 }
 
-template <typename TA, bool DQ, int NT>
-void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  constexpr int D = skinny_depth(NT);
-  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, kSkinnyR, D>;
-  static const bool attr_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQ4LutBytes));
-    return true;
-  }();
-  (void)attr_set;
+template <typename TA, bool DQ, int NT, typename C>
+void launch_skinny_cfg(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  constexpr auto kernel = skinny_kernel<TA, DQ, NT, C>;
   const Q4Device& w0 = *g.w[0];
   Q4SkinnyArgs k{};
   int64_t units = 0;
@@ -68,8 +99,13 @@ void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
                  need.floats, " / ", need.n_tickets);
   k.partial = g.ws.partial;
   k.tickets = g.ws.tickets;
-  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(kQ4LutBytes), st, k);
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(skinny_smem_bytes(NT, C::S)), st, k);
   CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, bool DQ, int NT>
+void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  launch_skinny_cfg<TA, DQ, NT, SkCfg<NT>>(g, st);
 }
 
 template <typename TA, bool DQ>

@@ -1,5 +1,5 @@
 // The skinny 4-bit GEMM: the batched decode step's linears, 9..64 rows of x against 4-bit weights
-// (mma.sync, any sm_80+ GPU).
+// (mma.sync and cp.async, any sm_80+ GPU).
 //
 //   out_s[n, r] = sum_k x[n, k] * code[q_s(r, k)] * absmax_s(r, k) + bias_s[r],   n < T <= 64
 //
@@ -10,16 +10,17 @@
 // out_s: [T, rows_s] compute dtype or f32. Up to three weights sharing x in one launch (q, k, v;
 // gate and up), each with its own output.
 //
-// Work: a "unit" is W x R consecutive row tiles of one weight (warp w owns row tiles w*R .. w*R+R-1
-// of it), a "step" one 64-column tile of a unit. Every warp of a block works on the same step at
-// once, so the block's 8 warps read the same x columns and x is fetched from L2 about once per
-// block (L1 serves the other warps). The units x KT steps of the launch are cut into gridDim.x
-// equal contiguous ranges (stream-K): block b takes steps [b*N/G, (b+1)*N/G), crossing unit
-// boundaries, so every block does the same work whatever the shapes. Per step a warp decodes its R
-// tiles once (16 table lookups each) and multiplies each against NT = ceil(T/8) token tiles of x
-// (R * NT * 4 mma.m16n8k16); the x fragments of a step (NT x 32 bytes per lane, read from global
-// memory through L1) serve all R tiles. Weights and absmax stream through a register ring D-1 steps
-// ahead, across unit boundaries.
+// Work: a "unit" is W x R = 16 consecutive row tiles of one weight (warp w owns row tiles w*R ..
+// w*R+R-1 of it), a "step" one 64-column tile of a unit. The units x KT steps of the launch are
+// cut into gridDim.x equal contiguous ranges (stream-K): block b takes steps [b*N/G, (b+1)*N/G),
+// crossing unit boundaries, so every block does the same work whatever the shapes.
+// A step's operands go through an S-stage shared-memory ring filled by cp.async S-1 steps ahead:
+// the unit's 16 code tiles (8 KiB, as laid out in global memory), their absmax (64 bytes per tile)
+// and x's 64 columns of the T tokens (rows of 144 bytes: conflict-free 16-byte fragment loads).
+// One barrier per step; one block of 8 warps per SM (up to 255 registers), 6 stages. Each block takes at least kSkinnyMinSteps steps (fewer blocks than SMs on
+// small launches) so that a unit is cut into few parts. Per step a warp decodes its R tiles once (16 table lookups each) and
+// multiplies each against NT = ceil(T/8) token tiles (R * NT * 4 mma.m16n8k16); with NT = 8 the
+// token tiles go in two halves of 4 (x fragments reloaded from shared memory per tile).
 //
 // A unit whose steps fall in one block's range is stored by that block. A unit cut between blocks
 // first..last: each block stores its f32 accumulators to slot (unit + block) of the workspace (in
@@ -27,6 +28,7 @@
 // counter; the last of them sums slots first..last in that order (the same sum whichever block
 // comes last: deterministic), stores the unit and resets the counter to zero.
 #pragma once
+#include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
 
 namespace nf4flash::cuda {
@@ -58,42 +60,43 @@ struct Q4SkinnyArgs {
   int* tickets;    // [units], zero between launches
 };
 
+// Shared-memory stage of one step: codes [W*R tiles][512], absmax [W*R tiles][64] (16 f32, or 16
+// u8 codes), x [NT*8 tokens][kSkinnyXRow] (columns 64 kt .. +63 of tokens < T).
+constexpr int kSkinnyR = 2;
+constexpr int kSkinnyMinSteps = 8;
+constexpr int kSkinnyXRow = 144;
+__host__ __device__ constexpr int skinny_stage_bytes(int nt) {
+  return kSkinnyW * kSkinnyR * (512 + 64) + nt * 8 * kSkinnyXRow;
+}
+__host__ __device__ constexpr int skinny_smem_bytes(int nt, int stages) {
+  return kQ4LutBytes + stages * skinny_stage_bytes(nt);
+}
+
 // The block that owns step p of N steps cut into G ranges: the largest b with b*N/G <= p.
 __device__ __forceinline__ int skinny_owner(int64_t p, int64_t N, int G) { return int(((p + 1) * G - 1) / N); }
 
-// The lane's x fragments of column tile kt for token tiles n0 .. n0 + NTH - 1: 32 bytes each
-// (columns 64 kt + 16 t .. + 15 of token 8 nt + g, clamped into T), through L1.
-// xl: the lane's column 16 t of token 0; xo[nt]: the offset of token min(8 nt + g, T - 1)'s row.
-template <typename TA, int NTH, int NT>
-__device__ __forceinline__ void skinny_load_x(const TA* xl, const int (&xo)[NT], int n0, int kt, uint4 (&xa)[NTH],
-                                              uint4 (&xb)[NTH]) {
-#pragma unroll
-  for (int nt = 0; nt < NTH; ++nt) {
-    const uint4* xp = reinterpret_cast<const uint4*>(xl + xo[n0 + nt] + kt * 64);
-    xa[nt] = __ldg(xp);
-    xb[nt] = __ldg(xp + 1);
-  }
-}
-
 // One row tile's step against NTH token tiles: the 4 mma of each token tile (A = the tile's code
-// words fa[j], B = x words 2j, 2j + 1), the partial sums of rows g, g + 8 scaled by their absmax
-// s0, s8 and added to acc (rows g, g + 8 x tokens 2t, 2t + 1 of each token tile).
+// words fa[j], B = the x fragment of step j: bytes 32 t + 4 j .. + 3 of the token's 64 columns,
+// read from the x stage at xs + row offsets xo), the partial sums of rows g, g + 8 scaled by their
+// absmax s0, s8 and added to acc (rows g, g + 8 x tokens 2t, 2t + 1 of each token tile).
 template <typename TA, int NTH>
-__device__ __forceinline__ void skinny_mma_tile(const uint32_t (&fa)[4][4], const uint4 (&xa)[NTH],
-                                                const uint4 (&xb)[NTH], float s0, float s8, float (*acc)[4]) {
+__device__ __forceinline__ void skinny_mma_tile(const uint32_t (&fa)[4][4], uint32_t xs, const int* xo, float s0,
+                                                float s8, float (*acc)[4]) {
   float dd[NTH][4];
 #pragma unroll
   for (int nt = 0; nt < NTH; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dd[nt][e] = 0.f;
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int nt = 0; nt < NTH; ++nt) {
-      const uint4& xv = j < 2 ? xa[nt] : xb[nt];
-      const uint32_t b0 = (j & 1) ? xv.z : xv.x, b1 = (j & 1) ? xv.w : xv.y;
-      mma_16816<TA>(dd[nt], fa[j], b0, b1);
-    }
+  for (int nt = 0; nt < NTH; ++nt) {
+    uint4 xa, xb;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(xa.x), "=r"(xa.y), "=r"(xa.z), "=r"(xa.w) : "r"(xs + xo[nt]));
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(xb.x), "=r"(xb.y), "=r"(xb.z), "=r"(xb.w) : "r"(xs + xo[nt] + 16));
+    mma_16816<TA>(dd[nt], fa[0], xa.x, xa.y);
+    mma_16816<TA>(dd[nt], fa[1], xa.z, xa.w);
+    mma_16816<TA>(dd[nt], fa[2], xb.x, xb.y);
+    mma_16816<TA>(dd[nt], fa[3], xb.z, xb.w);
+  }
 #pragma unroll
   for (int nt = 0; nt < NTH; ++nt) {
     acc[nt][0] = fmaf(dd[nt][0], s0, acc[nt][0]);
@@ -103,19 +106,22 @@ __device__ __forceinline__ void skinny_mma_tile(const uint32_t (&fa)[4][4], cons
   }
 }
 
-template <typename TA, bool DQ, int NT, int R, int D>
-__global__ void __launch_bounds__(kSkinnyW * 32, 1) gemm_q4_skinny_kernel(const __grid_constant__ Q4SkinnyArgs a) {
-  constexpr int W = kSkinnyW, RS = R / 2, NACC = R * NT * 4, SLICE = NACC * W * 32;
-  static_assert(R % 2 == 0, "gemm_q4_skinny: R even (lanes 0-15 and 16-31 hold the absmax of a pair of tiles)");
-  extern __shared__ __align__(16) uint32_t lut[];  // [256][64]
+// NT token tiles, S stages, MINB blocks per multiprocessor (the register budget).
+template <typename TA, bool DQ, int NT, int S, int MINB>
+__global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(const __grid_constant__ Q4SkinnyArgs a) {
+  constexpr int W = kSkinnyW, R = kSkinnyR, RS = R / 2, NACC = R * NT * 4, SLICE = NACC * W * 32;
+  constexpr int SB = skinny_stage_bytes(NT), TILES = W * R;
+  constexpr int OFF_A = TILES * 512, OFF_X = TILES * (512 + 64);
+  extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then the S stages
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t stage_s = lut_s + kQ4LutBytes;
   const uint32_t lane_b = 4u * lane;
-  const int KT = a.KT, G = int(gridDim.x), b = int(blockIdx.x);
+  const int KT = a.KT, G = int(gridDim.x), b = int(blockIdx.x), T = a.T;
   const int64_t N = int64_t(a.units) * KT;
   const int64_t p0 = int64_t(b) * N / G, p1 = int64_t(b + 1) * N / G;
   pdl_trigger();
@@ -129,41 +135,44 @@ __global__ void __launch_bounds__(kSkinnyW * 32, 1) gemm_q4_skinny_kernel(const 
     return k;
   };
 
-  // ---- load cursor: step (lu, lkt) and its tile pointers
+  // ---- the copy side: step (lu, lkt) into a stage. Thread tid copies code chunks tid, tid + 256
+  // (tile c / 32, 16 bytes c % 32), absmax chunk tid < TILES * (DQ ? 1 : 4) and x chunks tid + 256 i
+  // < T * 8 (token c / 8, 16 bytes c % 8). Tiles past the weight's RT are zero-filled.
   int lu = int(p0 / KT), lkt = int(p0 - int64_t(lu) * KT);
   int64_t lp = p0;
-  const uint4* lw[R];   // this lane's 16 bytes of row tile r at column tile 0 (null: past RT)
-  const uint8_t* la[RS];  // absmax of the lane's row (pair q: tile 2q + lane/16), column tile 0
-  const float* lnest[RS];
-  int64_t lrowc[RS];  // DQ: the lane's row * cols
-  auto start_unit = [&]() {
+  const uint8_t* l_tiles = nullptr;
+  const uint8_t* l_abs = nullptr;
+  int l_rt0 = 0, l_RT = 0;
+  auto start_load_unit = [&]() {
     int ur;
     const Q4SkinnySeg& sg = a.seg[seg_of(lu, ur)];
-    const int rt0 = ur * W * R + warp * R;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      lw[r] = rt0 + r < sg.RT ? reinterpret_cast<const uint4*>(sg.tiles) + int64_t(rt0 + r) * KT * 32 + lane : nullptr;
-#pragma unroll
-    for (int q = 0; q < RS; ++q) {
-      const int rt = rt0 + 2 * q + (lane >> 4);
-      la[q] = rt < sg.RT ? static_cast<const uint8_t*>(sg.absmax) + (int64_t(rt) * KT * 16 + (lane & 15)) * (DQ ? 1 : 4)
-                         : nullptr;
-      lnest[q] = sg.nested_absmax;
-      lrowc[q] = min(int64_t(rt) * 16 + (lane & 15), sg.rows - 1) * a.cols;
-    }
+    l_tiles = sg.tiles;
+    l_abs = static_cast<const uint8_t*>(sg.absmax);
+    l_rt0 = ur * TILES;
+    l_RT = sg.RT;
   };
-  auto load = [&](uint4 (&wq)[R], float2 (&s)[RS]) {
+  const uint8_t* xg = static_cast<const uint8_t*>(a.x);
+  auto issue = [&](uint32_t st) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) wq[r] = lw[r] ? ld_stream_u4(lw[r] + int64_t(lkt) * 32) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < TILES * 32 / (W * 32); ++i) {
+      const int c = tid + i * W * 32, rt = l_rt0 + (c >> 5);
+      const bool ok = rt < l_RT;
+      const uint8_t* src = l_tiles + ((int64_t(ok ? rt : 0) * KT + lkt) * 32 + (c & 31)) * 16;
+      cp_async16_sa(st + c * 16, src, ok);
+    }
+    constexpr int ACH = DQ ? 1 : 4;  // 16-byte absmax chunks per tile
+    if (tid < TILES * ACH) {
+      const int tile = tid / ACH, part = tid % ACH, rt = l_rt0 + tile;
+      const bool ok = rt < l_RT;
+      const uint8_t* src = l_abs + (int64_t(ok ? rt : 0) * KT + lkt) * 16 * (DQ ? 1 : 4) + part * 16;
+      cp_async16_sa(st + OFF_A + tile * 64 + part * 16, src, ok);
+    }
 #pragma unroll
-    for (int q = 0; q < RS; ++q) {
-      if (!la[q]) {
-        s[q] = make_float2(0.f, 0.f);  // scale 0: a tile past RT adds nothing
-      } else if constexpr (DQ) {
-        const int64_t blk = (lrowc[q] + int64_t(lkt) * 64) >> a.log2_blocksize;
-        s[q] = make_float2(__int_as_float(__ldg(la[q] + int64_t(lkt) * 16)), __ldg(lnest[q] + (blk >> a.log2_nested)));
-      } else {
-        s[q] = make_float2(__ldg(reinterpret_cast<const float*>(la[q]) + int64_t(lkt) * 16), 0.f);
+    for (int i = 0; i < (NT * 64 + W * 32 - 1) / (W * 32); ++i) {
+      const int c = tid + i * W * 32;
+      if (c < T * 8) {
+        const int n = c >> 3, ch = c & 7;
+        cp_async16_sa(st + OFF_X + n * kSkinnyXRow + ch * 16, xg + (int64_t(n) * a.cols + int64_t(lkt) * 64 + ch * 8) * 2, true);
       }
     }
   };
@@ -172,38 +181,46 @@ __global__ void __launch_bounds__(kSkinnyW * 32, 1) gemm_q4_skinny_kernel(const 
     if (++lkt == KT) {
       lkt = 0;
       ++lu;
-      if (lp < p1) start_unit();
+      if (lp < p1) start_load_unit();
     }
   };
 
-  uint4 wb[D][R];
-  float2 sb[D][RS];
-  start_unit();
-#pragma unroll
-  for (int d = 0; d < D - 1; ++d) {
-    if (lp < p1) load(wb[d], sb[d]);
-    if (lp < p1) advance_load();
-  }
-  // the tables while the first weights are in flight
+  // the tables (before the wait: nothing here was written by the previous kernel)
   if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
   if constexpr (DQ) s_nested_code[tid] = a.nested_code[tid];  // 256 threads
   __syncthreads();
   q4_fill_lut<64, W * 32>(lut, s_bits);
-  __syncthreads();
   pdl_wait();
+  start_load_unit();
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (lp < p1) {
+      issue(stage_s + s * SB);
+      advance_load();
+    }
+    cp_async_commit();
+  }
 
-  // ---- compute cursor
+  // ---- the compute side: step (cu, ckt)
   int cu = int(p0 / KT), ckt = int(p0 - int64_t(cu) * KT);
   int64_t cp = p0;
-  int cur;
-  int ck = seg_of(cu, cur);
-  float offset = a.seg[ck].offset;
-  // this lane's x rows: token 8 nt + g (clamped into T: those columns are never stored), columns 16 t ..
-  // (T * cols < 2^31: the launcher checks)
-  const TA* xl = static_cast<const TA*>(a.x) + 16 * t;
+  float offset = 0.f;
+  const float* c_nest = nullptr;
+  int64_t c_rowc[RS];  // DQ: row * cols of the lane's absmax rows (pair q: tile 2q + lane / 16, row lane % 16)
+  auto start_compute_unit = [&]() {
+    int ur;
+    const Q4SkinnySeg& sg = a.seg[seg_of(cu, ur)];
+    offset = sg.offset;
+    c_nest = sg.nested_absmax;
+#pragma unroll
+    for (int q = 0; q < RS; ++q)
+      c_rowc[q] = min(int64_t(ur * TILES + warp * R + 2 * q + (lane >> 4)) * 16 + (lane & 15), sg.rows - 1) * a.cols;
+  };
+  start_compute_unit();
+  // this lane's x rows in a stage: token min(8 nt + g, T - 1), bytes 32 t ..
   int xo[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) xo[nt] = min(8 * nt + g, a.T - 1) * int(a.cols);
+  for (int nt = 0; nt < NT; ++nt) xo[nt] = min(8 * nt + g, T - 1) * kSkinnyXRow + 32 * t;
   float acc[R][NT][4];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -237,18 +254,26 @@ __global__ void __launch_bounds__(kSkinnyW * 32, 1) gemm_q4_skinny_kernel(const 
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
-      for (int bb = first; bb <= last; ++bb) {
-        const float* src = a.partial + (int64_t(cu) + bb) * SLICE + tid;
+      // two slots' loads in flight at a time, added in slot order
+      const float* src = a.partial + (int64_t(cu) + first) * SLICE + tid;
+      int bb = first;
+      for (; bb + 1 <= last; bb += 2, src += 2 * SLICE) {
+        float v0[NACC], v1[NACC];
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+        for (int i = 0; i < NACC; ++i) {
+          v0[i] = __ldcg(src + i * (W * 32));
+          v1[i] = __ldcg(src + SLICE + i * (W * 32));
+        }
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+        for (int i = 0; i < NACC; ++i) (&acc[0][0][0])[i] = (&acc[0][0][0])[i] + v0[i] + v1[i];
+      }
+      if (bb == last) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][nt][e] += __ldcg(src + ((r * NT + nt) * 4 + e) * (W * 32));
+        for (int i = 0; i < NACC; ++i) (&acc[0][0][0])[i] += __ldcg(src + i * (W * 32));
       }
       if (tid == 0) a.tickets[cu] = 0;  // every part has taken its ticket: ready for the next launch
     }
-    const int rt0 = ur * W * R + warp * R;
+    const int rt0 = ur * TILES + warp * R;
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -257,7 +282,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, 1) gemm_q4_skinny_kernel(const 
         for (int e = 0; e < 4; ++e) {
           const int64_t row = int64_t(rt0 + r) * 16 + g + (e >> 1) * 8;
           const int n = 8 * nt + 2 * t + (e & 1);
-          if (row >= sg.rows || n >= a.T) continue;
+          if (row >= sg.rows || n >= T) continue;
           float y = acc[r][nt][e];
           if (sg.bias) y += sg.bias[row];
           if (a.out_f32) static_cast<float*>(sg.out)[n * sg.rows + row] = y;
@@ -265,74 +290,67 @@ __global__ void __launch_bounds__(kSkinnyW * 32, 1) gemm_q4_skinny_kernel(const 
         }
   };
 
-  for (bool more = true; more;) {
+  int cslot = 0, lslot = S - 1;
+  for (; cp < p1;) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // step cp's stage has landed for every thread; the previous step's stage is free
+    if (lp < p1) {
+      issue(stage_s + lslot * SB);
+      advance_load();
+    }
+    cp_async_commit();
+    lslot = lslot + 1 == S ? 0 : lslot + 1;
+
+    const uint32_t st = stage_s + cslot * SB;
+    cslot = cslot + 1 == S ? 0 : cslot + 1;
+    float sv[RS];
 #pragma unroll
-    for (int d = 0; d < D; ++d) {
-      // keep D-1 steps in flight: load into the slot the previous step consumed
-      if (lp < p1) {
-        load(wb[(d + D - 1) % D], sb[(d + D - 1) % D]);
-        advance_load();
-      }
-      float sv[RS];
-#pragma unroll
-      for (int q = 0; q < RS; ++q) {
-        if constexpr (DQ) sv[q] = __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(sb[d][q].x)], sb[d][q].y), offset);
-        else sv[q] = sb[d][q].x;
-      }
-      float s0[R], s8[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        s0[r] = __shfl_sync(0xffffffffu, sv[r / 2], g + 16 * (r & 1));
-        s8[r] = __shfl_sync(0xffffffffu, sv[r / 2], g + 8 + 16 * (r & 1));
-      }
-      if constexpr (NT <= 4) {
-        // x fragments of column tile ckt (32 bytes per token tile), then per row tile: its 4 code
-        // words through the table, each against every token tile
-        uint4 xa[NT], xb[NT];
-        skinny_load_x<TA, NT>(xl, xo, 0, ckt, xa, xb);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          uint32_t fa[4][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) q4_word_lds(lut_s, lane_b, (&wb[d][r].x)[j], fa[j]);
-          skinny_mma_tile<TA, NT>(fa, xa, xb, s0[r], s8[r], acc[r]);
-        }
+    for (int q = 0; q < RS; ++q) {
+      const uint32_t aa = st + OFF_A + (warp * R + 2 * q + (lane >> 4)) * 64;
+      if constexpr (DQ) {
+        uint32_t code;
+        asm volatile("ld.shared.u8 %0, [%1];" : "=r"(code) : "r"(aa + (lane & 15)));
+        const float nab = __ldg(c_nest + (((c_rowc[q] + int64_t(ckt) * 64) >> a.log2_blocksize) >> a.log2_nested));
+        sv[q] = __fadd_rn(__fmul_rn(s_nested_code[code], nab), offset);
       } else {
-        // 8 token tiles in two halves of 4 (x of one half in registers at a time); the codes go
-        // through the table once, their words kept for both halves
-        uint32_t fa[R][4][4];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) q4_word_lds(lut_s, lane_b, (&wb[d][r].x)[j], fa[r][j]);
-#pragma unroll
-        for (int h = 0; h < NT / 4; ++h) {
-          uint4 xa[4], xb[4];
-          skinny_load_x<TA, 4>(xl, xo, 4 * h, ckt, xa, xb);
-#pragma unroll
-          for (int r = 0; r < R; ++r) skinny_mma_tile<TA, 4>(fa[r], xa, xb, s0[r], s8[r], &acc[r][4 * h]);
-        }
-      }
-      ++cp;
-      if (++ckt == KT || cp == p1) {  // block-uniform
-        finish_unit();
-        if (cp == p1) {
-          more = false;
-          break;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
-        ckt = 0;
-        ++cu;
-        ck = seg_of(cu, cur);
-        offset = a.seg[ck].offset;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(sv[q]) : "r"(aa + 4 * (lane & 15)));
       }
     }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s0 = __shfl_sync(0xffffffffu, sv[r / 2], g + 16 * (r & 1));
+      const float s8 = __shfl_sync(0xffffffffu, sv[r / 2], g + 8 + 16 * (r & 1));
+      uint4 wq;
+      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(wq.x), "=r"(wq.y), "=r"(wq.z), "=r"(wq.w)
+                   : "r"(st + ((warp * R + r) * 32 + lane) * 16));
+      uint32_t fa[4][4];
+      q4_word_lds(lut_s, lane_b, wq.x, fa[0]);
+      q4_word_lds(lut_s, lane_b, wq.y, fa[1]);
+      q4_word_lds(lut_s, lane_b, wq.z, fa[2]);
+      q4_word_lds(lut_s, lane_b, wq.w, fa[3]);
+#pragma unroll
+      for (int h = 0; h < (NT + 3) / 4; ++h) {
+        constexpr int NTH = NT < 4 ? NT : 4;
+        skinny_mma_tile<TA, NTH>(fa, st + OFF_X, &xo[h * NTH], s0, s8, &acc[r][h * NTH]);
+      }
+    }
+    ++cp;
+    if (++ckt == KT || cp == p1) {  // block-uniform
+      finish_unit();
+      if (cp == p1) break;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
+      ckt = 0;
+      ++cu;
+      start_compute_unit();
+    }
   }
+  cp_async_wait<0>();  // no copy may land after the block exits
 }
 
 }  // namespace nf4flash::cuda
