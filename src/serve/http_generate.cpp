@@ -8,6 +8,7 @@
 
 #include "chat/chat_template.h"
 #include "core/error.h"
+#include "serve/peer_socket.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nf4flash::serve {
@@ -197,9 +198,17 @@ void handle_generate(const GenerateContext& c, const httplib::Request& req, http
   };
 
   if (!r.stream) {
+    // a client that goes away before the reply cancels every choice (its socket polled every 100 ms)
+    const PeerSocket peer(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
     for (Choice& ch : *choices)
-      while (ch.finish.empty())
-        for (const SeqEvent& e : ch.h->wait(std::chrono::milliseconds(500))) apply(ch, e);
+      while (ch.finish.empty()) {
+        for (const SeqEvent& e : ch.h->wait(std::chrono::milliseconds(100))) apply(ch, e);
+        if (ch.finish.empty() && peer.gone()) {
+          for (Choice& other : *choices) other.h->cancel();
+          res.status = 499;  // nginx's "client closed request": logged, never received
+          return;
+        }
+      }
     json arr = json::array();
     int64_t completion = 0, cached = 0;
     for (size_t i = 0; i < choices->size(); ++i) {

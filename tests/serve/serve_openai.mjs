@@ -4,8 +4,8 @@
 //   main:   models list; chat non-stream and stream (same text, greedy); completions both ways; logprobs;
 //           usage in replies and in the last stream chunk; /tokenize and /detokenize; 8 concurrent
 //           streams each equal to its solo reply; every bad request with its status (400 bad JSON,
-//           missing/wrong fields, context; 401 key; 404 path; 413 body); a dropped stream frees its
-//           sequence; the same requests again give the same text; a second chat turn reuses the
+//           missing/wrong fields, context; 401 key; 404 path; 413 body); a dropped stream and a
+//           dropped non-stream request free their sequences; the same requests again give the same text; a second chat turn reuses the
 //           first turn's KV blocks (metrics); /metrics in Prometheus text.
 //   tight:  --max-batch 1 --max-waiting 1 --ignore-eos: a third concurrent request gets 429 with
 //           Retry-After; SIGTERM while a stream runs lets it finish, then exit 0.
@@ -267,6 +267,24 @@ await check('a dropped stream ends its sequence and frees its blocks', async () 
   assert.equal(metric(m, 'nf4flash_kv_blocks_used'), 0, m);
   // cancelled, not run to its end (the fixture does not stop early on this prompt: see the stream above)
   assert.ok(metric(m, 'nf4flash_generation_tokens_total') - generated < 220, m);
+});
+await check('a dropped non-stream request ends its sequences and frees their blocks', async () => {
+  const generated = metric(await metrics(), 'nf4flash_generation_tokens_total');
+  const ac = new AbortController();
+  setTimeout(() => ac.abort(), 100);
+  // 4 choices of up to 220 tokens: the reply takes far longer than the 100 ms before the abort
+  await assert.rejects(client.chat.completions.create({ ...chatReq('Write a long poem', { max_tokens: 220 }), n: 4 },
+                                                      { signal: ac.signal, maxRetries: 0 }));
+  let m = '';
+  for (let i = 0; i < 100; ++i) {
+    m = await metrics();
+    if (metric(m, 'nf4flash_sequences_running') === 0 && metric(m, 'nf4flash_kv_blocks_used') === 0) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(metric(m, 'nf4flash_sequences_running'), 0, m);
+  assert.equal(metric(m, 'nf4flash_kv_blocks_used'), 0, m);
+  assert.ok(metric(m, 'nf4flash_generation_tokens_total') - generated < 4 * 220, m);
+  assert.match(m, /nf4flash_requests_total\{endpoint="\/v1\/chat\/completions",status="499"\} 1/);
 });
 await check('the same requests again give the same text', async () => {
   assert.equal(await chatText('Hello there, how are you?'), first);
