@@ -88,7 +88,7 @@ struct Choice {
 // completions {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}.
 json logprobs_json(const Tokenizer& tok, bool chat, const std::vector<int32_t>& ids, const std::vector<TokenLogprobs>& lps,
                    size_t text_offset) {
-  auto text_of = [&](int32_t id) { return tok.decode({id}, false); };
+  auto text_of = [&](int32_t id) { return tok.token_text(id); };
   auto bytes_of = [](const std::string& t) {
     json b = json::array();
     for (unsigned char c : t) b.push_back(int(c));

@@ -212,6 +212,12 @@ std::unique_ptr<Tokenizer> Tokenizer::from_files(const std::string& tokenizer_js
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   t->impl_ = std::make_unique<tok::TokenizerImpl>();
   t->impl_->load(tokenizer_json, tokenizer_config_json);
+  std::vector<int32_t> a;
+  t->impl_->encode_text("a", a);
+  if (a.size() == 1) {
+    t->text_anchor_ = a[0];
+    t->text_anchor_text_ = t->impl_->decode(a, false);
+  }
   return t;
 }
 
@@ -239,6 +245,13 @@ std::vector<int32_t> Tokenizer::encode_single_thread(std::string_view text, bool
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   return impl_->decode(ids, skip_special_tokens);
+}
+
+std::string Tokenizer::token_text(int32_t id) const {
+  if (text_anchor_ < 0) return decode({id});
+  std::string s = decode({text_anchor_, id});
+  if (s.compare(0, text_anchor_text_.size(), text_anchor_text_) != 0) return decode({id});
+  return s.substr(text_anchor_text_.size());
 }
 
 int32_t Tokenizer::token_to_id(std::string_view tok) const { return impl_->token_to_id(tok); }

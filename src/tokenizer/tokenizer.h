@@ -38,6 +38,12 @@ class Tokenizer {
 
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = false) const;
 
+  // The text a token adds inside a sequence: decode({anchor, id}) less decode({anchor}), where the
+  // anchor is the one-token encoding of "a", so the leading space that SentencePiece decoders strip
+  // from a sequence's first token is kept (llama2 "▁Hello" -> " Hello"; decode({id}) gives "Hello").
+  // decode({id}) where "a" is not one token or its text is not a prefix. For logprob entries.
+  std::string token_text(int32_t id) const;
+
   int32_t token_to_id(std::string_view tok) const;  // -1 if none
   std::string id_to_token(int32_t id) const;        // "" if none
   int vocab_size() const;                           // max id + 1, added tokens included
@@ -53,6 +59,8 @@ class Tokenizer {
  private:
   Tokenizer() = default;
   std::unique_ptr<tok::TokenizerImpl> impl_;
+  int32_t text_anchor_ = -1;  // token_text's anchor ("a"), -1: none
+  std::string text_anchor_text_;
 };
 
 // Streaming decode: push ids one at a time and get the newly completed text. Text that would end

@@ -110,3 +110,34 @@ TEST(TokenizerErrors, NameTheFile) {
 
 }  // namespace
 }  // namespace nf4flash::test
+
+namespace nf4flash::test {
+namespace {
+
+// token_text keeps the leading space a SentencePiece decoder strips from a sequence's first token,
+// and the token texts of a sequence concatenate to what that sequence adds after "a".
+TEST(TokenizerTokenText, KeepsTheLeadingSpace) {
+  const Tokenizer& l2 = fixture_tokenizer("llama2");
+  const int32_t hello = l2.token_to_id("\xE2\x96\x81Hello");  // "▁Hello"
+  ASSERT_GE(hello, 0);
+  EXPECT_EQ(l2.decode({hello}), "Hello");
+  EXPECT_EQ(l2.token_text(hello), " Hello");
+  const Tokenizer& l3 = fixture_tokenizer("llama3");
+  const int32_t ghello = l3.token_to_id("\xC4\xA0Hello");  // "ĠHello"
+  ASSERT_GE(ghello, 0);
+  EXPECT_EQ(l3.token_text(ghello), " Hello");
+  for (const char* name : {"llama2", "llama3", "qwen3"}) {
+    const Tokenizer& tok = fixture_tokenizer(name);
+    const std::vector<int32_t> ids = tok.encode("Hello world, this is a test.", false);
+    std::string cat;
+    for (int32_t id : ids) cat += tok.token_text(id);
+    std::vector<int32_t> with_a = tok.encode("a", false);
+    ASSERT_EQ(with_a.size(), 1u) << name;
+    const std::string a_text = tok.decode(with_a);
+    with_a.insert(with_a.end(), ids.begin(), ids.end());
+    EXPECT_EQ(cat, tok.decode(with_a).substr(a_text.size())) << name;
+  }
+}
+
+}  // namespace
+}  // namespace nf4flash::test
