@@ -21,12 +21,15 @@ namespace nf4flash::tok {
 uint32_t byte_to_unicode(uint8_t b);
 int unicode_to_byte(uint32_t cp);
 
+struct BpeTables;  // tokenizer_json.h
+
 class BpeModel {
  public:
   // `model` is tokenizer.json's "model" object (type BPE). byte_level: the pre-tokenizer ends
-  // with ByteLevel, so pieces arrive as raw bytes.
+  // with ByteLevel, so pieces arrive as raw bytes. tables: its vocab and merges, read by
+  // parse_tokenizer_json (the document's "vocab" and "merges" are left empty).
   static std::unique_ptr<BpeModel> from_json(const nlohmann::json& model, bool byte_level,
-                                             const std::string& where);
+                                             const std::string& where, const BpeTables& tables);
 
   // Appends the ids of one pre-tokenized piece.
   void encode(std::string_view piece, std::vector<int32_t>& out) const;

@@ -6,25 +6,36 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "tokenizer/tokenizer_impl.h"
+#include "tokenizer/tokenizer_json.h"
 
 namespace nf4flash {
 namespace tok {
 namespace {
 
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+// The whole file as one string (sized once, one read).
+std::string read_file_text(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(path, ": is a directory, not a JSON file");
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, ": cannot open");
-  std::ostringstream os;
-  os << in.rdbuf();
+  const std::streamoff n = in.tellg();
+  if (n < 0) fail(path, ": cannot read (not a regular file?)");
+  std::string s(size_t(n), '\0');
+  in.seekg(0);
+  if (n > 0 && !in.read(s.data(), n)) fail(path, ": cannot read");
+  return s;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  const std::string text = read_file_text(path);
   try {
-    return nlohmann::json::parse(os.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(path, ": invalid JSON: ", e.what());
   }
@@ -80,7 +91,8 @@ PostProcessor parse_post(const nlohmann::json& j, const std::string& where) {
 
 void TokenizerImpl::load(const std::string& path, const std::string& config_path) {
   path_ = path;
-  nlohmann::json j = read_json(path);
+  BpeTables tables;
+  nlohmann::json j = parse_tokenizer_json(read_file_text(path), path, tables);
   try {
     if (!j.is_object()) fail(path, ": not a tokenizer.json object");
     static const nlohmann::json kNull;
@@ -92,7 +104,7 @@ void TokenizerImpl::load(const std::string& path, const std::string& config_path
 
     normalizer_ = Normalizer::from_json(field("normalizer"), path);
     pretok_ = PreTokenizer::from_json(field("pre_tokenizer"), path);
-    model_ = BpeModel::from_json(model, pretok_.byte_level(), path);
+    model_ = BpeModel::from_json(model, pretok_.byte_level(), path, tables);
     post_ = parse_post(field("post_processor"), path);
     decoder_ = Decoder::from_json(field("decoder"), path);
 

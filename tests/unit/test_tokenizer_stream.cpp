@@ -105,6 +105,23 @@ TEST(TokenizerErrors, NameTheFile) {
   expect_error_naming(write_temp("merge.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})"),
                       "merges");
   expect_error_naming("/nonexistent/tokenizer.json", "cannot open");
+  expect_error_naming(tmp.path.string(), "is a directory");
+  // model.vocab and model.merges are read by the streaming parser: each malformed entry named
+  expect_error_naming(write_temp("vocab-str.json", R"({"model": {"type": "BPE", "vocab": {"a": "0"}, "merges": []}})"),
+                      "model.vocab entry 'a' is not an integer id");
+  expect_error_naming(write_temp("vocab-obj.json", R"({"model": {"type": "BPE", "vocab": {"a": {}}, "merges": []}})"),
+                      "model.vocab entry 'a'");
+  expect_error_naming(write_temp("vocab-arr.json", R"({"model": {"type": "BPE", "vocab": ["a"], "merges": []}})"),
+                      "model.vocab is not an object");
+  expect_error_naming(write_temp("merge-nospace.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["ab"]}})"),
+                      "merges entry 0 ('ab') is not two tokens");
+  expect_error_naming(write_temp("merge-three.json",
+                                 R"({"model": {"type": "BPE", "vocab": {"a": 0, "aa": 1}, "merges": ["a a", ["a", "a", "a"]]}})"),
+                      "merges entry 1 is neither");
+  expect_error_naming(write_temp("merge-num.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [1]}})"),
+                      "merges entry 0 is neither");
+  expect_error_naming(write_temp("merge-obj.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": {}}})"),
+                      "model.merges is not an array");
   EXPECT_THROW(Tokenizer::from_dir("/nonexistent-dir"), Error);
 }
 
