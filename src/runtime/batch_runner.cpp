@@ -64,15 +64,9 @@ SubmitResult BatchRunner::submit(BatchRequest r) {
   NF4FLASH_CHECK(!r.prompt.empty(), "request ", r.id, ": empty prompt");
   for (int32_t t : r.prompt) NF4FLASH_CHECK(t >= 0 && t < V, "request ", r.id, ": token id ", t, " outside the vocabulary (", V, ")");
   NF4FLASH_CHECK(!seqs_.count(r.id), "request ", r.id, " is already running");
-  const int64_t cached = kv_->start(r.id, r.prompt);
-  const SubmitResult s =
-      sched_->submit({r.id, int64_t(r.prompt.size()), cached, int64_t(r.gen.max_new_tokens)});
-  if (s.status != SubmitResult::Status::Accepted) {
-    kv_->release(r.id);
-    if (s.status == SubmitResult::Status::Finished)
-      done_.push_back({r.id, {}, "length", int64_t(r.prompt.size()), 0});
-    return s;
-  }
+  const SchedRequest sr{r.id, int64_t(r.prompt.size()), 0, int64_t(r.gen.max_new_tokens)};
+  int64_t share = 0;
+  const int64_t sibling = sched_->check(sr).status == SubmitResult::Status::Accepted ? prefill_sibling(r.prompt, share) : -1;
   Seq q;
   q.tokens = r.prompt;
   q.stops = r.gen.stop_ids.empty() ? engine_.eos_ids() : r.gen.stop_ids;
@@ -80,10 +74,66 @@ SubmitResult BatchRunner::submit(BatchRequest r) {
   q.sampler = std::make_unique<Sampler>(r.gen.sampling);
   q.out.id = r.id;
   q.out.prompt_tokens = int64_t(r.prompt.size());
-  q.out.cached_tokens = cached;
   q.req = std::move(r);
-  seqs_.emplace(q.req.id, std::move(q));
+  const int64_t id = q.req.id;
+  if (sibling >= 0) {
+    q.wait_for = sibling;
+    q.share = share;
+    deferred_.push_back(id);
+    seqs_.emplace(id, std::move(q));
+    return SubmitResult{};
+  }
+  const SubmitResult s = enter(q);
+  if (s.status == SubmitResult::Status::Accepted) seqs_.emplace(id, std::move(q));
   return s;
+}
+
+SubmitResult BatchRunner::enter(Seq& q) {
+  const BatchRequest& r = q.req;
+  const int64_t cached = kv_->start(r.id, r.prompt);
+  const SubmitResult s = sched_->submit({r.id, int64_t(r.prompt.size()), cached, int64_t(r.gen.max_new_tokens)});
+  if (s.status != SubmitResult::Status::Accepted) {
+    kv_->release(r.id);
+    if (s.status == SubmitResult::Status::Finished) done_.push_back({r.id, {}, "length", int64_t(r.prompt.size()), 0});
+    return s;
+  }
+  q.out.cached_tokens = cached;
+  return s;
+}
+
+int64_t BatchRunner::prefill_sibling(const std::vector<int32_t>& prompt, int64_t& share) const {
+  const int64_t bs = pool_->block_size();
+  const int64_t cap = int64_t(prompt.size()) - 1;  // the last prompt token is always computed
+  int64_t best = -1, best_full = 0, ready_full = 0;
+  for (const auto& [id, q] : seqs_) {
+    if (q.wait_for >= 0) continue;
+    const size_t n = std::min(prompt.size(), q.tokens.size());
+    const size_t common = size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(n), q.tokens.begin()).first - prompt.begin());
+    const int64_t full = std::min<int64_t>(int64_t(common), cap) / bs * bs;
+    if (full < bs) continue;
+    const KvBlockTable* t = kv_->table(id);
+    if (t && t->n_tokens >= full) ready_full = std::max(ready_full, full);
+    else if (full > best_full) best = id, best_full = full;
+  }
+  if (best < 0 || best_full <= ready_full) return -1;
+  share = best_full;
+  return best;
+}
+
+void BatchRunner::release_deferred() {
+  for (size_t i = 0; i < deferred_.size();) {
+    Seq& q = seqs_.at(deferred_[i]);
+    auto sib = seqs_.find(q.wait_for);
+    const KvBlockTable* t = sib == seqs_.end() ? nullptr : kv_->table(q.wait_for);
+    if (sib != seqs_.end() && (!t || t->n_tokens < q.share)) {
+      ++i;
+      continue;
+    }
+    const int64_t id = deferred_[i];
+    deferred_.erase(deferred_.begin() + ptrdiff_t(i));
+    q.wait_for = -1;
+    if (enter(q).status != SubmitResult::Status::Accepted) seqs_.erase(id);  // checked at submit: not expected
+  }
 }
 
 void BatchRunner::end(int64_t id, const char* reason) {
@@ -114,7 +164,15 @@ TokenLogprobs token_logprobs(const float* l, int64_t V, int32_t token, int top_n
 }
 
 bool BatchRunner::cancel(int64_t id) {
-  if (!seqs_.count(id)) return false;
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return false;
+  if (it->second.wait_for >= 0) {  // deferred: the scheduler and the cache hold nothing of it yet
+    deferred_.erase(std::find(deferred_.begin(), deferred_.end(), id));
+    it->second.out.finish_reason = "abort";
+    done_.push_back(std::move(it->second.out));
+    seqs_.erase(it);
+    return true;
+  }
   sched_->finish(id, FinishReason::Abort);
   end(id, "abort");
   return true;
@@ -123,6 +181,7 @@ bool BatchRunner::cancel(int64_t id) {
 std::vector<BatchOutput> BatchRunner::step() {
   Engine::Impl& im = engine_.internals();
   Backend& be = *im.be;
+  release_deferred();
   const StepPlan plan = sched_->plan_step();
   last_ = StepInfo{};
   if (!plan.empty()) {

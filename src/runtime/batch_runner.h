@@ -64,13 +64,17 @@ class BatchRunner {
 
   // Accepted (runs in later steps), Finished (max_new_tokens 0: its output is returned by the next
   // step()) or Rejected with one line naming the request and the sizes.
+  // A prompt that shares full KV blocks with a running request which has not computed them yet
+  // (n samples of one prompt, requests with one system prompt submitted together) waits for
+  // them: it enters the scheduler once that request's prefill has passed them (or it ended), and
+  // takes them from the prefix cache instead of computing them again.
   SubmitResult submit(BatchRequest r);
   // One step; the requests that finished in it (and those finished at submit or cancelled).
   std::vector<BatchOutput> step();
   // Ends a running request now (its client went away): its blocks are freed and the next step()
   // returns it with finish_reason "abort". False when the id is not running.
   bool cancel(int64_t id);
-  bool has_work() const { return sched_->has_work() || !done_.empty(); }
+  bool has_work() const { return sched_->has_work() || !done_.empty() || !deferred_.empty(); }
   // What the last step() computed: its sequences, rows, sampled tokens, and whether every row was
   // a decode (one row per sequence, each sampling).
   struct StepInfo {
@@ -95,8 +99,17 @@ class BatchRunner {
     std::vector<int32_t> stops;
     std::unique_ptr<Sampler> sampler;
     BatchOutput out;
+    int64_t wait_for = -1;  // deferred: the request whose prefill computes its shared blocks
+    int64_t share = 0;      // ... the positions of those blocks
   };
   void end(int64_t id, const char* reason);
+  // The live, not deferred request with the most full blocks of `prompt` still to compute (-1:
+  // none, or another live request has computed at least as many); share: their positions.
+  int64_t prefill_sibling(const std::vector<int32_t>& prompt, int64_t& share) const;
+  // Submits the request to the KV cache and the scheduler (its cached prefix attached).
+  SubmitResult enter(Seq& q);
+  // Enters the deferred requests whose sibling has computed their blocks or ended.
+  void release_deferred();
   const int32_t* upload(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v);
 
   Engine& engine_;
@@ -105,6 +118,7 @@ class BatchRunner {
   std::unique_ptr<PoolAdmission> kv_;
   std::unique_ptr<Scheduler> sched_;
   std::map<int64_t, Seq> seqs_;
+  std::vector<int64_t> deferred_;  // requests waiting for a sibling's prefill, in submit order
   std::vector<BatchOutput> done_;
   StepInfo last_;
   std::map<int64_t, TokenLogprobs> step_lp_;  // this step's, for the requests that ask

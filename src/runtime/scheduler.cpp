@@ -57,10 +57,28 @@ Scheduler::Seq& Scheduler::get(int64_t id) {
 }
 
 SubmitResult Scheduler::submit(const SchedRequest& r) {
-  auto reject = [&](std::string msg) {
+  const SubmitResult c = check(r);
+  if (c.status == SubmitResult::Status::Rejected) {
     ++stats_.rejected;
-    return SubmitResult{SubmitResult::Status::Rejected, std::move(msg)};
-  };
+    return c;
+  }
+  ++stats_.submitted;
+  if (c.status == SubmitResult::Status::Finished) {  // nothing to generate: done without a prefill
+    ++stats_.finished;
+    return c;
+  }
+  Seq s;
+  s.info.id = r.id;
+  s.info.prompt_len = r.prompt_len;
+  s.info.max_new_tokens = r.max_new_tokens;
+  s.info.computed = r.cached_len;
+  seqs_.emplace(r.id, s);
+  waiting_.push_back(r.id);
+  return SubmitResult{};
+}
+
+SubmitResult Scheduler::check(const SchedRequest& r) const {
+  auto reject = [&](std::string msg) { return SubmitResult{SubmitResult::Status::Rejected, std::move(msg)}; };
   const int64_t P = r.prompt_len, M = r.max_new_tokens;
   if (seqs_.count(r.id)) return reject(cat("request ", r.id, ": id is already in use by a live sequence"));
   if (P < 1) return reject(cat("request ", r.id, ": empty prompt (prompt_len ", P, ")"));
@@ -79,18 +97,7 @@ SubmitResult Scheduler::submit(const SchedRequest& r) {
     return reject(cat("request ", r.id, ": prompt of ", P, " tokens + max_new_tokens ", M, " needs ", positions,
                       " KV positions (", blocks, " blocks of ", bs, "), more than the whole KV cache holds (",
                       total, " blocks = ", total * bs, " positions)"));
-  ++stats_.submitted;
-  if (M == 0) {  // nothing to generate: done without a prefill
-    ++stats_.finished;
-    return SubmitResult{SubmitResult::Status::Finished, {}};
-  }
-  Seq s;
-  s.info.id = r.id;
-  s.info.prompt_len = P;
-  s.info.max_new_tokens = M;
-  s.info.computed = r.cached_len;
-  seqs_.emplace(r.id, s);
-  waiting_.push_back(r.id);
+  if (M == 0) return SubmitResult{SubmitResult::Status::Finished, {}};
   return SubmitResult{};
 }
 

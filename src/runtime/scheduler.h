@@ -130,6 +130,8 @@ class Scheduler {
   Scheduler(const SchedulerConfig& cfg, const KvAdmission& kv);
 
   SubmitResult submit(const SchedRequest& r);
+  // What submit(r) would answer now, changing nothing (no statistics either).
+  SubmitResult check(const SchedRequest& r) const;
   StepPlan plan_step();
   // Applies a plan once its step ran: advance() for each entry whose sequence is still live
   // (finish() may have ended it since). Returns the ids that became Done (reached max_new_tokens).

@@ -2,7 +2,8 @@
 // their number, some sharing a prefix (prefix-cache hits), greedy and seeded sampling with stop
 // ids and max_new_tokens, give each request exactly the tokens Engine::generate gives it alone;
 // a tiny pool makes requests wait and be preempted with the same results; every block is back
-// after the run, and the engine's own generate runs on the contiguous cache again.
+// after the run, and the engine's own generate runs on the contiguous cache again; samples of one
+// prompt submitted together compute it once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -168,6 +169,52 @@ TEST(BatchRunner, StepLogprobsForTheRequestsThatAsk) {
   for (int s = 0; r.has_work() && s < 100; ++s) r.step();
   EXPECT_EQ(with, 5);
   EXPECT_EQ(without, 5);
+}
+
+// n samples of one prompt submitted together: the first computes the prompt, the others wait for
+// its blocks and take them from the prefix cache (12 of their 13 prompt positions), and each gets
+// the tokens it gets alone; a waiting one that is cancelled ends with "abort" and holds nothing.
+TEST(BatchRunner, SamplesOfOnePromptShareItsPrefill) {
+  auto e = load_cpu("llama-gqa-hd64", QuantChoice::Auto);
+  const std::vector<int32_t> prompt = {5, 17, 29, 41, 53, 65, 77, 89, 101, 3, 8, 13, 21};
+  std::vector<GenerateOptions> gens(4);
+  std::vector<GenerateResult> alone;
+  for (size_t i = 0; i < gens.size(); ++i) {
+    gens[i].max_new_tokens = 6;
+    gens[i].ignore_eos = true;
+    gens[i].sampling.temperature = 0.8f;
+    gens[i].sampling.seed = 40 + i;
+    GenerateOptions g = gens[i];
+    g.reuse_cache = false;
+    alone.push_back(e->generate(prompt, g));
+  }
+  BatchRunnerOptions o;
+  o.block_size = 4;
+  o.sched.max_seqs_per_step = 8;
+  o.sched.max_tokens_per_step = 64;
+  std::map<int64_t, BatchOutput> got;
+  int64_t rows = 0;
+  {
+    BatchRunner r(*e, o);
+    for (size_t i = 0; i < gens.size(); ++i) ASSERT_TRUE(r.submit({int64_t(i), prompt, gens[i]}).ok());
+    ASSERT_TRUE(r.submit({9, prompt, gens[0]}).ok());
+    EXPECT_TRUE(r.cancel(9));
+    for (int s = 0; r.has_work() && s < 100; ++s) {
+      for (BatchOutput& out : r.step()) got[out.id] = std::move(out);
+      rows += r.last_step().rows;
+    }
+    EXPECT_EQ(r.pool().available_blocks(), r.pool().n_blocks()) << "blocks leaked";
+  }
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got.at(9).finish_reason, "abort");
+  EXPECT_TRUE(got.at(9).tokens.empty());
+  for (size_t i = 0; i < gens.size(); ++i) {
+    EXPECT_EQ(got.at(int64_t(i)).tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(got.at(int64_t(i)).cached_tokens, i == 0 ? 0 : 12) << "request " << i;
+  }
+  // the prompt computed once, then one position for each other sample's last prompt token, then
+  // 5 decode steps of 4 rows
+  EXPECT_EQ(rows, 13 + 3 + 5 * 4);
 }
 
 }  // namespace
