@@ -244,6 +244,19 @@ async function metrics() {
 }
 const metric = (text, name) => Number((text.match(new RegExp(`^${name} (\\S+)$`, 'm')) || [])[1]);
 
+// /metrics once no sequence runs and no KV block is held (polled for up to 10 s), checked
+async function settled() {
+  let m = '';
+  for (let i = 0; i < 100; ++i) {
+    m = await metrics();
+    if (metric(m, 'nf4flash_sequences_running') === 0 && metric(m, 'nf4flash_kv_blocks_used') === 0) break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(metric(m, 'nf4flash_sequences_running'), 0, m);
+  assert.equal(metric(m, 'nf4flash_kv_blocks_used'), 0, m);
+  return m;
+}
+
 await check('a dropped stream ends its sequence and frees its blocks', async () => {
   const generated = metric(await metrics(), 'nf4flash_generation_tokens_total');
   const ac = new AbortController();
@@ -257,14 +270,7 @@ await check('a dropped stream ends its sequence and frees its blocks', async () 
   } catch (e) {
     // the abort surfaces here
   }
-  let m = '';
-  for (let i = 0; i < 100; ++i) {
-    m = await metrics();
-    if (metric(m, 'nf4flash_sequences_running') === 0 && metric(m, 'nf4flash_kv_blocks_used') === 0) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  assert.equal(metric(m, 'nf4flash_sequences_running'), 0, m);
-  assert.equal(metric(m, 'nf4flash_kv_blocks_used'), 0, m);
+  const m = await settled();
   // cancelled, not run to its end (the fixture does not stop early on this prompt: see the stream above)
   assert.ok(metric(m, 'nf4flash_generation_tokens_total') - generated < 220, m);
 });
@@ -275,14 +281,7 @@ await check('a dropped non-stream request ends its sequences and frees their blo
   // 4 choices of up to 220 tokens: the reply takes far longer than the 100 ms before the abort
   await assert.rejects(client.chat.completions.create({ ...chatReq('Write a long poem', { max_tokens: 220 }), n: 4 },
                                                       { signal: ac.signal, maxRetries: 0 }));
-  let m = '';
-  for (let i = 0; i < 100; ++i) {
-    m = await metrics();
-    if (metric(m, 'nf4flash_sequences_running') === 0 && metric(m, 'nf4flash_kv_blocks_used') === 0) break;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  assert.equal(metric(m, 'nf4flash_sequences_running'), 0, m);
-  assert.equal(metric(m, 'nf4flash_kv_blocks_used'), 0, m);
+  const m = await settled();
   assert.ok(metric(m, 'nf4flash_generation_tokens_total') - generated < 4 * 220, m);
   assert.match(m, /nf4flash_requests_total\{endpoint="\/v1\/chat\/completions",status="499"\} 1/);
 });

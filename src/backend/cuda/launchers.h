@@ -131,15 +131,11 @@ std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks);
 // The skinny 4-bit GEMM (kernels/gemm_q4_skinny.cuh): the batched decode step's linears,
 // out[i] = x W_i^T + bias[i] for up to 3 weights sharing x, cols and quantization parameters (the
 // nested code table of w[0] serves all), T <= kQ4SkinnyMaxRows rows, the decode GEMV's arithmetic.
-// Its workspace: f32 slots for the units cut between blocks and one counter per unit (zeroed at
-// allocation; every launch leaves them zero); gemm_q4_skinny_ws_needed says how much a launch needs.
+// Its workspace (a Q4SplitWs): f32 slots for the units cut between blocks and one counter per unit
+// (zeroed at allocation; every launch leaves them zero); gemm_q4_skinny_ws_needed says how much a
+// launch needs.
 constexpr int kQ4SkinnyMaxRows = 64;
-struct GemmQ4SkinnyWs {
-  float* partial = nullptr;
-  int64_t floats = 0;
-  int* tickets = nullptr;
-  int64_t n_tickets = 0;
-};
+using GemmQ4SkinnyWs = Q4SplitWs;
 struct GemmQ4SkinnyArgs {
   int nseg = 1;
   const Q4Device* w[3] = {};

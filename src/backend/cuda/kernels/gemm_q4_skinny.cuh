@@ -222,12 +222,15 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) xo[nt] = min(8 * nt + g, T - 1) * kSkinnyXRow + 32 * t;
   float acc[R][NT][4];
+  auto zero_acc = [&]() {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
+  };
+  zero_acc();
 
   // The end of unit cu's steps in this block: store it, or hand the block's part to the workspace.
   auto finish_unit = [&]() {
@@ -248,12 +251,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
       __syncthreads();
       if (!s_last) return;
       __threadfence();
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
+      zero_acc();
       // two slots' loads in flight at a time, added in slot order
       const float* src = a.partial + (int64_t(cu) + first) * SLICE + tid;
       int bb = first;
@@ -339,12 +337,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
     if (++ckt == KT || cp == p1) {  // block-uniform
       finish_unit();
       if (cp == p1) break;
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[r][nt][e] = 0.f;
+      zero_acc();
       ckt = 0;
       ++cu;
       start_compute_unit();
