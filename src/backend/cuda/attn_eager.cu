@@ -74,7 +74,7 @@ void attention_eager(const AttnArgs& a, int64_t pos0_host, cublasHandle_t h, boo
         const int R = std::min(p.rows_per_chunk, a.T - r0);
         const int64_t L = pos0_host >= 0 ? pos0_host + r0 + R : a.capacity;
         const char* Q = static_cast<const char*>(a.q) + (size_t(r0) * a.q_stride + size_t(h0) * hd) * elt;
-        CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(L), R, hd, &one, K, at, hd, 0, Q, at,
+        CUBLAS_CHECK(cublas().gemm_strided_batched_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, int(L), R, hd, &one, K, at, hd, 0, Q, at,
                                                 int(a.q_stride), hd, &zero, S, CUDA_R_32F, int(L), int64_t(R) * L,
                                                 hg, ct, CUBLAS_GEMM_DEFAULT));
         EagerSoftmaxArgs sa;
@@ -89,7 +89,7 @@ void attention_eager(const AttnArgs& a, int64_t pos0_host, cublasHandle_t h, boo
         sa.pos0 = a.pos0;
         attention_eager_softmax(sa, st);
         char* O = static_cast<char*>(a.out) + (size_t(r0) * a.out_stride + size_t(h0) * hd) * elt;
-        CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, hd, R, int(L), &one, V, at, hd, 0, P, at,
+        CUBLAS_CHECK(cublas().gemm_strided_batched_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, hd, R, int(L), &one, V, at, hd, 0, P, at,
                                                 int(L), int64_t(R) * L, &zero, O, at, int(a.out_stride), hd, hg, ct,
                                                 CUBLAS_GEMM_DEFAULT));
       }

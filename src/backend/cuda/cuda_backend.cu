@@ -31,12 +31,12 @@ CudaBackend::CudaBackend(const CudaBackendOptions& o)
   CUDA_CHECK(cudaDeviceSetLimit(cudaLimitStackSize, size_t(tuning_.stack_bytes)));
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   vram_trace("stack limit + stream");
-  CUBLAS_CHECK(cublasCreate(&cublas_));
+  CUBLAS_CHECK(cublas().create(&cublas_));
   vram_trace("cublasCreate");
-  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  CUBLAS_CHECK(cublas().set_stream(cublas_, stream_));
   cublas_ws_ = std::make_unique<CudaBuffer>(size_t(32) << 20);
-  CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
-  CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  CUBLAS_CHECK(cublas().set_workspace(cublas_, cublas_ws_->data(), cublas_ws_->bytes()));
+  CUBLAS_CHECK(cublas().set_math_mode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
   dequant_chunk_bytes_ = int64_t(tuning_.dequant_chunk_mb) << 20;
   // 4-bit products above the GEMV rows: the fused wgmma GEMM up to q4_fused_max_rows rows where it
   // can run (auto), always (fused: an error where it cannot), or never (dequant)
@@ -72,7 +72,7 @@ CudaBackend::~CudaBackend() {
     if (e) cudaEventDestroy(e);
   if (host_ids_) cudaFreeHost(host_ids_);
   if (rows_ids_host_) cudaFreeHost(rows_ids_host_);
-  if (cublas_) cublasDestroy(cublas_);
+  if (cublas_) cublas().destroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 

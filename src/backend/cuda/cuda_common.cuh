@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "backend/cuda/cublas_api.h"
 #include "backend/cuda/launchers.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -28,7 +29,8 @@ namespace nf4flash::cuda {
     cublasStatus_t st_ = (expr);                                                            \
     if (st_ != CUBLAS_STATUS_SUCCESS)                                                       \
       ::nf4flash::fail("cuBLAS error at ", __FILE__, ":", __LINE__, ": ", #expr, ": ",     \
-                       cublasGetStatusName(st_), " (", cublasGetStatusString(st_), ")");    \
+                       ::nf4flash::cuda::cublas().status_name(st_), " (",                  \
+                       ::nf4flash::cuda::cublas().status_string(st_), ")");                \
   } while (0)
 
 // After every kernel launch: launch-configuration errors surface here, with the call site.

@@ -44,7 +44,7 @@ void CudaBackend::gemm(const void* w, int64_t N, int64_t K, Act x, Act out, int6
   const float alpha = 1.f, beta = 0.f;
   const cublasComputeType_t ct = (act_ == DType::F32 && tf32_) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   void* c = static_cast<char*>(out.data) + n0 * int64_t(dtype_size(out.dtype));
-  CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(x.rows), int(K), &alpha, w,
+  CUBLAS_CHECK(cublas().gemm_ex(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(x.rows), int(K), &alpha, w,
                             cuda_type(act_), int(K), x.data, cuda_type(act_), int(K), &beta, c,
                             cuda_type(out.dtype), int(out.cols), ct, CUBLAS_GEMM_DEFAULT));
 }
