@@ -143,11 +143,23 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const nlohmann::json& m, bool byte
   // Llama 3 load), split over two threads where there are two cores; then the pair map in rank order
   std::vector<std::array<int32_t, 3>> ids(merges.size());
   auto lookup = [&](size_t i0, size_t i1) {
-    std::string joined;
-    for (size_t i = i0; i < i1; ++i) {
-      const auto& [left, right] = merges[i];
-      joined.assign(left).append(right);
-      ids[i] = {b.vocab_.get(left), b.vocab_.get(right), b.vocab_.get(joined)};
+    constexpr size_t kBatch = 16;  // lookups whose first slots are fetched together
+    std::string joined[kBatch];
+    uint64_t hs[kBatch][3];
+    for (size_t c0 = i0; c0 < i1; c0 += kBatch) {
+      const size_t n = std::min(kBatch, i1 - c0);
+      for (size_t j = 0; j < n; ++j) {
+        const auto& [left, right] = merges[c0 + j];
+        joined[j].assign(left).append(right);
+        hs[j][0] = b.vocab_.prefetch(left);
+        hs[j][1] = b.vocab_.prefetch(right);
+        hs[j][2] = b.vocab_.prefetch(joined[j]);
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const auto& [left, right] = merges[c0 + j];
+        ids[c0 + j] = {b.vocab_.get_hashed(left, hs[j][0]), b.vocab_.get_hashed(right, hs[j][1]),
+                       b.vocab_.get_hashed(joined[j], hs[j][2])};
+      }
     }
   };
   const size_t half = merges.size() / 2;

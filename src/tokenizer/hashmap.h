@@ -73,9 +73,16 @@ class StrMap {
     }
   }
   // Returns the value or -1.
-  int32_t get(std::string_view key) const {
+  int32_t get(std::string_view key) const { return get_hashed(key, hash_bytes(key.data(), key.size())); }
+  // A lookup in two halves, for batches of them: prefetch() hashes the key and starts loading its
+  // first slot; get_hashed() with that hash probes once the line has arrived.
+  uint64_t prefetch(std::string_view key) const {
+    const uint64_t h = hash_bytes(key.data(), key.size());
+    if (size_) __builtin_prefetch(&slots_[h & mask_]);
+    return h;
+  }
+  int32_t get_hashed(std::string_view key, uint64_t h) const {
     if (size_ == 0) return -1;
-    uint64_t h = hash_bytes(key.data(), key.size());
     for (size_t i = h & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.len == kEmpty) return -1;
