@@ -69,15 +69,7 @@ void launch_skinny_cfg(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   int64_t units = 0;
   for (int s = 0; s < g.nseg; ++s) {
     const Q4Device& w = *g.w[s];
-    Q4SkinnySeg& q = k.seg[s];
-    q.tiles = w.tiles;
-    q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
-    q.nested_absmax = w.nested_absmax;
-    q.offset = w.offset;
-    q.bias = g.bias[s];
-    q.out = g.out[s];
-    q.rows = w.rows;
-    q.RT = int(w.RT);
+    q4_fill_seg(k.seg[s], w, g.bias[s], g.out[s]);
     units += (w.RT + kSkinnyW * kSkinnyR - 1) / (kSkinnyW * kSkinnyR);
     k.unit_end[s] = int(units);
   }
@@ -132,12 +124,9 @@ void gemm_q4_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   NF4FLASH_CHECK(g.T >= 1 && g.T <= kQ4SkinnyMaxRows, "gemm_q4_skinny: T=", g.T, " outside 1..", kQ4SkinnyMaxRows);
   NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kSkinnyMaxSegs, "gemm_q4_skinny: ", g.nseg, " weights (1..", kSkinnyMaxSegs, ")");
   const Q4Device& w0 = *g.w[0];
-  for (int s = 1; s < g.nseg; ++s) {
-    const Q4Device& w = *g.w[s];
-    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
-                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
+  for (int s = 1; s < g.nseg; ++s)
+    NF4FLASH_CHECK(q4_same_params(*g.w[s], w0),
                    "gemm_q4_skinny: weights of one launch need the same columns and quantization parameters");
-  }
   NF4FLASH_CHECK(int64_t(g.T) * w0.cols < (int64_t(1) << 31), "gemm_q4_skinny: x of ", g.T, " x ", w0.cols,
                  " elements (32-bit offsets)");
   NF4FLASH_CHECK(w0.cols % 64 == 0 && w0.KT * 64 == w0.cols, "gemm_q4_skinny: cols ", w0.cols, " not a multiple of 64");

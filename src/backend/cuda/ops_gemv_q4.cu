@@ -88,18 +88,9 @@ Q4DecodeArgs decode_args(const GemvQ4DecodeArgs& g) {
   int64_t units = 0;
   for (int s = 0; s < g.nseg; ++s) {
     const Q4Device& w = *g.w[s];
-    NF4FLASH_CHECK(w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
-                       w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code),
-                   "gemv_q4_decode: segment ", s, " differs in shape or quantization from segment 0");
-    Q4DecodeSeg& q = k.seg[s];
-    q.tiles = w.tiles;
-    q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
-    q.nested_absmax = w.nested_absmax;
-    q.offset = w.offset;
-    q.bias = g.bias[s];
-    q.out = g.out[s];
-    q.rows = w.rows;
-    q.RT = w.RT;
+    NF4FLASH_CHECK(q4_same_params(w, w0), "gemv_q4_decode: segment ", s,
+                   " differs in shape or quantization from segment 0");
+    q4_fill_seg(k.seg[s], w, g.bias[s], g.out[s]);
     units += w.RT;
     k.unit_end[s] = units;
   }

@@ -23,6 +23,7 @@
 // steps of a tile accumulate code*x in f32; the per-row absmax scales the tile's partial sum
 // (f32 FMA), so codes are the only values rounded to 16 bits. Columns of the mma are the tokens.
 #pragma once
+#include <algorithm>
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/kernels/cp_async.cuh"
@@ -124,6 +125,25 @@ __device__ __forceinline__ void q4_store_y(void* out, int64_t o, float y, int ou
   } else {
     static_cast<TA*>(out)[o] = from_f32<TA>(y);
   }
+}
+
+// Host side of the launchers with several weights per launch: whether w may share a launch with
+// w0 (same columns and quantization parameters: w0's nested code table serves both), and a
+// segment's fields from its weight (Seg: Q4DecodeSeg, Q4SkinnySeg).
+inline bool q4_same_params(const Q4Device& w, const Q4Device& w0) {
+  return w.cols == w0.cols && w.double_quant == w0.double_quant && w.log2_blocksize == w0.log2_blocksize &&
+         w.log2_nested == w0.log2_nested && std::equal(w.code, w.code + 16, w0.code);
+}
+template <typename Seg>
+void q4_fill_seg(Seg& q, const Q4Device& w, const float* bias, void* out) {
+  q.tiles = w.tiles;
+  q.absmax = w.double_quant ? static_cast<const void*>(w.absq_tiled) : static_cast<const void*>(w.absmax_tiled);
+  q.nested_absmax = w.nested_absmax;
+  q.offset = w.offset;
+  q.bias = bias;
+  q.out = out;
+  q.rows = w.rows;
+  q.RT = decltype(q.RT)(w.RT);
 }
 
 struct Q4KernelArgs {
