@@ -38,7 +38,8 @@ struct EngineReport {
   size_t kv_bytes = 0;
   int64_t ctx_size = 0;
   int64_t ubatch = 0;            // prompt rows per prefill chunk
-  double load_ms = 0;
+  double load_ms = 0;             // config, weights and backend setup
+  double tokenizer_ms = 0;        // tokenizer.json (+ tokenizer_config.json, chat template); 0: not loaded
 };
 
 struct Timing {

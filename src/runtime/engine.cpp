@@ -204,7 +204,11 @@ std::unique_ptr<Engine> Engine::load(const LoadOptions& opts, const ProgressFn& 
   auto store = WeightStore::open_dir(opts.model_dir);
   auto im = build_engine(opts, cfg, std::move(store), opts.model_dir, progress);
   im->gen_cfg = load_generation_config(opts.model_dir);
-  if (opts.load_tokenizer) load_tokenizer_into(*im, opts.model_dir);
+  if (opts.load_tokenizer) {
+    const auto t0 = std::chrono::steady_clock::now();
+    load_tokenizer_into(*im, opts.model_dir);
+    im->report.tokenizer_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   return std::unique_ptr<Engine>(new Engine(std::move(im)));
 }
 

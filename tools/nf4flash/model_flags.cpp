@@ -97,7 +97,8 @@ std::unique_ptr<Engine> load_engine(const ModelFlags& f) {
 std::string describe_load(const Engine& e) {
   const auto& r = e.report();
   return cat("loaded ", r.architecture, " on ", r.backend, " in ", static_cast<int>(r.load_ms), " ms | weights ",
-             human_bytes(r.weight_bytes), " resident | kv cache ", human_bytes(r.kv_bytes), " (ctx ", r.ctx_size, ")");
+             human_bytes(r.weight_bytes), " resident | kv cache ", human_bytes(r.kv_bytes), " (ctx ", r.ctx_size, ")",
+             r.tokenizer_ms > 0 ? cat(" | tokenizer ", static_cast<int>(r.tokenizer_ms + 0.5), " ms") : std::string());
 }
 
 std::string summary_line(const Engine& e, const Timing& t) {
