@@ -9,17 +9,9 @@
 #          with BASE, the single-sequence NF4 benchmark (-p 512 -n 128 -r 5) of both trees, alternated
 #          ROUNDS times (batch 1 must not get slower)
 # Logs, JSON and Markdown go to $OUT (default build-gpu/out), named after the GPU.
-set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-out=${OUT:-$root/build-gpu/out}
-mkdir -p "$out"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
-gpu=${gpu:-gpu}
+source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=${SERVE:-OFF})
 stages=${STAGES:-build test bench}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
 if [[ " $stages " == *" build "* ]]; then
   cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }

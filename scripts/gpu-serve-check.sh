@@ -7,17 +7,9 @@
 #      token ids, 128 tokens): the steady-state decode rate the clients see (scripts/serve_load.py);
 #   3. a 10-turn chat (~1,000-token history) against fresh ~100-token prompts (scripts/serve_turns.py).
 # JSON and logs to $OUT (default build-gpu/out).
-set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-out=${OUT:-$root/build-gpu/out}
-mkdir -p "$out"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
-gpu=${gpu:-gpu}
+source "$(dirname "$0")/gpu-common.sh"
 bin=./build-gpu/nf4flash
 tok=build-gpu/fixtures/tokenizers/llama3
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
 $bin bench --preset llama3-8b --device cuda --quant nf4 --double-quant --batch 32 -p 512 -n 128 \
   --json "$out/$gpu-serve-ref-batch32.json" 2>/dev/null | sed -n '3,5p'

@@ -178,14 +178,17 @@ class CudaBackend : public Backend {
   bool decode_residual_args(Act x, const Weight& w, const Weight* bias, Act resid, GemvQ4DecodeArgs& a) const;
   bool norm_fusable(const Weight& w, int64_t rows) const;
   bool gemm_q4_multi_args(Act x, const Weight* const* ws, int n, GemmQ4MultiArgs& a) const;
-  // The skinny GEMM's arguments for n weights sharing x (all planned Q4Skinny, same quantization
-  // parameters; outputs and biases left to the caller); false when they cannot share one launch.
+  // n weights sharing x that take plan p in one launch (same quantization parameters), their device
+  // weights in out; false when they cannot.
+  bool q4_group(Act x, const Weight* const* ws, int n, LinearPlan p, const Q4Device** out) const;
+  // The skinny GEMM's arguments (outputs and biases left to the caller), and its launch with the
+  // split workspace grown to what it needs first (outside graph capture).
   bool skinny_args(Act x, const Weight* const* ws, int n, GemmQ4SkinnyArgs& a) const;
-  // Its launch, with the workspace grown to what it needs first (outside graph capture).
   void run_skinny(GemmQ4SkinnyArgs& a);
   bool dense_multi(Act x, const LinearOut* outs, int n, const Act* swiglu_out);
   void dense_gemv(const CudaDense& d, Act x, const float* bias, Act out);
   Q4SplitWs split_ws() const;
+  Q4SplitWs q4_split_ws(int64_t floats, int64_t tickets) const;
 
   // ---- attention helpers (cuda_attention.cu) ----
   RopeArgs rope_args(const Act& q, const Act& k, const RopeParams& p, const StepState& s) const;
@@ -230,15 +233,11 @@ class CudaBackend : public Backend {
   // for 32 MiB chunks).
   static constexpr int64_t kDequantChunkMinRows = 2048;
   int64_t q4_scratch_numel_ = 0;  // the dequantize scratch the 4-bit weights need (reserved on first use)
-  // Split tail of the fused GEMM (kernels/gemm_q4_wgmma_ws.cuh): 16 MiB of f32 slices holds the
-  // largest tail the Llama-3-8B shapes take at 512 rows (64 units x 2 splits x 256 x 128: o, down).
-  // Allocated at the first fused GEMM (never inside a captured step).
+  // Split workspace of the 4-bit GEMMs (q4_split_ws). The fused GEMM's split tail is sized for 16 MiB
+  // of f32 slices, the largest tail the Llama-3-8B shapes take at 512 rows (64 units x 2 splits x
+  // 256 x 128: o, down); the skinny GEMM grows it to what a launch needs.
   static constexpr int64_t kSplitWsFloats = int64_t(4) << 20, kSplitTickets = 1024;
   mutable std::unique_ptr<CudaBuffer> split_ws_, split_tickets_;
-  // The skinny GEMM's workspace (kernels/gemm_q4_skinny.cuh): slots of the units cut between blocks
-  // and a zeroed counter per unit, grown to the largest launch so far (Llama-3-8B at 64 rows, gate
-  // and up: 224 units + 132 blocks x 64 KiB).
-  std::unique_ptr<CudaBuffer> skinny_ws_, skinny_tickets_;
 
   cudaDeviceProp props_{};
   cudaStream_t stream_ = nullptr;

@@ -83,31 +83,55 @@ void CudaBackend::gemm_q4(const Q4Device& d, Act x, Act out) {
   for (int64_t n0 = 0; n0 < d.rows; n0 += chunk) gemm_q4_rows(d, n0, std::min(chunk, d.rows - n0), x, out, n0);
 }
 
-// The fused GEMM's split workspace, allocated at the first fused GEMM (prompt chunks; never inside
-// a captured step): runs whose prompts all take another path do not hold it.
-Q4SplitWs CudaBackend::split_ws() const {
-  if (!q4_gemm_fused_) return {};
-  if (!split_ws_) {
-    NF4FLASH_CHECK(!capturing_, "fused 4-bit GEMM: its split workspace must be allocated before graph capture");
-    split_ws_ = std::make_unique<CudaBuffer>(size_t(kSplitWsFloats) * 4);
-    split_tickets_ = std::make_unique<CudaBuffer>(size_t(kSplitTickets) * 4);
+// The split workspace of both 4-bit GEMMs (the fused GEMM's split tail, the skinny GEMM's units cut
+// between blocks): f32 slices and counters every launch leaves zero, grown to the largest need so far
+// (never inside a captured step; the stream is synchronized first, as a launch in flight may still
+// use the old buffers). Runs whose products take neither GEMM do not hold it.
+Q4SplitWs CudaBackend::q4_split_ws(int64_t floats, int64_t tickets) const {
+  const int64_t have_f = split_ws_ ? int64_t(split_ws_->bytes() / 4) : 0;
+  const int64_t have_t = split_tickets_ ? int64_t(split_tickets_->bytes() / 4) : 0;
+  if (floats > have_f || tickets > have_t) {
+    NF4FLASH_CHECK(!capturing_, "4-bit GEMM: its split workspace must be allocated before graph capture");
+    if (split_ws_) CUDA_CHECK(cudaStreamSynchronize(stream_));
+    floats = std::max(floats, have_f);
+    tickets = std::max(tickets, have_t);
+    split_ws_.reset();
+    split_tickets_.reset();
+    split_ws_ = std::make_unique<CudaBuffer>(size_t(floats) * 4);
+    split_tickets_ = std::make_unique<CudaBuffer>(size_t(tickets) * 4);
     CUDA_CHECK(cudaMemsetAsync(split_tickets_->data(), 0, split_tickets_->bytes(), stream_));
   }
-  return {static_cast<float*>(split_ws_->data()), kSplitWsFloats, static_cast<int*>(split_tickets_->data()),
-          kSplitTickets};
+  return {static_cast<float*>(split_ws_->data()), int64_t(split_ws_->bytes() / 4),
+          static_cast<int*>(split_tickets_->data()), int64_t(split_tickets_->bytes() / 4)};
 }
 
-// The fused GEMM over several 4-bit weights (q/k/v, gate+up): all planned Q4FusedGemm with the same
-// quantization parameters.
-bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, GemmQ4MultiArgs& a) const {
+// The fused GEMM's view of it: kSplitWsFloats / kSplitTickets, whatever the skinny GEMM grew it to
+// (the fused GEMM's schedule, which splits only what fits, is chosen for that size).
+Q4SplitWs CudaBackend::split_ws() const {
+  if (!q4_gemm_fused_) return {};
+  Q4SplitWs w = q4_split_ws(kSplitWsFloats, kSplitTickets);
+  w.floats = kSplitWsFloats;
+  w.n_tickets = kSplitTickets;
+  return w;
+}
+
+// ws[0..n) as 4-bit device weights that share one launch: each planned p at x's rows, all with the
+// same quantization parameters (out[i] = ws[i]'s); false otherwise.
+bool CudaBackend::q4_group(Act x, const Weight* const* ws, int n, LinearPlan p, const Q4Device** out) const {
   if (n < 1 || n > 3) return false;
   const CudaQ4* q0 = nullptr;
   for (int i = 0; i < n; ++i) {
     const CudaQ4* q = tiled_q4(*ws[i]);
-    if (!q || plan(*q, x.rows) != LinearPlan::Q4FusedGemm || (q0 && !same_q4_params(*q0, *q))) return false;
+    if (!q || plan(*q, x.rows) != p || (q0 && !same_q4_params(*q0, *q))) return false;
     if (!q0) q0 = q;
-    a.w[i] = &q->dev;
+    out[i] = &q->dev;
   }
+  return true;
+}
+
+// The fused GEMM over several 4-bit weights (q/k/v, gate+up).
+bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, GemmQ4MultiArgs& a) const {
+  if (!q4_group(x, ws, n, LinearPlan::Q4FusedGemm, a.w)) return false;
   a.nseg = n;
   a.x = x.data;
   a.act = act_;
@@ -116,17 +140,9 @@ bool CudaBackend::gemm_q4_multi_args(Act x, const Weight* const* ws, int n, Gemm
   return true;
 }
 
-// ---- decode GEMVs ---------------------------------------------------------------------------------
-
+// The skinny GEMM over several 4-bit weights, and its launch (with the split workspace it needs).
 bool CudaBackend::skinny_args(Act x, const Weight* const* ws, int n, GemmQ4SkinnyArgs& a) const {
-  if (n < 1 || n > 3) return false;
-  const CudaQ4* q0 = nullptr;
-  for (int i = 0; i < n; ++i) {
-    const CudaQ4* q = tiled_q4(*ws[i]);
-    if (!q || plan(*q, x.rows) != LinearPlan::Q4Skinny || (q0 && !same_q4_params(*q0, *q))) return false;
-    if (!q0) q0 = q;
-    a.w[i] = &q->dev;
-  }
+  if (!q4_group(x, ws, n, LinearPlan::Q4Skinny, a.w)) return false;
   a.nseg = n;
   a.x = x.data;
   a.act = act_;
@@ -136,22 +152,11 @@ bool CudaBackend::skinny_args(Act x, const Weight* const* ws, int n, GemmQ4Skinn
 
 void CudaBackend::run_skinny(GemmQ4SkinnyArgs& a) {
   const GemmQ4SkinnyWs need = gemm_q4_skinny_ws_needed(a);
-  if (!skinny_ws_ || skinny_ws_->bytes() < size_t(need.floats) * 4 ||
-      skinny_tickets_->bytes() < size_t(need.n_tickets) * 4) {
-    NF4FLASH_CHECK(!capturing_, "skinny 4-bit GEMM: its workspace must be allocated before graph capture");
-    sync();  // a launch in flight may still use the old buffers
-    const size_t floats = std::max(size_t(need.floats), skinny_ws_ ? skinny_ws_->bytes() / 4 : 0);
-    const size_t tickets = std::max(size_t(need.n_tickets), skinny_tickets_ ? skinny_tickets_->bytes() / 4 : 0);
-    skinny_ws_.reset();
-    skinny_tickets_.reset();
-    skinny_ws_ = std::make_unique<CudaBuffer>(floats * 4);
-    skinny_tickets_ = std::make_unique<CudaBuffer>(tickets * 4);
-    CUDA_CHECK(cudaMemsetAsync(skinny_tickets_->data(), 0, skinny_tickets_->bytes(), stream_));
-  }
-  a.ws = {static_cast<float*>(skinny_ws_->data()), int64_t(skinny_ws_->bytes() / 4),
-          static_cast<int*>(skinny_tickets_->data()), int64_t(skinny_tickets_->bytes() / 4)};
+  a.ws = q4_split_ws(need.floats, need.n_tickets);
   gemm_q4_skinny(a, stream_);
 }
+
+// ---- decode GEMVs ---------------------------------------------------------------------------------
 
 // The decode GEMV's arguments every form shares: x, its rows, the compute dtype.
 static GemvQ4DecodeArgs decode_base(Act x, DType act) {
