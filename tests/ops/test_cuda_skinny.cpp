@@ -4,7 +4,10 @@
 // ragged), NF4/FP4, plain and double-quant absmax, ragged rows (row tiles past the weight), and
 // launches where units are cut between blocks (stream-K slots summed by the last block) or not.
 // Every launch runs twice and must give bit-identical results (the counters reset themselves);
-// the path names say which rows take it.
+// the path names say which rows take it. They need a GPU whose shared memory per block holds the
+// kernel at 64 rows (Hopper); elsewhere they skip, and the rows take the other paths.
+#include <cuda_runtime.h>
+
 #include "backend/cuda/launchers.h"
 #include "core/error.h"
 #include "ops/cuda_test_util.h"
@@ -12,6 +15,21 @@
 
 namespace nf4flash::test {
 namespace {
+
+// The rows the skinny GEMM serves on this GPU (its shared memory per block: 64 on Hopper).
+int skinny_rows_here() {
+  int dev = 0, smem = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return cuda::gemm_q4_skinny_max_rows(size_t(smem));
+}
+#define NF4FLASH_REQUIRE_SKINNY64()                                                                      \
+  do {                                                                                                \
+    NF4FLASH_REQUIRE_CUDA();                                                                          \
+    if (skinny_rows_here() < 64)                                                                      \
+      GTEST_SKIP() << "the skinny GEMM at 64 rows needs 172 KiB of shared memory per block (this GPU: " \
+                   << skinny_rows_here() << " rows)";                                                 \
+  } while (0)
 
 // The skinny GEMM up to its largest row count (the default stops at 32)
 CudaTuning skinny64() {
@@ -64,7 +82,7 @@ void run_skinny(DType dt, const SkCase& c) {
 }
 
 TEST(CudaSkinny, LinearAndMulti) {
-  NF4FLASH_REQUIRE_CUDA();
+  NF4FLASH_REQUIRE_SKINNY64();
   const SkCase cases[] = {
       // units cut between blocks (16 units x 64 column tiles over every SM) and whole units
       {QuantType::NF4, true, {4096}, 4096, 32, false},
@@ -83,7 +101,7 @@ TEST(CudaSkinny, LinearAndMulti) {
 }
 
 TEST(CudaSkinny, SwiGLU) {
-  NF4FLASH_REQUIRE_CUDA();
+  NF4FLASH_REQUIRE_SKINNY64();
   for (auto [I, H, T, bias] : {std::tuple{int64_t{14336}, int64_t{4096}, int64_t{64}, false},
                                std::tuple{int64_t{1000}, int64_t{512}, int64_t{40}, true},
                                std::tuple{int64_t{200}, int64_t{128}, int64_t{12}, false}}) {
@@ -104,7 +122,7 @@ TEST(CudaSkinny, SwiGLU) {
 }
 
 TEST(CudaSkinny, PathByRows) {
-  NF4FLASH_REQUIRE_CUDA();
+  NF4FLASH_REQUIRE_SKINNY64();
   auto q = random_quant4(64, 128, QuantType::NF4, true);
   auto path = [&](const CudaTuning& t, int64_t rows) {
     Backends b(DType::BF16, t);
@@ -126,6 +144,14 @@ TEST(CudaSkinny, PathByRows) {
   Backends f32(DType::F32);
   auto w = f32.gpu->upload_quant4(q);
   EXPECT_EQ(f32.gpu->linear_path(*w, 32).find("gemm_q4_skinny"), std::string::npos);
+}
+
+// Which GPUs run it, from their opt-in shared memory per block (no GPU needed): none of the rows
+// on 99 KiB (RTX 30/40 series), up to 32 on the A100 (163 KiB), all 64 on Hopper (227 KiB).
+TEST(CudaSkinny, RowsBySharedMemory) {
+  EXPECT_EQ(cuda::gemm_q4_skinny_max_rows(101376), 0);
+  EXPECT_EQ(cuda::gemm_q4_skinny_max_rows(166912), 32);
+  EXPECT_EQ(cuda::gemm_q4_skinny_max_rows(232448), 64);
 }
 
 }  // namespace

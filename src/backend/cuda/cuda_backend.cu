@@ -43,6 +43,8 @@ CudaBackend::CudaBackend(const CudaBackendOptions& o)
   const bool fused_ok = act_ != DType::F32 && gemm_q4_wgmma_supported();
   q4_gemm_fused_ = fused_ok && tuning_.q4_gemm != Q4GemmMode::Dequant;
   q4_fused_max_rows_ = tuning_.q4_fused_max_rows;
+  // the skinny GEMM where its shared-memory ring fits a block (not on GPUs with 99 KiB per block)
+  q4_skinny_max_rows_ = std::min<int64_t>(tuning_.q4_skinny_max_rows, gemm_q4_skinny_max_rows(props_.sharedMemPerBlockOptin));
   if (tuning_.q4_gemm == Q4GemmMode::Fused) {
     NF4FLASH_CHECK(fused_ok, "NF4FLASH_Q4_GEMM=fused: the fused 4-bit GEMM needs bf16/f16 compute, a build for "
                    "sm_90a and a compute capability 9.0 GPU (this: ", props_.major, ".", props_.minor,

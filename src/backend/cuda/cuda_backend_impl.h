@@ -28,7 +28,7 @@ using namespace cuda;
 enum class LinearPlan : uint8_t {
   Q4Decode,       // 4-bit, 1..8 rows: gemv_q4_decode (q/k/v, gate+up+SiLU, residual and norm fused)
   Q4Gemv,         // 4-bit, 9..gemv_max_rows rows: gemv_q4 in launches of 8 rows
-  Q4Skinny,       // 4-bit, auto mode, up to q4_skinny_max_rows rows: the skinny GEMM (mma.sync; q/k/v and
+  Q4Skinny,       // 4-bit, auto mode, up to q4_skinny_max_rows_ rows: the skinny GEMM (mma.sync; q/k/v and
                   // gate+up one launch each)
   Q4FusedGemm,    // 4-bit, up to q4_fused_max_rows rows: the fused wgmma GEMM (sm_90a)
   Q4DequantGemm,  // 4-bit, more rows (or f32 compute): dequantize (in row chunks) + cublasGemmEx
@@ -223,6 +223,7 @@ class CudaBackend : public Backend {
   // resolved from tuning_ at construction
   bool q4_gemm_fused_ = false;        // the fused GEMM serves 4-bit products above the GEMV rows
   int64_t q4_fused_max_rows_ = 0;     // ... up to this many rows
+  int64_t q4_skinny_max_rows_ = 0;    // the skinny GEMM up to this many rows (tuning, capped by shared memory)
   int64_t dequant_chunk_bytes_ = 0;   // dequantize + cuBLAS: row chunks of at most this size
   FlashKernel flash_kernel_ = FlashKernel::Mma;
   // 4-bit GEMM path (dequantize + cuBLAS): products of at least kDequantChunkMinRows rows dequantize

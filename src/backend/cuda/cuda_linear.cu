@@ -15,7 +15,7 @@ LinearPlan CudaBackend::plan(const Weight& w, int64_t rows) const {
     const bool gemv = act_ != DType::F32 && rows <= tuning_.gemv_max_rows;
     if (gemv && rows <= kGemvMaxRows) return LinearPlan::Q4Decode;
     if (gemv) return LinearPlan::Q4Gemv;
-    if (act_ != DType::F32 && tuning_.q4_gemm == Q4GemmMode::Auto && rows <= tuning_.q4_skinny_max_rows)
+    if (act_ != DType::F32 && tuning_.q4_gemm == Q4GemmMode::Auto && rows <= q4_skinny_max_rows_)
       return LinearPlan::Q4Skinny;
     if (q4_gemm_fused_ && rows <= q4_fused_max_rows_) return LinearPlan::Q4FusedGemm;
     return LinearPlan::Q4DequantGemm;

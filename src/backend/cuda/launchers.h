@@ -148,6 +148,11 @@ struct GemmQ4SkinnyArgs {
   GemmQ4SkinnyWs ws;
 };
 GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& a);  // sizes only, no pointers
+// The most rows the kernel serves on a device with this much opt-in shared memory per block (its
+// 6-stage ring and code table take 131.5 / 145 / 172 KiB at up to 16 / 32 / 64 rows, plus ~1 KiB of
+// static shared memory): 64 on Hopper, 32 on the A100,
+// 0 on GPUs with 99 KiB (RTX 30 and 40 series).
+int gemm_q4_skinny_max_rows(size_t smem_per_block);
 void gemm_q4_skinny(const GemmQ4SkinnyArgs& a, cudaStream_t st);
 
 struct GemvDenseArgs {

@@ -11,43 +11,11 @@ namespace {
 // Token tiles of the kernel serving T rows.
 int skinny_nt(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
-// Stages and blocks per multiprocessor: one block of 6 stages for every token-tile count. H100,
-// llama3-8b NF4-dq bench --batch 32: 4713 tok/s against 4450 with two blocks of 3 stages at 2 and 4
-// token tiles (128 registers).
-template <int NT>
-struct SkCfg {
-  static constexpr int S = 6, MINB = 1;
-};
-
-template <typename TA, bool DQ, int NT, typename C>
-constexpr auto skinny_kernel = gemm_q4_skinny_kernel<TA, DQ, NT, C::S, C::MINB>;
-
-// Resident blocks per multiprocessor of the kernel for NT token tiles (its shared-memory opt-in set
-// on first use).
-template <typename TA, bool DQ, int NT, typename C>
-int skinny_per_sm_cfg() {
-  static const int v = [] {
-    constexpr auto kernel = skinny_kernel<TA, DQ, NT, C>;
-    constexpr int smem = skinny_smem_bytes(NT, C::S);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    int n = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kSkinnyW * 32, smem));
-    return std::max(n, 1);
-  }();
-  return v;
-}
-template <typename TA, bool DQ, int NT>
-int skinny_per_sm() {
-  return skinny_per_sm_cfg<TA, DQ, NT, SkCfg<NT>>();
-}
-int skinny_per_sm(DType act, bool dq, int nt) {
-  auto pick = [&](auto ta) {
-    using TA = decltype(ta);
-    if (dq) return nt == 2 ? skinny_per_sm<TA, true, 2>() : nt == 4 ? skinny_per_sm<TA, true, 4>() : skinny_per_sm<TA, true, 8>();
-    return nt == 2 ? skinny_per_sm<TA, false, 2>() : nt == 4 ? skinny_per_sm<TA, false, 4>() : skinny_per_sm<TA, false, 8>();
-  };
-  return act == DType::F16 ? pick(__half{}) : pick(__nv_bfloat16{});
-}
+// One block of 6 stages per multiprocessor for every token-tile count (H100, llama3-8b NF4-dq
+// bench --batch 32: 4713 tok/s against 4450 with two blocks of 3 stages at 2 and 4 token tiles,
+// 128 registers). Its shared memory (131.5-172 KiB) leaves no room for a second block.
+constexpr int kSkinnyStages = 6, kSkinnyMinBlocks = 1;
+static_assert(2 * skinny_smem_bytes(2, kSkinnyStages) > 228 * 1024, "gemm_q4_skinny: one block per SM");
 
 int64_t skinny_units(const GemmQ4SkinnyArgs& g) {
   int64_t u = 0;
@@ -55,15 +23,22 @@ int64_t skinny_units(const GemmQ4SkinnyArgs& g) {
   return u;
 }
 
-int skinny_grid(const GemmQ4SkinnyArgs& g) {
-  const int64_t steps = skinny_units(g) * g.w[0]->KT;
-  const int per_sm = skinny_per_sm(g.act, g.w[0]->double_quant, skinny_nt(g.T));
-  return int(std::max<int64_t>(1, std::min<int64_t>(steps / kSkinnyMinSteps, int64_t(per_sm) * device_sm_count())));
+// Blocks of a launch over `units`: one per multiprocessor, at least kSkinnyMinSteps steps each.
+int skinny_grid(int64_t units, int64_t KT) {
+  return int(std::max<int64_t>(1, std::min<int64_t>(units * KT / kSkinnyMinSteps, device_sm_count())));
 }
 
-template <typename TA, bool DQ, int NT, typename C>
-void launch_skinny_cfg(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  constexpr auto kernel = skinny_kernel<TA, DQ, NT, C>;
+int64_t skinny_slice(int T) { return int64_t(kSkinnyR) * skinny_nt(T) * 4 * kSkinnyW * 32; }
+
+template <typename TA, bool DQ, int NT>
+void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, kSkinnyStages, kSkinnyMinBlocks>;
+  constexpr int smem = skinny_smem_bytes(NT, kSkinnyStages);
+  static const bool opted_in = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)opted_in;
   const Q4Device& w0 = *g.w[0];
   Q4SkinnyArgs k{};
   int64_t units = 0;
@@ -84,20 +59,15 @@ void launch_skinny_cfg(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   k.out_f32 = g.out_dtype == DType::F32;
   k.log2_blocksize = w0.log2_blocksize;
   k.log2_nested = w0.log2_nested;
-  const int grid = skinny_grid(g);
-  const GemmQ4SkinnyWs need = gemm_q4_skinny_ws_needed(g);
-  NF4FLASH_CHECK(g.ws.partial && g.ws.floats >= need.floats && g.ws.tickets && g.ws.n_tickets >= need.n_tickets,
+  const int grid = skinny_grid(units, w0.KT);
+  const int64_t floats = (units + grid) * skinny_slice(g.T);
+  NF4FLASH_CHECK(g.ws.partial && g.ws.floats >= floats && g.ws.tickets && g.ws.n_tickets >= units,
                  "gemm_q4_skinny: workspace of ", g.ws.floats, " floats / ", g.ws.n_tickets, " counters, needs ",
-                 need.floats, " / ", need.n_tickets);
+                 floats, " / ", units);
   k.partial = g.ws.partial;
   k.tickets = g.ws.tickets;
-  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(skinny_smem_bytes(NT, C::S)), st, k);
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
   CUDA_CHECK_LAUNCH();
-}
-
-template <typename TA, bool DQ, int NT>
-void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  launch_skinny_cfg<TA, DQ, NT, SkCfg<NT>>(g, st);
 }
 
 template <typename TA, bool DQ>
@@ -112,12 +82,18 @@ void launch_skinny_nt(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
 }  // namespace
 
 GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& g) {
-  const int64_t slice = int64_t(kSkinnyR) * skinny_nt(g.T) * 4 * kSkinnyW * 32;
   const int64_t units = skinny_units(g);
   GemmQ4SkinnyWs r;
-  r.floats = (units + skinny_grid(g)) * slice;
+  r.floats = (units + skinny_grid(units, g.w[0]->KT)) * skinny_slice(g.T);
   r.n_tickets = units;
   return r;
+}
+
+int gemm_q4_skinny_max_rows(size_t smem_per_block) {
+  constexpr size_t kStaticSmem = 2048;  // the kernel's static shared arrays (1104 bytes), rounded up
+  for (int T = kQ4SkinnyMaxRows; T > 0; T -= 8)
+    if (size_t(skinny_smem_bytes(skinny_nt(T), kSkinnyStages)) + kStaticSmem <= smem_per_block) return T;
+  return 0;
 }
 
 void gemm_q4_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
