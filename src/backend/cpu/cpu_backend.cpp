@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/matmul_dense.h"
 #include "backend/cpu/matmul_q4.h"
+#include "backend/cpu/matmul_q4_bf16.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/safetensors.h"
@@ -83,21 +84,31 @@ class CpuDense final : public Weight {
   std::vector<uint16_t> bf16_;
 };
 
+// A 4-bit weight: the bitsandbytes layout (compute f32, the exact path), or only its bf16 panels
+// (compute bf16, where the bf16 kernel exists and the shape suits it).
 class CpuQuant4 final : public Weight {
  public:
-  explicit CpuQuant4(std::shared_ptr<const Quant4Tensor> q) : q_(std::move(q)) {
+  CpuQuant4(std::shared_ptr<const Quant4Tensor> q, bool panels) {
     kind_ = Kind::Quant4;
-    dtype_ = q_->orig_dtype;
-    quant_ = q_->type;
-    double_quant_ = q_->double_quant;
-    rows_ = q_->rows;
-    cols_ = q_->cols;
-    bytes_ = q_->resident_bytes();
+    dtype_ = q->orig_dtype;
+    quant_ = q->type;
+    double_quant_ = q->double_quant;
+    rows_ = q->rows;
+    cols_ = q->cols;
+    if (panels) {
+      panels_ = std::make_unique<Q4Panels>(pack_q4_panels(*q));
+      bytes_ = panels_->resident_bytes();
+    } else {
+      q_ = std::move(q);
+      bytes_ = q_->resident_bytes();
+    }
   }
-  const Quant4Tensor& q() const { return *q_; }
+  const Quant4Tensor* q() const { return q_.get(); }
+  const Q4Panels* panels() const { return panels_.get(); }
 
  private:
   std::shared_ptr<const Quant4Tensor> q_;
+  std::unique_ptr<Q4Panels> panels_;
 };
 
 float* f32p(Act& a) { return static_cast<float*>(a.data); }
@@ -156,7 +167,8 @@ class CpuBackend final : public Backend {
     return std::make_unique<CpuDense>(t, store);
   }
   std::unique_ptr<Weight> upload_quant4(std::shared_ptr<const Quant4Tensor> q) override {
-    return std::make_unique<CpuQuant4>(std::move(q));
+    const bool panels = compute_ == DType::BF16 && q4_bf16_supported(*q);
+    return std::make_unique<CpuQuant4>(std::move(q), panels);
   }
 
   void embed(const Weight& table, const int32_t* ids, Act out) override {
@@ -188,8 +200,9 @@ class CpuBackend final : public Backend {
                    "linear: shapes x[", x.rows, ",", x.cols, "] W[", w.rows(), ",", w.cols(), "] out[", out.rows, ",", out.cols, "]");
     NF4FLASH_CHECK(out.dtype == DType::F32, "cpu linear: output must be f32");
     if (w.kind() == Weight::Kind::Quant4) {
-      const auto& q = static_cast<const CpuQuant4&>(w).q();
-      cpu_matmul_q4(f32p(x), x.rows, q, f32p(out), compute_ != DType::F32);
+      const auto& q = static_cast<const CpuQuant4&>(w);
+      if (q.panels()) q4_bf16_matmul(f32p(x), x.rows, *q.panels(), f32p(out));
+      else cpu_matmul_q4(f32p(x), x.rows, *q.q(), f32p(out), compute_ != DType::F32);
     } else {
       const auto& d = static_cast<const CpuDense&>(w);
       if (d.dtype() == DType::F32) cpu_matmul_f32(f32p(x), x.rows, d.f32(), d.rows(), d.cols(), f32p(out));
@@ -327,7 +340,10 @@ class CpuBackend final : public Backend {
     return cat("--attn ", attn_impl_name(impl), " is a CUDA kernel; the CPU backend runs eager attention (use --attn eager or --device cuda)");
   }
   std::string linear_path(const Weight& w, int64_t rows) const override {
-    if (w.kind() == Weight::Kind::Quant4) return cat("cpu fused dequant ", quant_type_name(w.quant()), " matmul");
+    if (w.kind() == Weight::Kind::Quant4) {
+      if (static_cast<const CpuQuant4&>(w).panels()) return cat("cpu bf16 ", quant_type_name(w.quant()), " matmul (avx512 bf16)");
+      return cat("cpu fused dequant ", quant_type_name(w.quant()), " matmul");
+    }
     return cat("cpu ", dtype_name(w.dtype()), " matmul");
   }
 
