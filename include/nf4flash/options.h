@@ -8,7 +8,7 @@ namespace nf4flash {
 
 enum class DeviceChoice : uint8_t { Auto, CPU, CUDA };
 enum class QuantChoice : uint8_t { Auto, None, NF4, FP4 };      // Auto: what the checkpoint has
-enum class ComputeDType : uint8_t { Auto, F32, BF16, F16 };     // Auto: f32 on CPU, bf16 on CUDA
+enum class ComputeDType : uint8_t { Auto, F32, BF16, F16 };     // Auto: bf16 (CPU and CUDA)
 enum class AttnChoice : uint8_t { Auto, Flash, Sdpa, Eager };
 
 struct LoadOptions {

@@ -36,7 +36,7 @@ Plan make_plan(const LoadOptions& o, const ModelConfig& cfg) {
     case DeviceChoice::Auto: p.device = cuda_device_count() > 0 ? Device::CUDA : Device::CPU; break;
   }
   switch (o.compute) {
-    case ComputeDType::Auto: p.compute = p.device == Device::CUDA ? DType::BF16 : DType::F32; break;
+    case ComputeDType::Auto: p.compute = DType::BF16; break;
     case ComputeDType::F32: p.compute = DType::F32; break;
     case ComputeDType::BF16: p.compute = DType::BF16; break;
     case ComputeDType::F16: p.compute = DType::F16; break;

@@ -16,7 +16,7 @@ void ModelFlags::add(CLI::App& app, bool require_model) {
   app.add_flag("--double-quant", double_quant, "quantize the absmax too (bnb_4bit_use_double_quant)");
   app.add_option("--blocksize", blocksize, "4-bit quantization block size (power of two, 32..4096)");
   app.add_flag("--quant-lm-head", quant_lm_head, "also quantize lm_head (off by default, like bitsandbytes)");
-  app.add_option("--compute-dtype", compute, "f32 | bf16 | f16 (auto: f32 on CPU, bf16 on CUDA)")
+  app.add_option("--compute-dtype", compute, "f32 | bf16 | f16 (auto: bf16; f32: the exact reference path)")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}));
   app.add_option("--attn", attn, "attention: flash | sdpa | eager (auto: flash on CUDA)")
       ->check(CLI::IsMember({"auto", "flash", "sdpa", "eager"}));
