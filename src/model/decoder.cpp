@@ -55,7 +55,8 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     const TensorInfo& e = store.get("model.embed_tokens.weight");
     if (e.shape.size() != 2 || e.shape[0] != V || e.shape[1] != H)
       fail(e.file, ": model.embed_tokens.weight has shape ", e.shape_str(), ", expected [", V, ", ", H, "]");
-    embed_ = be_.upload_embedding(e, policy.dense_store, cfg.tie_embeddings);
+    // a tied table is the lm_head too, unless --quant-lm-head makes a 4-bit copy of it for that
+    embed_ = be_.upload_embedding(e, policy.dense_store, cfg.tie_embeddings && !policy.quant_lm_head);
     stats_.weight_bytes += embed_->resident_bytes();
   }
   tick();
@@ -83,10 +84,14 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     tick();
   }
   final_norm_ = vector_weight(store, "model.norm.weight", H);
-  if (!cfg.tie_embeddings) {
-    lm_head_ = linear_weight(store, "lm_head.weight", V, H, policy, policy.quant_lm_head);
-  } else if (policy.quant_lm_head) {
-    fail("--quant-lm-head: this model ties lm_head to the embeddings; quantizing it is not supported");
+  {
+    // --quant-lm-head: the output projection quantized like the other linears, from lm_head.weight
+    // or, when tied, from the embedding table (which stays dense for the lookups); a dense lm_head
+    // of a pre-quantized checkpoint (bitsandbytes keeps it so) is quantized on load.
+    const char* head = cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    WeightPolicy hp = policy;
+    if (policy.quant_lm_head && store.get(head).dtype != DType::U8) hp.prequantized = false;
+    if (!cfg.tie_embeddings || policy.quant_lm_head) lm_head_ = linear_weight(store, head, V, H, hp, policy.quant_lm_head);
   }
   tick();
 

@@ -110,4 +110,36 @@ TEST(QuantFlags, FourBitWeightsAreSmallerThanDense) {
   EXPECT_LT(q4, dense * 2 / 3);  // linear weights shrink 4x; embeddings/lm_head stay bf16
 }
 
+// --quant-lm-head on models whose lm_head is tied to the embeddings: a 4-bit copy of the table
+// becomes the output projection (the dense table stays for the lookups), quantized on load also
+// for a pre-quantized checkpoint (bitsandbytes keeps lm_head dense). The logits move by the
+// head's 4-bit error only: closer to the bf16-head run than the 4-bit layers are to f32.
+TEST(QuantFlags, QuantLmHeadOnTiedEmbeddings) {
+  for (const Case& c : {Case{"llama3-hd128-ropescaled", "nf4", false}, Case{"qwen2-bias", "nf4", true}}) {
+    Golden g(c.model);
+    auto plain = load(c);
+    auto o = [&] {
+      LoadOptions lo;
+      lo.device = DeviceChoice::CPU;
+      lo.ctx_size = 512;
+      lo.load_tokenizer = false;
+      lo.model_dir = model_dir(c.prequantized ? std::string(c.model) + "-bnb-nf4" : c.model);
+      if (!c.prequantized) {
+        lo.quant = QuantChoice::NF4;
+        lo.double_quant = true;
+      }
+      lo.quant_lm_head = true;
+      return lo;
+    }();
+    auto head4 = Engine::load(o);
+    EXPECT_GT(head4->report().weight_bytes, plain->report().weight_bytes) << c.model;  // table + 4-bit head
+    const auto toks = g.i32("tokens_1");
+    const ScoreResult a = plain->score(toks, false, true), b = head4->score(toks, false, true);
+    const double moved = rel_l2(flatten(b.logits, 0), flatten(a.logits, 0));
+    const double layers = rel_l2(g.f32("logits_nf4_1"), g.f32("logits_f32_1"));
+    EXPECT_GT(moved, 0.0) << c.model << ": the head was not quantized";
+    EXPECT_LT(moved, layers) << c.model;
+  }
+}
+
 }  // namespace
