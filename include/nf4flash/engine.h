@@ -39,6 +39,7 @@ struct EngineReport {
   int64_t ctx_size = 0;
   int64_t ubatch = 0;            // prompt rows per prefill chunk
   double load_ms = 0;             // config, weights and backend setup
+  size_t checkpoint_bytes = 0;    // tensor bytes in the folder's safetensors files (0: a preset)
   double tokenizer_ms = 0;        // tokenizer.json (+ tokenizer_config.json, chat template); 0: not loaded
 };
 

@@ -171,7 +171,9 @@ nlohmann::json report_to_json(const EngineReport& r) {
           {"kv_bytes", r.kv_bytes},
           {"ctx_size", r.ctx_size},
           {"ubatch", r.ubatch},
-          {"load_ms", r.load_ms}};
+          {"load_ms", r.load_ms},
+          {"checkpoint_bytes", r.checkpoint_bytes},
+          {"load_gb_s", r.checkpoint_bytes > 0 && r.load_ms > 0 ? r.checkpoint_bytes / (r.load_ms * 1e6) : 0.0}};
 }
 
 nlohmann::json meta_to_json(const std::string& schema, const BenchMeta& meta) {

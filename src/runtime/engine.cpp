@@ -189,6 +189,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.kv_bytes = im->be->kv_bytes();
   r.ctx_size = ctx;
   r.ubatch = max_rows;
+  r.checkpoint_bytes = im->store->total_bytes();
   r.load_ms = ms_since(t0);
   return im;
 }

@@ -52,8 +52,9 @@ TEST(CliRunScore, RunStreamsTextAndEndsWithASummaryLine) {
   EXPECT_NE(r.err.find("prefill: "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("| decode: 7 tok at"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("attn="), std::string::npos) << r.err;
-  // the load line says how long the weights and the tokenizer took
-  EXPECT_NE(r.err.find(" ms | weights "), std::string::npos) << r.err;
+  // the load line says how long the weights and the tokenizer took, and the rate over the files
+  EXPECT_NE(r.err.find(" GB safetensors) | weights "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" GB/s of "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" | tokenizer "), std::string::npos) << r.err;
 }
 

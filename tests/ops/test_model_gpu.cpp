@@ -213,3 +213,29 @@ TEST(GpuModelGreedy, PipelinedDecodeEqualsSynchronous) {
 }
 
 }  // namespace
+
+// --quant-lm-head on a model with tied embeddings: the 4-bit copy of the table is the output
+// projection on the GPU as on the CPU (the dense table stays for the lookups, in host memory on
+// CUDA). Both land as close to the CPU's logits as the 4-bit layers' own bf16 tolerance.
+TEST(GpuModelGreedy, QuantLmHeadOnTiedEmbeddingsMatchesCpu) {
+  NF4FLASH_REQUIRE_CUDA();
+  Golden g("llama3-hd128-ropescaled");
+  LoadOptions o;
+  o.model_dir = model_dir("llama3-hd128-ropescaled");
+  o.quant = QuantChoice::NF4;
+  o.double_quant = true;
+  o.quant_lm_head = true;
+  o.ctx_size = 512;
+  o.load_tokenizer = false;
+  o.compute = ComputeDType::BF16;
+  o.device = DeviceChoice::CUDA;
+  auto gpu = Engine::load(o);
+  o.device = DeviceChoice::CPU;
+  auto cpu = Engine::load(o);
+  for (int i = 0; i < 3; ++i) {
+    const auto toks = g.i32(cat("tokens_", i));
+    const ScoreResult a = gpu->score(toks, false, true), b = cpu->score(toks, false, true);
+    const double tol = 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
+    EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), tol) << "seq " << i;
+  }
+}

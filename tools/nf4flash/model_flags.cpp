@@ -96,7 +96,11 @@ std::unique_ptr<Engine> load_engine(const ModelFlags& f) {
 
 std::string describe_load(const Engine& e) {
   const auto& r = e.report();
-  return cat("loaded ", r.architecture, " on ", r.backend, " in ", static_cast<int>(r.load_ms), " ms | weights ",
+  char rate[64] = "";
+  if (r.checkpoint_bytes > 0 && r.load_ms > 0)
+    std::snprintf(rate, sizeof rate, " (%.2f GB/s of %.2f GB safetensors)", r.checkpoint_bytes / (r.load_ms * 1e6),
+                  r.checkpoint_bytes / 1e9);
+  return cat("loaded ", r.architecture, " on ", r.backend, " in ", static_cast<int>(r.load_ms), " ms", rate, " | weights ",
              human_bytes(r.weight_bytes), " resident | kv cache ", human_bytes(r.kv_bytes), " (ctx ", r.ctx_size, ")",
              r.tokenizer_ms > 0 ? cat(" | tokenizer ", static_cast<int>(r.tokenizer_ms + 0.5), " ms") : std::string());
 }

@@ -41,12 +41,6 @@ std::vector<uint16_t> to_bf16_rows(const float* x, int64_t m, int64_t cols) {
   return xb;
 }
 
-int code_at(const Quant4Tensor& w, int64_t row, int64_t col) {
-  const int64_t i = row * w.cols + col;
-  const uint8_t byte = w.packed[static_cast<size_t>(i >> 1)];
-  return (i & 1) ? (byte & 0x0F) : (byte >> 4);
-}
-
 #ifdef NF4FLASH_Q4_BF16
 inline int32_t load_pair(const uint16_t* p) {
   int32_t v;
@@ -138,13 +132,11 @@ Q4Panels pack_q4_panels(const Quant4Tensor& w) {
 
   // absmax per (row, chunk), then the power of two that puts the largest in [2^14, 2^15)
   std::vector<float> amax(static_cast<size_t>(w.rows * nch));
-  float big = 0.0f;
-  for (int64_t r = 0; r < w.rows; ++r)
-    for (int64_t c = 0; c < nch; ++c) {
-      const float a = w.block_absmax((r * w.cols + c * C) / w.blocksize);
-      amax[r * nch + c] = a;
-      big = std::max(big, std::fabs(a));
-    }
+  thread_pool().parallel_for(w.rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < nch; ++c) amax[r * nch + c] = std::fabs(w.block_absmax((r * w.cols + c * C) / w.blocksize));
+  });
+  const float big = amax.empty() ? 0.0f : *std::max_element(amax.begin(), amax.end());
   const int s = big > 0.0f ? 14 - static_cast<int>(std::floor(std::log2(big))) : 0;
   const float up = std::ldexp(1.0f, s);
   o.out_scale = std::ldexp(1.0f, -s);
@@ -152,20 +144,25 @@ Q4Panels pack_q4_panels(const Quant4Tensor& w) {
   o.codes.assign(static_cast<size_t>(o.panels * nch * C * 8), 0);
   o.scales.assign(static_cast<size_t>(o.panels * nch * kP), 0);
   thread_pool().parallel_for(o.panels, 1, [&](int64_t p0, int64_t p1) {
+    uint8_t code[64];
     for (int64_t p = p0; p < p1; ++p) {
-      for (int64_t c = 0; c < nch; ++c) {
-        uint8_t* dst = &o.codes[static_cast<size_t>((p * nch + c) * C * 8)];
-        uint16_t* sdst = &o.scales[static_cast<size_t>((p * nch + c) * kP)];
-        for (int r = 0; r < kP; ++r) {
-          const int64_t row = p * kP + r;
-          if (row >= w.rows) continue;  // padded rows: codes 0 with scale 0
-          sdst[r] = f32_to_f16(amax[row * nch + c] * up);
+      for (int r = 0; r < kP; ++r) {
+        const int64_t row = p * kP + r;
+        if (row >= w.rows) break;  // padded rows: codes 0 with scale 0
+        // a row starts on a byte (cols is a multiple of the even chunk): element 2i is the high
+        // nibble of byte i, as bitsandbytes packs them
+        const uint8_t* src = w.packed.data() + row * w.cols / 2;
+        for (int64_t c = 0; c < nch; ++c) {
+          for (int i = 0; i < C / 2; ++i) {
+            const uint8_t b = src[c * C / 2 + i];
+            code[2 * i] = b >> 4;
+            code[2 * i + 1] = b & 0x0F;
+          }
+          uint8_t* dst = &o.codes[static_cast<size_t>((p * nch + c) * C * 8)];
+          o.scales[static_cast<size_t>((p * nch + c) * kP + r)] = f32_to_f16(amax[row * nch + c] * up);
           for (int k = 0; k < kb; ++k)
-            for (int e = 0; e < 2; ++e) {
-              const int lo = code_at(w, row, c * C + 2 * k + e);
-              const int hi = code_at(w, row, c * C + 2 * (k + kb) + e);
-              dst[k * 32 + 2 * r + e] = static_cast<uint8_t>(lo | (hi << 4));
-            }
+            for (int e = 0; e < 2; ++e)
+              dst[k * 32 + 2 * r + e] = static_cast<uint8_t>(code[2 * k + e] | (code[2 * (k + kb) + e] << 4));
         }
       }
     }
