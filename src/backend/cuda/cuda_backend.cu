@@ -1,8 +1,11 @@
 // The CUDA Backend (class in cuda_backend_impl.h): construction from its tuning, memory, graphs,
 // sampling (synchronous, and the pipelined decode loop's sample_to_device) and the factory.
+#include <algorithm>
 #include <climits>
+#include <cstring>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "core/thread_pool.h"
 
 namespace nf4flash {
 
@@ -75,13 +78,42 @@ CudaBackend::~CudaBackend() {
   if (host_ids_) cudaFreeHost(host_ids_);
   if (rows_ids_host_) cudaFreeHost(rows_ids_host_);
   if (cublas_) cublas().destroy(cublas_);
+  for (auto e : staging_ev_)
+    if (e) cudaEventDestroy(e);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
 // ---- memory ----
+// Large copies (weights at load, from the checkpoint's mapped pages) go through two pinned staging
+// buffers: the host threads copy chunk i + 1 into one while the DMA engine copies chunk i from the
+// other. A pageable cudaMemcpy of a mapped file runs at the speed of one host thread.
 void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  constexpr size_t kChunk = size_t{64} << 20, kPiece = size_t{2} << 20;
+  if (bytes < 2 * kPiece) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  if (!staging_[0]) {
+    for (int i = 0; i < 2; ++i) {
+      staging_[i] = std::make_unique<CudaHostBuffer>(kChunk);
+      CUDA_CHECK(cudaEventCreateWithFlags(&staging_ev_[i], cudaEventDisableTiming));
+    }
+  }
+  const auto* s = static_cast<const uint8_t*>(src);
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t off = 0, i = 0; off < bytes; off += kChunk, ++i) {
+    const size_t n = std::min(kChunk, bytes - off);
+    uint8_t* stage = static_cast<uint8_t*>(staging_[i % 2]->data());
+    CUDA_CHECK(cudaEventSynchronize(staging_ev_[i % 2]));  // its previous copy is done
+    thread_pool().parallel_for(static_cast<int64_t>((n + kPiece - 1) / kPiece), 1, [&](int64_t p0, int64_t p1) {
+      const size_t b = static_cast<size_t>(p0) * kPiece, e = std::min(n, static_cast<size_t>(p1) * kPiece);
+      std::memcpy(stage + b, s + off + b, e - b);
+    });
+    CUDA_CHECK(cudaMemcpyAsync(d + off, stage, n, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaEventRecord(staging_ev_[i % 2], stream_));
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

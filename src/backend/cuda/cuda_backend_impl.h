@@ -264,6 +264,10 @@ class CudaBackend : public Backend {
   int64_t rows_cap_ = 0;
   std::vector<cudaGraphExec_t> graphs_;
   bool capturing_ = false;
+  // upload() of large host buffers: two pinned staging buffers, filled by the host threads while
+  // the other one is copied (created at the first such upload), and an event per buffer
+  std::unique_ptr<CudaHostBuffer> staging_[2];
+  cudaEvent_t staging_ev_[2] = {};
 };
 
 }  // namespace nf4flash::cuda_impl

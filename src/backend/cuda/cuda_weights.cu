@@ -4,6 +4,7 @@
 // with their absmax per (row tile, column tile, row); shapes the layout cannot hold are
 // dequantized at load (exact bitsandbytes arithmetic) and kept dense.
 #include "backend/cuda/cuda_backend_impl.h"
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
 
 namespace nf4flash::cuda_impl {
@@ -43,7 +44,13 @@ std::unique_ptr<Weight> CudaBackend::upload_embedding(const TensorInfo& t, DType
   const int64_t n = t.numel();
   auto hb = std::make_unique<CudaHostBuffer>(size_t(n) * dtype_size(store));
   uint8_t* dst = static_cast<uint8_t*>(hb->data());
-  if (t.dtype == store) std::memcpy(dst, t.data, hb->bytes());
+  if (t.dtype == store) {
+    const size_t piece = size_t{4} << 20, total = hb->bytes();
+    thread_pool().parallel_for(static_cast<int64_t>((total + piece - 1) / piece), 1, [&](int64_t p0, int64_t p1) {
+      const size_t b = size_t(p0) * piece, e = std::min(total, size_t(p1) * piece);
+      std::memcpy(dst + b, t.data + b, e - b);
+    });
+  }
   else for (int64_t i = 0; i < n; ++i) host_store(dst, store, i, host_load(t.data, t.dtype, i));
   w->data = std::move(hb);
   w->on_host = true;
@@ -97,31 +104,28 @@ std::unique_ptr<Weight> CudaBackend::upload_quant4(std::shared_ptr<const Quant4T
     sync();
   }
   d.tiles = static_cast<const uint8_t*>(w->tiles->data());
-  // absmax per (row tile, col tile, row)
+  // absmax per (row tile, col tile, row), gathered from the block layout by the host threads
   const int64_t n_t = d.RT * d.KT * 16;
-  auto block_of = [&](int64_t rt, int64_t kt, int r) -> int64_t {
-    const int64_t row = rt * 16 + r;
-    return row < q.rows ? (row * q.cols + kt * 64) >> d.log2_blocksize : -1;
+  auto tile = [&](auto& at, const auto& src) {
+    at.assign(size_t(n_t), 0);
+    thread_pool().parallel_for(d.RT, 16, [&](int64_t rt0, int64_t rt1) {
+      for (int64_t rt = rt0; rt < rt1; ++rt)
+        for (int r = 0; r < 16 && rt * 16 + r < q.rows; ++r) {
+          const int64_t row = rt * 16 + r;
+          for (int64_t kt = 0; kt < d.KT; ++kt)
+            at[size_t((rt * d.KT + kt) * 16 + r)] = src[size_t((row * q.cols + kt * 64) >> d.log2_blocksize)];
+        }
+    });
   };
   if (!q.double_quant) {
-    std::vector<float> at(size_t(n_t), 0.f);
-    for (int64_t rt = 0; rt < d.RT; ++rt)
-      for (int64_t kt = 0; kt < d.KT; ++kt)
-        for (int r = 0; r < 16; ++r) {
-          const int64_t b = block_of(rt, kt, r);
-          if (b >= 0) at[size_t((rt * d.KT + kt) * 16 + r)] = q.absmax[size_t(b)];
-        }
+    std::vector<float> at;
+    tile(at, q.absmax);
     w->absmax = std::make_unique<CudaBuffer>(at.size() * 4);
     upload(w->absmax->data(), at.data(), w->absmax->bytes());
     d.absmax_tiled = static_cast<const float*>(w->absmax->data());
   } else {
-    std::vector<uint8_t> at(size_t(n_t), 0);
-    for (int64_t rt = 0; rt < d.RT; ++rt)
-      for (int64_t kt = 0; kt < d.KT; ++kt)
-        for (int r = 0; r < 16; ++r) {
-          const int64_t b = block_of(rt, kt, r);
-          if (b >= 0) at[size_t((rt * d.KT + kt) * 16 + r)] = q.absmax_q[size_t(b)];
-        }
+    std::vector<uint8_t> at;
+    tile(at, q.absmax_q);
     w->absmax = std::make_unique<CudaBuffer>(at.size());
     upload(w->absmax->data(), at.data(), at.size());
     d.absq_tiled = static_cast<const uint8_t*>(w->absmax->data());
