@@ -13,35 +13,49 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_start_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+// Spin iterations (a pause each, ~40 ns on current x86) before blocking: ~50 microseconds.
+constexpr int kSpin = 1 << 11;
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n, chunk;
-    int chunks;
-    {
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int i = 0; i < kSpin && g == seen && !stop_.load(std::memory_order_relaxed); ++i) {
+      cpu_relax();
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_start_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunk = job_chunk_;
-      chunks = job_chunks_;
+      sleepers_.fetch_add(1);
+      cv_start_.wait(lk, [&] { return stop_.load() || generation_.load() != seen; });
+      sleepers_.fetch_sub(1);
+      g = generation_.load(std::memory_order_acquire);
     }
+    if (stop_.load()) return;
+    seen = g;
+    const int chunks = job_chunks_;
     if (index < chunks) {
-      const int64_t b = index * chunk, e = std::min(n, b + chunk);
-      if (b < e) (*job)(b, e);
+      const int64_t b = index * job_chunk_, e = std::min(job_n_, b + job_chunk_);
+      if (b < e) (*job_)(b, e);
     }
-    {
+    // seq_cst with the caller's store of caller_asleep_ and load of pending_: one of the two sees
+    // the other's write, so a caller that went to sleep is woken
+    if (pending_.fetch_sub(1) == 1 && caller_asleep_.load()) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      cv_done_.notify_one();
     }
   }
 }
@@ -57,19 +71,26 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     return;
   }
   const int64_t chunk = (n + chunks - 1) / chunks;
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = chunk;
+  job_chunks_ = chunks;
+  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
+    // under the mutex: a worker between its last spin and its wait sees either the new
+    // generation or the notification
     std::lock_guard<std::mutex> lk(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunk_ = chunk;
-    job_chunks_ = chunks;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
-  cv_start_.notify_all();
+  if (sleepers_.load() > 0) cv_start_.notify_all();
   fn(0, std::min(n, chunk));
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
+  for (int i = 0; i < kSpin && pending_.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lk(mu_);
+    caller_asleep_.store(true);
+    cv_done_.wait(lk, [&] { return pending_.load() == 0; });
+    caller_asleep_.store(false);
+  }
   job_ = nullptr;
 }
 

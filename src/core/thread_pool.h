@@ -1,6 +1,7 @@
 // A small persistent thread pool with a blocking parallel_for. One global pool sized from
 // --threads (default: hardware concurrency); callers split work into contiguous ranges.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -29,12 +30,17 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
+  // A job is published by bumping generation_ (release) after its fields are written; workers
+  // and the caller spin on generation_ / pending_ for a short while before sleeping on the
+  // condition variables (a decode step hands out a few hundred jobs of tens of microseconds).
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0, job_chunk_ = 0;
   int job_chunks_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<int> sleepers_{0};     // workers blocked on cv_start_
+  std::atomic<bool> caller_asleep_{false};
+  std::atomic<bool> stop_{false};
 };
 
 // The process-wide pool. set_num_threads() before first use to choose its size (0 = all cores).
