@@ -118,12 +118,15 @@ def make(name, cls, kw, out_dir, dev):
     std = run(model, toks[2], dev).std().item()
     with torch.no_grad():
         head_weight(model).mul_(0.6 / max(std, 1e-6))
-    model.to(torch.bfloat16).to(torch.float32)  # the saved bf16 weights are the f32 reference's
     model.to(torch.bfloat16).save_pretrained(os.path.join(out_dir, name), safe_serialization=True)
+    del model
 
+    # each variant loaded from the saved folder as a user would (a dtype round trip of the live
+    # model would also round its non-persistent buffers, e.g. the rotary inv_freq, to bf16)
     gold = {}
     for v, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
-        model.to(dtype)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.join(out_dir, name), dtype=dtype, attn_implementation="eager").to(dev).eval()
         for i, t in enumerate(toks):
             lg = run(model, t, dev)
             lp = torch.log_softmax(lg, dim=-1)

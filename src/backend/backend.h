@@ -85,6 +85,11 @@ class Weight {
 struct RopeParams {
   int head_dim = 0;         // rotary dims = head_dim (rotate-half layout, as transformers)
   const float* inv_freq = nullptr;  // backend memory, head_dim/2 floats (scaling already applied)
+  // longrope (CPU backend): rows of a sequence whose forward ends past long_after positions use
+  // inv_freq_long; cos and sin are multiplied by mscale. Null / 1: plain RoPE.
+  const float* inv_freq_long = nullptr;
+  int64_t long_after = 0;
+  float mscale = 1.0f;
 };
 
 struct AttnParams {

@@ -1,5 +1,7 @@
 #include "io/hf_config.h"
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 
@@ -93,12 +95,43 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
     c.rope.factor = get_or<double>(*rp, "factor", 1.0, src);
     c.rope.low_freq_factor = get_or<double>(*rp, "low_freq_factor", 1.0, src);
     c.rope.high_freq_factor = get_or<double>(*rp, "high_freq_factor", 4.0, src);
-    c.rope.original_max_positions = get_or<int64_t>(*rp, "original_max_position_embeddings", 0, src);
-    if (type != "default" && type != "llama3" && type != "linear")
-      fail(src, ": rope type '", type, "' is not supported (supported: default, llama3, linear)");
+    c.rope.original_max_positions = get_or<int64_t>(
+        *rp, "original_max_position_embeddings", get_or<int64_t>(j, "original_max_position_embeddings", 0, src), src);
+    if (type != "default" && type != "llama3" && type != "linear" && type != "longrope")
+      fail(src, ": rope type '", type, "' is not supported (supported: default, llama3, linear, longrope)");
+    if (get_or<double>(*rp, "partial_rotary_factor", get_or<double>(j, "partial_rotary_factor", 1.0, src), src) != 1.0)
+      fail(src, ": partial_rotary_factor other than 1 is not supported");
+    if (type == "longrope") {
+      const int half = c.head_dim / 2;
+      for (const char* key : {"short_factor", "long_factor"}) {
+        if (!rp->contains(key) || !(*rp)[key].is_array() || int((*rp)[key].size()) != half)
+          fail(src, ": longrope needs ", key, " with head_dim / 2 = ", half, " numbers");
+        auto& dst = std::string(key) == "short_factor" ? c.rope.short_factor : c.rope.long_factor;
+        for (const auto& v : (*rp)[key]) {
+          if (!v.is_number() || v.get<double>() <= 0) fail(src, ": longrope ", key, " must hold positive numbers");
+          dst.push_back(v.get<double>());
+        }
+      }
+      if (c.rope.original_max_positions <= 0) fail(src, ": longrope rope scaling needs original_max_position_embeddings");
+      // transformers: factor = max_position_embeddings / original when the config gives the
+      // original length, attention_factor = sqrt(1 + ln(factor) / ln(original)) unless given
+      const double factor = double(c.max_positions) / double(c.rope.original_max_positions);
+      c.rope.factor = factor;
+      c.rope.attention_factor = rp->contains("attention_factor") && (*rp)["attention_factor"].is_number()
+                                    ? (*rp)["attention_factor"].get<double>()
+                                    : factor <= 1.0 ? 1.0
+                                                    : std::sqrt(1.0 + std::log(factor) / std::log(double(c.rope.original_max_positions)));
+    }
     if (type == "llama3" && c.rope.original_max_positions <= 0)
       fail(src, ": llama3 rope scaling needs original_max_position_embeddings");
     if (type != "default" && c.rope.factor <= 0) fail(src, ": rope factor must be positive");
+  }
+
+  // Qwen2 configs carry a sliding_window with use_sliding_window false: no window then
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null() && get_or<bool>(j, "use_sliding_window", true, src)) {
+    c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, src);
+    if (c.sliding_window < 0) fail(src, ": sliding_window must be a non-negative integer or null");
+    if (c.sliding_window >= c.max_positions) c.sliding_window = 0;  // spans every position the model takes
   }
 
   std::string dt = get_or<std::string>(j, "dtype", get_or<std::string>(j, "torch_dtype", "bfloat16", src), src);

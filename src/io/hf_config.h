@@ -11,11 +11,15 @@
 namespace nf4flash {
 
 struct RopeConfig {
-  std::string type = "default";  // default | llama3 | linear
+  std::string type = "default";  // default | llama3 | linear | longrope
   double theta = 10000.0;
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_positions = 0;
+  // longrope: per-frequency divisors (head_dim / 2 each), the long ones for a forward whose last
+  // position is past original_max_positions; cos and sin scaled by attention_factor
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -29,6 +33,7 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v (and for Llama also o) bias as the config says
   bool mlp_bias = false;
   std::string hidden_act = "silu";
+  int64_t sliding_window = 0;   // attention span of each position (0: the whole context)
   RopeConfig rope;
   DType weights_dtype = DType::BF16;
   nlohmann::json quantization_config;  // null when absent

@@ -9,12 +9,14 @@ struct ArchRow {
   const char* name;
   enum class Bias { None, FromConfig, QkvOnly } bias;
   bool qk_norm;
+  bool fused = false;  // qkv_proj and gate_up_proj
 };
 constexpr ArchRow kArchTable[] = {
     {"LlamaForCausalLM", ArchRow::Bias::FromConfig, false},
     {"MistralForCausalLM", ArchRow::Bias::None, false},
     {"Qwen2ForCausalLM", ArchRow::Bias::QkvOnly, false},
     {"Qwen3ForCausalLM", ArchRow::Bias::FromConfig, true},
+    {"Phi3ForCausalLM", ArchRow::Bias::None, false, true},
 };
 }  // namespace
 
@@ -30,6 +32,7 @@ ArchFlags resolve_arch(const ModelConfig& c) {
     ArchFlags f;
     f.name = r.name;
     f.qk_norm = r.qk_norm;
+    f.fused_qkv = f.fused_gate_up = r.fused;
     switch (r.bias) {
       case ArchRow::Bias::None: break;
       case ArchRow::Bias::FromConfig:

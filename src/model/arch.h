@@ -13,6 +13,8 @@ struct ArchFlags {
   bool q_bias = false, k_bias = false, v_bias = false, o_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;   // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool fused_qkv = false;     // one qkv_proj [q + k + v rows, hidden] (Phi-3)
+  bool fused_gate_up = false; // one gate_up_proj [2 * intermediate, hidden], gate rows first (Phi-3)
 };
 
 // Resolves the flags for `c.architecture` (and its config switches); throws for unknown ones.

@@ -42,6 +42,22 @@ std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const s
   return w;
 }
 
+std::vector<std::unique_ptr<Weight>> Decoder::fused_weight(const WeightStore& store, const std::string& name,
+                                                          const std::vector<int64_t>& part_rows, int64_t cols,
+                                                          const WeightPolicy& p) {
+  auto ws = load_fused_linear(be_, store, name, part_rows, cols, p);
+  for (const auto& w : ws) {
+    stats_.weight_bytes += w->resident_bytes();
+    if (w->kind() == Weight::Kind::Quant4) {
+      stats_.quant4_bytes += w->resident_bytes();
+      ++stats_.n_quant4;
+    } else {
+      ++stats_.n_dense_linear;
+    }
+  }
+  return ws;
+}
+
 Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
                  const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress)
     : cfg_(cfg), arch_(arch), be_(backend), max_rows_(max_rows), policy_store_(policy.dense_store) {
@@ -65,9 +81,17 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     LayerWeights& L = layers_[i];
     L.attn_norm = vector_weight(store, layer_name(i, "input_layernorm.weight"), H);
     L.mlp_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
-    L.wq = linear_weight(store, layer_name(i, "self_attn.q_proj.weight"), int64_t{nh} * hd, H, policy, true);
-    L.wk = linear_weight(store, layer_name(i, "self_attn.k_proj.weight"), int64_t{nkv} * hd, H, policy, true);
-    L.wv = linear_weight(store, layer_name(i, "self_attn.v_proj.weight"), int64_t{nkv} * hd, H, policy, true);
+    if (arch.fused_qkv) {
+      auto w = fused_weight(store, layer_name(i, "self_attn.qkv_proj.weight"),
+                            {int64_t{nh} * hd, int64_t{nkv} * hd, int64_t{nkv} * hd}, H, policy);
+      L.wq = std::move(w[0]);
+      L.wk = std::move(w[1]);
+      L.wv = std::move(w[2]);
+    } else {
+      L.wq = linear_weight(store, layer_name(i, "self_attn.q_proj.weight"), int64_t{nh} * hd, H, policy, true);
+      L.wk = linear_weight(store, layer_name(i, "self_attn.k_proj.weight"), int64_t{nkv} * hd, H, policy, true);
+      L.wv = linear_weight(store, layer_name(i, "self_attn.v_proj.weight"), int64_t{nkv} * hd, H, policy, true);
+    }
     L.wo = linear_weight(store, layer_name(i, "self_attn.o_proj.weight"), H, int64_t{nh} * hd, policy, true);
     L.bq = optional_vector(store, layer_name(i, "self_attn.q_proj.bias"), int64_t{nh} * hd, arch.q_bias);
     L.bk = optional_vector(store, layer_name(i, "self_attn.k_proj.bias"), int64_t{nkv} * hd, arch.k_bias);
@@ -75,8 +99,14 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     L.bo = optional_vector(store, layer_name(i, "self_attn.o_proj.bias"), H, arch.o_bias);
     L.q_norm = optional_vector(store, layer_name(i, "self_attn.q_norm.weight"), hd, arch.qk_norm);
     L.k_norm = optional_vector(store, layer_name(i, "self_attn.k_norm.weight"), hd, arch.qk_norm);
-    L.gate = linear_weight(store, layer_name(i, "mlp.gate_proj.weight"), I, H, policy, true);
-    L.up = linear_weight(store, layer_name(i, "mlp.up_proj.weight"), I, H, policy, true);
+    if (arch.fused_gate_up) {
+      auto w = fused_weight(store, layer_name(i, "mlp.gate_up_proj.weight"), {I, I}, H, policy);
+      L.gate = std::move(w[0]);
+      L.up = std::move(w[1]);
+    } else {
+      L.gate = linear_weight(store, layer_name(i, "mlp.gate_proj.weight"), I, H, policy, true);
+      L.up = linear_weight(store, layer_name(i, "mlp.up_proj.weight"), I, H, policy, true);
+    }
     L.down = linear_weight(store, layer_name(i, "mlp.down_proj.weight"), H, I, policy, true);
     L.b_gate = optional_vector(store, layer_name(i, "mlp.gate_proj.bias"), I, arch.mlp_bias);
     L.b_up = optional_vector(store, layer_name(i, "mlp.up_proj.bias"), I, arch.mlp_bias);
@@ -101,6 +131,16 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   be_.upload(inv_freq_buf_->data(), inv.data(), inv.size() * 4);
   rope_.head_dim = hd;
   rope_.inv_freq = static_cast<const float*>(inv_freq_buf_->data());
+  if (cfg.rope.type == "longrope") {
+    if (be_.device() != Device::CPU)
+      fail(cfg.source, ": longrope rope scaling (", arch.name, ") runs on the CPU backend only so far (use --device cpu)");
+    const std::vector<float> lng = rope_inv_freq_long(cfg.rope, hd);
+    inv_freq_long_buf_ = be_.alloc(lng.size() * 4);
+    be_.upload(inv_freq_long_buf_->data(), lng.data(), lng.size() * 4);
+    rope_.inv_freq_long = static_cast<const float*>(inv_freq_long_buf_->data());
+    rope_.long_after = cfg.rope.original_max_positions;
+    rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
+  }
   attn_.n_heads = nh;
   attn_.n_kv_heads = nkv;
   attn_.head_dim = hd;

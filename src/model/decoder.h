@@ -83,6 +83,9 @@ class Decoder {
   const Weight& lm_head() const { return lm_head_ ? *lm_head_ : *embed_; }
 
  private:
+  std::vector<std::unique_ptr<Weight>> fused_weight(const WeightStore& store, const std::string& name,
+                                                    const std::vector<int64_t>& part_rows, int64_t cols,
+                                                    const WeightPolicy& p);
   std::unique_ptr<Weight> linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
                                         int64_t cols, const WeightPolicy& p, bool allow_quant);
   std::unique_ptr<Weight> vector_weight(const WeightStore& store, const std::string& name, int64_t n);
@@ -98,7 +101,7 @@ class Decoder {
   void ensure_workspace(int64_t rows);
   std::unique_ptr<Weight> embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;
-  std::unique_ptr<Buffer> inv_freq_buf_;
+  std::unique_ptr<Buffer> inv_freq_buf_, inv_freq_long_buf_;
   RopeParams rope_;
   AttnParams attn_;
   DecoderStats stats_;

@@ -4,7 +4,25 @@
 
 namespace nf4flash {
 
+namespace {
+// transformers' longrope: 1.0 / (ext_factors * base ** (arange(0, dim, 2).float() / dim)), float32
+std::vector<float> longrope_table(const RopeConfig& rope, int head_dim, const std::vector<double>& ext) {
+  const int half = head_dim / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv[i] = 1.0f / (static_cast<float>(ext[size_t(i)]) * static_cast<float>(std::pow(static_cast<float>(rope.theta), e)));
+  }
+  return inv;
+}
+}  // namespace
+
+std::vector<float> rope_inv_freq_long(const RopeConfig& rope, int head_dim) {
+  return longrope_table(rope, head_dim, rope.long_factor);
+}
+
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim) {
+  if (rope.type == "longrope") return longrope_table(rope, head_dim, rope.short_factor);
   const int half = head_dim / 2;
   std::vector<float> inv(half);
   // transformers: 1.0 / (base ** (arange(0, dim, 2).float() / dim)) in float32

@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "model/decoder.h"
@@ -10,8 +11,18 @@
 namespace nf4flash {
 
 class WeightStore;
+struct TensorInfo;
 
 std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store, const std::string& name,
                                            int64_t rows, int64_t cols, const WeightPolicy& p, bool allow_quant);
+
+// A dense [rows, cols] tensor (t.shape) quantized on load or kept dense, as the policy says.
+std::unique_ptr<Weight> upload_dense_linear(Backend& be, const TensorInfo& t, const WeightPolicy& p, bool allow_quant);
+
+// A fused projection (Phi-3's qkv_proj, gate_up_proj): a dense [sum(part_rows), cols] tensor whose
+// consecutive row ranges become separate weights, each quantized on load like any linear.
+std::vector<std::unique_ptr<Weight>> load_fused_linear(Backend& be, const WeightStore& store, const std::string& name,
+                                                       const std::vector<int64_t>& part_rows, int64_t cols,
+                                                       const WeightPolicy& p);
 
 }  // namespace nf4flash

@@ -12,7 +12,8 @@ using namespace nf4flash::test;
 
 namespace {
 
-const char* kModels[] = {"llama-gqa-hd64", "llama3-hd128-ropescaled", "qwen2-bias", "llama2-tok-hd64"};
+const char* kModels[] = {"llama-gqa-hd64", "llama3-hd128-ropescaled", "qwen2-bias", "llama2-tok-hd64",
+                          "phi3-longrope-hd96"};
 
 std::unique_ptr<Engine> load_cpu(const std::string& dir, ComputeDType c, QuantChoice q = QuantChoice::Auto, bool dq = false) {
   LoadOptions o;

@@ -239,3 +239,20 @@ TEST(GpuModelGreedy, QuantLmHeadOnTiedEmbeddingsMatchesCpu) {
     EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), tol) << "seq " << i;
   }
 }
+
+// LongRoPE (Phi-3) runs on the CPU backend only so far: loading it on CUDA is one clear error.
+TEST(GpuModelGreedy, LongRopeOnCudaIsAClearError) {
+  NF4FLASH_REQUIRE_CUDA();
+  LoadOptions o;
+  o.model_dir = model_dir("phi3-longrope-hd96");
+  o.device = DeviceChoice::CUDA;
+  o.ctx_size = 512;
+  o.load_tokenizer = false;
+  try {
+    Engine::load(o);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_TRUE(m.find("longrope") != std::string::npos || m.find("head_dim 96") != std::string::npos) << m;  // whichever check comes first
+  }
+}

@@ -148,3 +148,46 @@ TEST(ConfigReader, WrongJsonTypesAreErrorsNotExceptionsFromTheJsonLibrary) {
   EXPECT_THROW(nf4flash::parse_model_config(bad2, "config.json"), nf4flash::Error);
 }
 }  // namespace
+
+namespace {
+// A config with sliding_window below max_position_embeddings: the context stops at the window
+// (no sliding-window attention yet), a larger --ctx-size is an error naming the window; Qwen2's
+// use_sliding_window false means no window.
+TEST(ConfigReader, SlidingWindowLimitsTheContext) {
+  const fs::path d = tmp_file("window");
+  fs::create_directories(d);
+  auto cfg = nlohmann::json::parse(std::ifstream(model_dir("llama-gqa-hd64") + "/config.json"));
+  cfg["sliding_window"] = 100;
+  std::ofstream(d / "config.json") << cfg.dump();
+  fs::copy_file(model_dir("llama-gqa-hd64") + "/model.safetensors", d / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  LoadOptions o;
+  o.model_dir = d.string();
+  o.device = DeviceChoice::CPU;
+  o.load_tokenizer = false;
+  EXPECT_EQ(Engine::load(o)->ctx_size(), 100);
+  o.ctx_size = 200;
+  try {
+    Engine::load(o);
+    ADD_FAILURE() << "no error for --ctx-size past the window";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding window of 100"), std::string::npos) << e.what();
+  }
+  cfg["use_sliding_window"] = false;
+  EXPECT_EQ(nf4flash::parse_model_config(cfg, "config.json").sliding_window, 0);
+}
+
+// longrope: both factor lists of head_dim / 2 numbers, and the attention factor transformers
+// derives from max_position_embeddings / original_max_position_embeddings.
+TEST(ConfigReader, LongRopeFactorsAndAttentionFactor) {
+  auto cfg = nlohmann::json::parse(std::ifstream(model_dir("phi3-longrope-hd96") + "/config.json"));
+  const ModelConfig c = nf4flash::parse_model_config(cfg, "config.json");
+  EXPECT_EQ(c.rope.type, "longrope");
+  EXPECT_EQ(c.rope.short_factor.size(), 48u);
+  EXPECT_EQ(c.rope.long_factor.size(), 48u);
+  EXPECT_EQ(c.rope.original_max_positions, 64);
+  EXPECT_NEAR(c.rope.attention_factor, std::sqrt(2.0), 1e-12);  // factor 4096 / 64 = 64
+  cfg["rope_parameters"]["long_factor"].erase(0);
+  EXPECT_THROW(nf4flash::parse_model_config(cfg, "config.json"), Error);
+}
+}  // namespace

@@ -223,9 +223,14 @@ class CpuBackend final : public Backend {
       const int64_t heads = a.cols / hd;
       for (int64_t t = 0; t < a.rows; ++t) {
         const float pos = static_cast<float>(at[size_t(t)].pos);
+        const float* inv = p.inv_freq_long && at[size_t(t)].end > p.long_after ? p.inv_freq_long : p.inv_freq;
         for (int i = 0; i < half; ++i) {
-          const float ang = pos * p.inv_freq[i];
-          const float c = std::cos(ang), sn = std::sin(ang);
+          const float ang = pos * inv[i];
+          float c = std::cos(ang), sn = std::sin(ang);
+          if (p.mscale != 1.0f) {
+            c *= p.mscale;
+            sn *= p.mscale;
+          }
           for (int64_t h = 0; h < heads; ++h) {
             float* v = f32p(a) + t * a.cols + h * hd;
             const float x1 = v[i], x2 = v[i + half];
@@ -352,6 +357,7 @@ class CpuBackend final : public Backend {
   struct RowAt {
     int seq = 0;
     int64_t pos = 0;
+    int64_t end = 0;  // the position after the last row of the row's sequence in this step
   };
   // cache: the rows' positions index the KV cache (kv_write, attention; rope only needs positions).
   std::vector<RowAt> rows_of(int64_t T, const StepState& s, bool cache = true) const {
@@ -363,7 +369,7 @@ class CpuBackend final : public Backend {
         NF4FLASH_CHECK(pos0 + T <= kv_.capacity, "context length ", pos0 + T, " exceeds the KV cache capacity ",
                        kv_.capacity, " (raise --ctx-size)");
       }
-      for (int64_t t = 0; t < T; ++t) at[size_t(t)] = {0, pos0 + t};
+      for (int64_t t = 0; t < T; ++t) at[size_t(t)] = {0, pos0 + t, pos0 + T};
       return at;
     }
     const PagedSeqs& p = *s.paged;
@@ -376,7 +382,7 @@ class CpuBackend final : public Backend {
       const int64_t end = p.pos0[i] + p.row_start[i + 1] - p.row_start[i];
       NF4FLASH_CHECK(end <= int64_t(p.max_blocks) * block_size_, "paged step: sequence ", i, " reaches position ", end,
                      " past its ", p.max_blocks, " blocks");
-      for (int64_t t = p.row_start[i]; t < p.row_start[i + 1]; ++t) at[size_t(t)] = {i, p.pos0[i] + t - p.row_start[i]};
+      for (int64_t t = p.row_start[i]; t < p.row_start[i + 1]; ++t) at[size_t(t)] = {i, p.pos0[i] + t - p.row_start[i], end};
     }
     return at;
   }
