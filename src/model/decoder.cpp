@@ -29,16 +29,20 @@ std::unique_ptr<Weight> Decoder::optional_vector(const WeightStore& store, const
   return vector_weight(store, name, n);
 }
 
-std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
-                                               int64_t cols, const WeightPolicy& p, bool allow_quant) {
-  auto w = load_linear_weight(be_, store, name, rows, cols, p, allow_quant);
-  stats_.weight_bytes += w->resident_bytes();
-  if (w->kind() == Weight::Kind::Quant4) {
-    stats_.quant4_bytes += w->resident_bytes();
+void Decoder::count_linear(const Weight& w) {
+  stats_.weight_bytes += w.resident_bytes();
+  if (w.kind() == Weight::Kind::Quant4) {
+    stats_.quant4_bytes += w.resident_bytes();
     ++stats_.n_quant4;
   } else {
     ++stats_.n_dense_linear;
   }
+}
+
+std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
+                                               int64_t cols, const WeightPolicy& p, bool allow_quant) {
+  auto w = load_linear_weight(be_, store, name, rows, cols, p, allow_quant);
+  count_linear(*w);
   return w;
 }
 
@@ -46,15 +50,7 @@ std::vector<std::unique_ptr<Weight>> Decoder::fused_weight(const WeightStore& st
                                                           const std::vector<int64_t>& part_rows, int64_t cols,
                                                           const WeightPolicy& p) {
   auto ws = load_fused_linear(be_, store, name, part_rows, cols, p);
-  for (const auto& w : ws) {
-    stats_.weight_bytes += w->resident_bytes();
-    if (w->kind() == Weight::Kind::Quant4) {
-      stats_.quant4_bytes += w->resident_bytes();
-      ++stats_.n_quant4;
-    } else {
-      ++stats_.n_dense_linear;
-    }
-  }
+  for (const auto& w : ws) count_linear(*w);
   return ws;
 }
 

@@ -83,6 +83,7 @@ class Decoder {
   const Weight& lm_head() const { return lm_head_ ? *lm_head_ : *embed_; }
 
  private:
+  void count_linear(const Weight& w);  // adds a linear weight to stats_
   std::vector<std::unique_ptr<Weight>> fused_weight(const WeightStore& store, const std::string& name,
                                                     const std::vector<int64_t>& part_rows, int64_t cols,
                                                     const WeightPolicy& p);
