@@ -127,6 +127,25 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
     if (type != "default" && c.rope.factor <= 0) fail(src, ": rope factor must be positive");
   }
 
+  // MoE: the expert count is num_local_experts (Mixtral, and what transformers 5 writes for
+  // Qwen3-MoE) or num_experts; an expert's width moe_intermediate_size where given (Qwen), else
+  // intermediate_size (Mixtral, whose top-k weights are always renormalized)
+  if (j.contains("num_local_experts") || j.contains("num_experts")) {
+    MoeConfig& m = c.moe;
+    const bool mixtral = c.architecture == "MixtralForCausalLM";
+    m.n_experts = get_or<int>(j, j.contains("num_local_experts") ? "num_local_experts" : "num_experts", 0, src);
+    m.top_k = get_or<int>(j, "num_experts_per_tok", 0, src);
+    m.expert_intermediate = get_or<int64_t>(j, "moe_intermediate_size", c.intermediate_size, src);
+    m.shared_intermediate = get_or<int64_t>(j, "shared_expert_intermediate_size", 0, src);
+    m.norm_topk = mixtral || get_or<bool>(j, "norm_topk_prob", false, src);
+    m.sparse_step = get_or<int>(j, "decoder_sparse_step", 1, src);
+    if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array())
+      for (const auto& v : j["mlp_only_layers"]) m.dense_layers.push_back(v.get<int>());
+    if (m.n_experts <= 0 || m.top_k <= 0 || m.top_k > m.n_experts || m.expert_intermediate <= 0 || m.sparse_step <= 0)
+      fail(src, ": mixture of experts needs num_experts >= num_experts_per_tok >= 1, a positive expert "
+           "intermediate size and decoder_sparse_step >= 1");
+  }
+
   // Qwen2 configs carry a sliding_window with use_sliding_window false: no window then
   if (j.contains("sliding_window") && !j["sliding_window"].is_null() && get_or<bool>(j, "use_sliding_window", true, src)) {
     c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, src);
@@ -144,6 +163,13 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
   if (j.contains("eos_token_id")) c.eos_ids = id_list(j["eos_token_id"]);
   if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_id = j["bos_token_id"].get<int32_t>();
   return c;
+}
+
+bool MoeConfig::sparse(int layer) const {
+  if (n_experts <= 0 || (layer + 1) % sparse_step != 0) return false;
+  for (int d : dense_layers)
+    if (d == layer) return false;
+  return true;
 }
 
 ModelConfig parse_model_config(const json& j, const std::string& src) {

@@ -22,6 +22,17 @@ struct RopeConfig {
   double attention_factor = 1.0;
 };
 
+// Mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE); n_experts 0: dense.
+struct MoeConfig {
+  int n_experts = 0, top_k = 0;
+  int64_t expert_intermediate = 0;   // each expert's SwiGLU width
+  int64_t shared_intermediate = 0;   // Qwen2-MoE's shared expert (0: none)
+  bool norm_topk = false;            // the top-k routing weights renormalized to sum to 1
+  int sparse_step = 1;               // layer i is sparse when (i + 1) % sparse_step == 0 ...
+  std::vector<int> dense_layers;     // ... and i is not listed here (mlp_only_layers)
+  bool sparse(int layer) const;
+};
+
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string model_type;
@@ -34,6 +45,7 @@ struct ModelConfig {
   bool mlp_bias = false;
   std::string hidden_act = "silu";
   int64_t sliding_window = 0;   // attention span of each position (0: the whole context)
+  MoeConfig moe;
   RopeConfig rope;
   DType weights_dtype = DType::BF16;
   nlohmann::json quantization_config;  // null when absent

@@ -10,6 +10,7 @@ struct ArchRow {
   enum class Bias { None, FromConfig, QkvOnly } bias;
   bool qk_norm;
   bool fused = false;  // qkv_proj and gate_up_proj
+  ArchFlags::Moe moe = ArchFlags::Moe::None;
 };
 constexpr ArchRow kArchTable[] = {
     {"LlamaForCausalLM", ArchRow::Bias::FromConfig, false},
@@ -17,6 +18,9 @@ constexpr ArchRow kArchTable[] = {
     {"Qwen2ForCausalLM", ArchRow::Bias::QkvOnly, false},
     {"Qwen3ForCausalLM", ArchRow::Bias::FromConfig, true},
     {"Phi3ForCausalLM", ArchRow::Bias::None, false, true},
+    {"MixtralForCausalLM", ArchRow::Bias::None, false, false, ArchFlags::Moe::Mixtral},
+    {"Qwen2MoeForCausalLM", ArchRow::Bias::QkvOnly, false, false, ArchFlags::Moe::Qwen},
+    {"Qwen3MoeForCausalLM", ArchRow::Bias::FromConfig, true, false, ArchFlags::Moe::Qwen},
 };
 }  // namespace
 
@@ -33,6 +37,11 @@ ArchFlags resolve_arch(const ModelConfig& c) {
     f.name = r.name;
     f.qk_norm = r.qk_norm;
     f.fused_qkv = f.fused_gate_up = r.fused;
+    f.moe = r.moe;
+    if (f.moe != ArchFlags::Moe::None && c.moe.n_experts <= 0)
+      fail(c.source, ": ", r.name, " without num_experts / num_local_experts");
+    if (f.moe == ArchFlags::Moe::None && c.moe.n_experts > 0)
+      fail(c.source, ": ", r.name, " with experts (num_experts) is not a mixture-of-experts architecture here");
     switch (r.bias) {
       case ArchRow::Bias::None: break;
       case ArchRow::Bias::FromConfig:

@@ -15,6 +15,9 @@ struct ArchFlags {
   bool qk_norm = false;   // per-head RMSNorm on q and k before RoPE (Qwen3)
   bool fused_qkv = false;     // one qkv_proj [q + k + v rows, hidden] (Phi-3)
   bool fused_gate_up = false; // one gate_up_proj [2 * intermediate, hidden], gate rows first (Phi-3)
+  // MoE tensor names under model.layers.N.: Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2},
+  // the Qwen MoE models mlp.{gate, experts.E.gate_proj/up_proj/down_proj, shared_expert.*}
+  enum class Moe : uint8_t { None, Mixtral, Qwen } moe = Moe::None;
 };
 
 // Resolves the flags for `c.architecture` (and its config switches); throws for unknown ones.

@@ -54,12 +54,42 @@ std::vector<std::unique_ptr<Weight>> Decoder::fused_weight(const WeightStore& st
   return ws;
 }
 
+// The experts stay 4-bit like any linear (transformers + bitsandbytes quantize them too); the
+// router and the shared expert's gate stay dense.
+std::unique_ptr<MoeWeights> Decoder::moe_weights(const WeightStore& store, int layer, const WeightPolicy& p) {
+  const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts, I = cfg_.moe.expert_intermediate;
+  const bool mixtral = arch_.moe == ArchFlags::Moe::Mixtral;
+  const std::string base = mixtral ? "block_sparse_moe." : "mlp.";
+  auto m = std::make_unique<MoeWeights>();
+  m->router = linear_weight(store, layer_name(layer, (base + "gate.weight").c_str()), E, H, p, false);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string pre = cat(base, "experts.", e, ".");
+    ExpertWeights x;
+    x.gate = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w1" : "gate_proj") + ".weight").c_str()), I, H, p, true);
+    x.up = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w3" : "up_proj") + ".weight").c_str()), I, H, p, true);
+    x.down = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w2" : "down_proj") + ".weight").c_str()), H, I, p, true);
+    m->experts.push_back(std::move(x));
+  }
+  if (const int64_t S = cfg_.moe.shared_intermediate; S > 0) {
+    m->shared.gate = linear_weight(store, layer_name(layer, "mlp.shared_expert.gate_proj.weight"), S, H, p, true);
+    m->shared.up = linear_weight(store, layer_name(layer, "mlp.shared_expert.up_proj.weight"), S, H, p, true);
+    m->shared.down = linear_weight(store, layer_name(layer, "mlp.shared_expert.down_proj.weight"), H, S, p, true);
+    m->shared_gate = linear_weight(store, layer_name(layer, "mlp.shared_expert_gate.weight"), 1, H, p, false);
+  }
+  return m;
+}
+
 Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
                  const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress)
     : cfg_(cfg), arch_(arch), be_(backend), max_rows_(max_rows), policy_store_(policy.dense_store) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
   const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
   const int total = cfg.n_layers + 2;
+  if (arch.moe != ArchFlags::Moe::None) {
+    if (be_.device() != Device::CPU)
+      fail(cfg.source, ": mixture-of-experts models (", arch.name, ") run on the CPU backend only so far (use --device cpu)");
+    moe_block_ = std::make_unique<MoeBlock>(be_, cfg_);
+  }
   int done = 0;
   auto tick = [&] { if (progress) progress(++done, total); };
 
@@ -95,7 +125,9 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     L.bo = optional_vector(store, layer_name(i, "self_attn.o_proj.bias"), H, arch.o_bias);
     L.q_norm = optional_vector(store, layer_name(i, "self_attn.q_norm.weight"), hd, arch.qk_norm);
     L.k_norm = optional_vector(store, layer_name(i, "self_attn.k_norm.weight"), hd, arch.qk_norm);
-    if (arch.fused_gate_up) {
+    if (arch.moe != ArchFlags::Moe::None && cfg.moe.sparse(i)) {
+      L.moe = moe_weights(store, i, policy);
+    } else if (arch.fused_gate_up) {
       auto w = fused_weight(store, layer_name(i, "mlp.gate_up_proj.weight"), {I, I}, H, policy);
       L.gate = std::move(w[0]);
       L.up = std::move(w[1]);
@@ -103,7 +135,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
       L.gate = linear_weight(store, layer_name(i, "mlp.gate_proj.weight"), I, H, policy, true);
       L.up = linear_weight(store, layer_name(i, "mlp.up_proj.weight"), I, H, policy, true);
     }
-    L.down = linear_weight(store, layer_name(i, "mlp.down_proj.weight"), H, I, policy, true);
+    if (!L.moe) L.down = linear_weight(store, layer_name(i, "mlp.down_proj.weight"), H, I, policy, true);
     L.b_gate = optional_vector(store, layer_name(i, "mlp.gate_proj.bias"), I, arch.mlp_bias);
     L.b_up = optional_vector(store, layer_name(i, "mlp.up_proj.bias"), I, arch.mlp_bias);
     L.b_down = optional_vector(store, layer_name(i, "mlp.down_proj.bias"), H, arch.mlp_bias);
@@ -147,7 +179,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   // not), then the workspace for the first forwards (grown on demand up to max_rows)
   for (int64_t T = max_rows_; T >= 1 && !gtmp_rows_; --T) {
     for (const LayerWeights& L : layers_) {
-      if (be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) {
+      if (L.gate && be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) {
         gtmp_rows_ = T;
         break;
       }
@@ -234,7 +266,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   // (add_rms_norm: one pass). The 4-bit decode step on CUDA, where the backend folds the norm into
   // the GEMV (fuses_norm_linear): the o and down GEMVs add their output to x in their epilogue and
   // the next GEMV normalizes x in its prologue, two launches per layer fewer.
-  const bool fused = be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
+  const bool fused = !moe_block_ && be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
   auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* o) {
     o[0] = {L.wq.get(), L.bq.get(), q};
     o[1] = {L.wk.get(), L.bk.get(), k};
@@ -271,8 +303,12 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     } else {
       be_.linear(att, *L.wo, L.bo.get(), o);
       be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
-      be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
-      be_.linear(u, *L.down, L.b_down.get(), o);
+      if (L.moe) {
+        moe_block_->forward(xn, *L.moe, o);
+      } else {
+        be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+        be_.linear(u, *L.down, L.b_down.get(), o);
+      }
     }
   }
   Act last_n = xn.slice_rows(0, n_logits);

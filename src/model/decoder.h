@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "io/hf_config.h"
 #include "model/arch.h"
+#include "model/moe.h"
 
 namespace nf4flash {
 
@@ -35,7 +36,8 @@ struct WeightPolicy {
 struct LayerWeights {
   std::unique_ptr<Weight> attn_norm, mlp_norm, q_norm, k_norm;
   std::unique_ptr<Weight> wq, wk, wv, wo, bq, bk, bv, bo;
-  std::unique_ptr<Weight> gate, up, down, b_gate, b_up, b_down;
+  std::unique_ptr<Weight> gate, up, down, b_gate, b_up, b_down;  // dense MLP
+  std::unique_ptr<MoeWeights> moe;                                // or a mixture of experts
 };
 
 struct DecoderStats {
@@ -84,6 +86,7 @@ class Decoder {
 
  private:
   void count_linear(const Weight& w);  // adds a linear weight to stats_
+  std::unique_ptr<MoeWeights> moe_weights(const WeightStore& store, int layer, const WeightPolicy& p);
   std::vector<std::unique_ptr<Weight>> fused_weight(const WeightStore& store, const std::string& name,
                                                     const std::vector<int64_t>& part_rows, int64_t cols,
                                                     const WeightPolicy& p);
@@ -103,6 +106,7 @@ class Decoder {
   std::unique_ptr<Weight> embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;
   std::unique_ptr<Buffer> inv_freq_buf_, inv_freq_long_buf_;
+  std::unique_ptr<MoeBlock> moe_block_;  // MoE models
   RopeParams rope_;
   AttnParams attn_;
   DecoderStats stats_;

@@ -111,23 +111,25 @@ TEST(QuantFlags, FourBitWeightsAreSmallerThanDense) {
 }
 
 // Phi-3's fused qkv_proj and gate_up_proj are split by rows and each part quantized on load like
-// the separate projections of other models: the logits move by the 4-bit error (NF4's is ~0.2 on
-// these models), no more.
-TEST(QuantFlags, FusedProjectionsQuantizeOnLoad) {
-  Golden g("phi3-longrope-hd96");
-  LoadOptions o;
-  o.device = DeviceChoice::CPU;
-  o.ctx_size = 512;
-  o.load_tokenizer = false;
-  o.model_dir = model_dir("phi3-longrope-hd96");
-  o.quant = QuantChoice::NF4;
-  o.double_quant = true;
-  auto e = Engine::load(o);
-  EXPECT_NE(e->report().linear_decode.find("nf4"), std::string::npos) << e->report().linear_decode;
-  const ScoreResult r = e->score(g.i32("tokens_1"), false, true);
-  const double d = rel_l2(flatten(r.logits, r.logits.size() - 4), g.f32("logits_f32_1"));
-  EXPECT_GT(d, 0.01);
-  EXPECT_LT(d, 0.5);
+// the separate projections of other models; the MoE models' experts are quantized (routers stay
+// dense). The logits move by the 4-bit error (NF4's is ~0.2 on these models), no more.
+TEST(QuantFlags, FusedProjectionsAndExpertsQuantizeOnLoad) {
+  for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk"}) {
+    Golden g(model);
+    LoadOptions o;
+    o.device = DeviceChoice::CPU;
+    o.ctx_size = 512;
+    o.load_tokenizer = false;
+    o.model_dir = model_dir(model);
+    o.quant = QuantChoice::NF4;
+    o.double_quant = true;
+    auto e = Engine::load(o);
+    EXPECT_NE(e->report().linear_decode.find("nf4"), std::string::npos) << model << ": " << e->report().linear_decode;
+    const ScoreResult r = e->score(g.i32("tokens_1"), false, true);
+    const double d = rel_l2(flatten(r.logits, r.logits.size() - 4), g.f32("logits_f32_1"));
+    EXPECT_GT(d, 0.01) << model;
+    EXPECT_LT(d, 0.5) << model;
+  }
 }
 
 // --quant-lm-head on models whose lm_head is tied to the embeddings: a 4-bit copy of the table

@@ -240,19 +240,24 @@ TEST(GpuModelGreedy, QuantLmHeadOnTiedEmbeddingsMatchesCpu) {
   }
 }
 
-// LongRoPE (Phi-3) runs on the CPU backend only so far: loading it on CUDA is one clear error.
-TEST(GpuModelGreedy, LongRopeOnCudaIsAClearError) {
+// LongRoPE (Phi-3) and mixtures of experts run on the CPU backend only so far: loading them on
+// CUDA is one clear error.
+TEST(GpuModelGreedy, CpuOnlyFamiliesOnCudaAreAClearError) {
   NF4FLASH_REQUIRE_CUDA();
-  LoadOptions o;
-  o.model_dir = model_dir("phi3-longrope-hd96");
-  o.device = DeviceChoice::CUDA;
-  o.ctx_size = 512;
-  o.load_tokenizer = false;
-  try {
-    Engine::load(o);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_TRUE(m.find("longrope") != std::string::npos || m.find("head_dim 96") != std::string::npos) << m;  // whichever check comes first
+  for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen3moe-topk"}) {
+    LoadOptions o;
+    o.model_dir = model_dir(model);
+    o.device = DeviceChoice::CUDA;
+    o.ctx_size = 512;
+    o.load_tokenizer = false;
+    try {
+      Engine::load(o);
+      ADD_FAILURE() << model << ": no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      // whichever check comes first: the family's, or phi3's head_dim 96
+      EXPECT_TRUE(m.find("CPU backend only") != std::string::npos || m.find("head_dim 96") != std::string::npos)
+          << model << ": " << m;
+    }
   }
 }

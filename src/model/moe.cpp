@@ -1,0 +1,105 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace nf4flash {
+
+void MoeBlock::ensure(int64_t rows) {
+  if (rows <= cap_) return;
+  const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts;
+  const int64_t I = std::max(cfg_.moe.expert_intermediate, cfg_.moe.shared_intermediate);
+  const size_t es = dtype_size(be_.act_dtype());
+  const size_t R = static_cast<size_t>(rows);
+  logits_ = be_.alloc(R * E * 4);
+  xs_ = be_.alloc(R * H * es);
+  g_ = be_.alloc(R * I * es);
+  u_ = be_.alloc(R * I * es);
+  ys_ = be_.alloc(R * H * es);
+  cap_ = rows;
+}
+
+void MoeBlock::expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys) {
+  const Act g{g_->data(), be_.act_dtype(), xs.rows, inter}, u{u_->data(), be_.act_dtype(), xs.rows, inter};
+  be_.linear(xs, *e.gate, nullptr, g);
+  be_.linear(xs, *e.up, nullptr, u);
+  be_.silu_mul(g, u, u);
+  be_.linear(u, *e.down, nullptr, ys);
+}
+
+void MoeBlock::forward(Act x, const MoeWeights& w, Act out) {
+  NF4FLASH_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "moe: f32 activations (the CPU backend) only");
+  const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts, K = cfg_.moe.top_k;
+  ensure(T);
+  const Act logits{logits_->data(), DType::F32, T, E};
+  be_.linear(x, *w.router, nullptr, logits);
+  h_logits_.resize(size_t(T * E));
+  h_x_.resize(size_t(T * H));
+  h_y_.resize(size_t(T * H));
+  h_out_.assign(size_t(T * H), 0.0f);
+  be_.download(h_logits_.data(), logits.data, logits.bytes());
+  be_.download(h_x_.data(), x.data, x.bytes());
+
+  // routing: softmax in f32, the top K (ties: the lower index), renormalized if asked
+  std::vector<std::vector<std::pair<int64_t, float>>> rows_of(static_cast<size_t>(E));  // (row, weight)
+  std::vector<int> order(static_cast<size_t>(E));
+  std::vector<float> p(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = &h_logits_[size_t(t * E)];
+    const float mx = *std::max_element(l, l + E);
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(l[e] - mx));
+    for (auto& v : p) v /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int a, int b) { return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b); });
+    float norm = 1.0f;
+    if (cfg_.moe.norm_topk) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k) s += p[size_t(order[size_t(k)])];
+      norm = s;
+    }
+    for (int64_t k = 0; k < K; ++k) {
+      const int e = order[size_t(k)];
+      rows_of[size_t(e)].push_back({t, p[size_t(e)] / norm});
+    }
+  }
+
+  // each expert over its rows, gathered; outputs added in expert order
+  const size_t row_bytes = size_t(H) * 4;
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rs = rows_of[size_t(e)];
+    if (rs.empty()) continue;
+    const int64_t n = static_cast<int64_t>(rs.size());
+    for (int64_t r = 0; r < n; ++r)
+      std::copy_n(&h_x_[size_t(rs[size_t(r)].first * H)], H, &h_y_[size_t(r * H)]);
+    const Act xs{xs_->data(), DType::F32, n, H}, ys{ys_->data(), DType::F32, n, H};
+    be_.upload(xs.data, h_y_.data(), size_t(n) * row_bytes);
+    expert(w.experts[size_t(e)], cfg_.moe.expert_intermediate, xs, ys);
+    be_.download(h_y_.data(), ys.data, size_t(n) * row_bytes);
+    for (int64_t r = 0; r < n; ++r) {
+      float* o = &h_out_[size_t(rs[size_t(r)].first * H)];
+      const float* y = &h_y_[size_t(r * H)];
+      const float pw = rs[size_t(r)].second;
+      for (int64_t c = 0; c < H; ++c) o[c] += y[c] * pw;
+    }
+  }
+
+  if (w.shared.gate) {
+    const Act ys{ys_->data(), DType::F32, T, H}, sg{logits_->data(), DType::F32, T, 1};
+    expert(w.shared, cfg_.moe.shared_intermediate, x, ys);
+    be_.linear(x, *w.shared_gate, nullptr, sg);
+    be_.download(h_y_.data(), ys.data, size_t(T) * row_bytes);
+    be_.download(h_logits_.data(), sg.data, size_t(T) * 4);
+    for (int64_t t = 0; t < T; ++t) {
+      const float gate = 1.0f / (1.0f + std::exp(-h_logits_[size_t(t)]));
+      for (int64_t c = 0; c < H; ++c) h_out_[size_t(t * H + c)] += gate * h_y_[size_t(t * H + c)];
+    }
+  }
+  be_.upload(out.data, h_out_.data(), out.bytes());
+}
+
+}  // namespace nf4flash

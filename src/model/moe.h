@@ -1,0 +1,50 @@
+// The mixture-of-experts MLP of Mixtral, Qwen2-MoE and Qwen3-MoE over the backend's linears,
+// routed on the host (the CPU backend; CUDA refuses these models at load for now):
+//
+//   p = softmax(x R^T) in f32; the top_k experts of each row (renormalized with norm_topk);
+//   out[t] = sum over the row's experts e, in ascending e: p_e * down_e(silu(gate_e x) * up_e x)
+//            (+ sigmoid(x g_s^T) * shared(x) for Qwen2-MoE's shared expert)
+//
+// as transformers computes it (experts visited in index order, each adding its weighted output).
+// Each expert multiplies only the rows routed to it, gathered into a contiguous block: with 4-bit
+// weights a decode step reads only the selected experts. A row's result does not depend on the
+// other rows of the step (the CPU linears are row-independent), so batching does not change it.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "io/hf_config.h"
+
+namespace nf4flash {
+
+struct ExpertWeights {
+  std::unique_ptr<Weight> gate, up, down;
+};
+
+struct MoeWeights {
+  std::unique_ptr<Weight> router;  // [n_experts, hidden], dense
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;                 // Qwen2-MoE, else empty
+  std::unique_ptr<Weight> shared_gate;  // [1, hidden]
+};
+
+class MoeBlock {
+ public:
+  MoeBlock(Backend& be, const ModelConfig& cfg) : be_(be), cfg_(cfg) {}
+  // out [T, hidden] = the block applied to x [T, hidden] (the normed hidden states)
+  void forward(Act x, const MoeWeights& w, Act out);
+
+ private:
+  void ensure(int64_t rows);
+  // rows [0, n) of xs through one expert's SwiGLU into ys
+  void expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys);
+
+  Backend& be_;
+  const ModelConfig& cfg_;
+  int64_t cap_ = 0;
+  std::unique_ptr<Buffer> logits_, xs_, g_, u_, ys_;
+  std::vector<float> h_logits_, h_x_, h_y_, h_out_;
+};
+
+}  // namespace nf4flash
