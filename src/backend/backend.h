@@ -96,6 +96,10 @@ struct AttnParams {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   float scale = 1.0f;
   AttnImpl impl = AttnImpl::Auto;
+  // CPU backend (Gemma): scores soft-capped as tanh(s / softcap) * softcap (0: none); a query at
+  // position p sees keys (p - window, p] (0: all earlier ones)
+  float softcap = 0.0f;
+  int64_t window = 0;
 };
 
 // A step over several sequences whose K/V live in a paged cache (kv_allocate_paged): the rows of
@@ -176,6 +180,10 @@ class Backend {
   virtual void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) = 0;
   // out = silu(gate) * up
   virtual void silu_mul(Act gate, Act up, Act out) = 0;
+  // Gemma's ops (the CPU backend so far): out = gelu_tanh(gate) * up; x *= s; x = tanh(x / c) * c
+  virtual void gelu_tanh_mul(Act gate, Act up, Act out) { unsupported("gelu_tanh_mul"); }
+  virtual void scale(Act x, float s) { unsupported("scale"); }
+  virtual void softcap(Act x, float c) { unsupported("softcap"); }
   // out = a + b (out may alias a)
   virtual void add(Act a, Act b, Act out) = 0;
 
@@ -310,6 +318,7 @@ class Backend {
   virtual bool pipelines_decode() const { return false; }
 
  protected:
+  [[noreturn]] void unsupported(const char* op) const { fail(op, ": not supported on the ", name(), " backend"); }
   int64_t kv_epoch_ = 0;  // incremented by every kv_allocate
 };
 

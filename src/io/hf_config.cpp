@@ -67,7 +67,11 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
   c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false, src);
   c.attention_bias = get_or<bool>(j, "attention_bias", false, src);
   c.mlp_bias = get_or<bool>(j, "mlp_bias", false, src);
-  c.hidden_act = get_or<std::string>(j, "hidden_act", "silu", src);
+  c.hidden_act = get_or<std::string>(j, "hidden_act", get_or<std::string>(j, "hidden_activation", "silu", src), src);
+  auto num_or_zero = [&](const char* k) { return j.contains(k) && j[k].is_number() ? j[k].get<double>() : 0.0; };
+  c.query_pre_attn_scalar = num_or_zero("query_pre_attn_scalar");
+  c.attn_softcap = num_or_zero("attn_logit_softcapping");
+  c.final_softcap = num_or_zero("final_logit_softcapping");
   for (const auto& [k, v] : std::initializer_list<std::pair<const char*, int64_t>>{
            {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
            {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.n_layers},
@@ -85,7 +89,11 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
   // RoPE: transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; the hub writes
   // rope_theta at top level and rope_scaling {rope_type|type, factor, ...} or null.
   const json* rp = nullptr;
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rp = &j["rope_parameters"];
+  const json* rp_local = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object() && j["rope_parameters"].contains("full_attention")) {
+    rp = &j["rope_parameters"]["full_attention"];  // per layer type (Gemma 3): the sliding layers' below
+    if (j["rope_parameters"].contains("sliding_attention")) rp_local = &j["rope_parameters"]["sliding_attention"];
+  } else if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rp = &j["rope_parameters"];
   else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rp = &j["rope_scaling"];
   c.rope.theta = get_or<double>(j, "rope_theta", 10000.0, src);
   if (rp) {
@@ -127,6 +135,14 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
     if (type != "default" && c.rope.factor <= 0) fail(src, ": rope factor must be positive");
   }
 
+  if (rp_local || j.contains("rope_local_base_freq")) {
+    c.has_local_rope = true;
+    c.local_rope.theta = rp_local ? get_or<double>(*rp_local, "rope_theta", 10000.0, src)
+                                  : get_or<double>(j, "rope_local_base_freq", 10000.0, src);
+    if (rp_local && get_or<std::string>(*rp_local, "rope_type", "default", src) != "default")
+      fail(src, ": the sliding layers' rope type must be default");
+  }
+
   // MoE: the expert count is num_local_experts (Mixtral, and what transformers 5 writes for
   // Qwen3-MoE) or num_experts; an expert's width moe_intermediate_size where given (Qwen), else
   // intermediate_size (Mixtral, whose top-k weights are always renormalized)
@@ -151,6 +167,15 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
     c.sliding_window = get_or<int64_t>(j, "sliding_window", 0, src);
     if (c.sliding_window < 0) fail(src, ": sliding_window must be a non-negative integer or null");
     if (c.sliding_window >= c.max_positions) c.sliding_window = 0;  // spans every position the model takes
+  }
+  c.sliding_layers.assign(size_t(c.n_layers), c.sliding_window > 0);
+  if (c.sliding_window > 0 && j.contains("layer_types") && j["layer_types"].is_array()) {
+    if (int(j["layer_types"].size()) != c.n_layers) fail(src, ": layer_types must name each of the ", c.n_layers, " layers");
+    for (int i = 0; i < c.n_layers; ++i) {
+      const std::string t = j["layer_types"][size_t(i)].is_string() ? j["layer_types"][size_t(i)].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention") fail(src, ": layer type '", t, "' is not supported");
+      c.sliding_layers[size_t(i)] = t == "sliding_attention";
+    }
   }
 
   std::string dt = get_or<std::string>(j, "dtype", get_or<std::string>(j, "torch_dtype", "bfloat16", src), src);

@@ -45,7 +45,13 @@ struct ModelConfig {
   bool mlp_bias = false;
   std::string hidden_act = "silu";
   int64_t sliding_window = 0;   // attention span of each position (0: the whole context)
+  std::vector<bool> sliding_layers;  // layers with the sliding window (all, without layer_types)
   MoeConfig moe;
+  // Gemma 2/3: attention scale query_pre_attn_scalar^-0.5 (0: head_dim^-0.5), soft-capping of
+  // the attention scores and of the logits (0: none), the sliding layers' RoPE (Gemma 3)
+  double query_pre_attn_scalar = 0, attn_softcap = 0, final_softcap = 0;
+  bool has_local_rope = false;
+  RopeConfig local_rope;
   RopeConfig rope;
   DType weights_dtype = DType::BF16;
   nlohmann::json quantization_config;  // null when absent

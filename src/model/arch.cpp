@@ -11,6 +11,7 @@ struct ArchRow {
   bool qk_norm;
   bool fused = false;  // qkv_proj and gate_up_proj
   ArchFlags::Moe moe = ArchFlags::Moe::None;
+  bool gemma = false;
 };
 constexpr ArchRow kArchTable[] = {
     {"LlamaForCausalLM", ArchRow::Bias::FromConfig, false},
@@ -21,6 +22,8 @@ constexpr ArchRow kArchTable[] = {
     {"MixtralForCausalLM", ArchRow::Bias::None, false, false, ArchFlags::Moe::Mixtral},
     {"Qwen2MoeForCausalLM", ArchRow::Bias::QkvOnly, false, false, ArchFlags::Moe::Qwen},
     {"Qwen3MoeForCausalLM", ArchRow::Bias::FromConfig, true, false, ArchFlags::Moe::Qwen},
+    {"Gemma2ForCausalLM", ArchRow::Bias::FromConfig, false, false, ArchFlags::Moe::None, true},
+    {"Gemma3ForCausalLM", ArchRow::Bias::FromConfig, true, false, ArchFlags::Moe::None, true},
 };
 }  // namespace
 
@@ -50,8 +53,10 @@ ArchFlags resolve_arch(const ModelConfig& c) {
       case ArchRow::Bias::QkvOnly: f.q_bias = f.k_bias = f.v_bias = true; break;
     }
     f.mlp_bias = c.mlp_bias;
-    if (c.hidden_act != "silu")
-      fail(c.source, ": hidden_act '", c.hidden_act, "' is not supported (silu only)");
+    f.gemma = r.gemma;
+    const char* act = f.gemma ? "gelu_pytorch_tanh" : "silu";
+    if (c.hidden_act != act)
+      fail(c.source, ": hidden activation '", c.hidden_act, "' is not supported for ", r.name, " (", act, " only)");
     return f;
   }
   std::string list;

@@ -18,6 +18,9 @@ struct ArchFlags {
   // MoE tensor names under model.layers.N.: Mixtral block_sparse_moe.{gate, experts.E.w1/w3/w2},
   // the Qwen MoE models mlp.{gate, experts.E.gate_proj/up_proj/down_proj, shared_expert.*}
   enum class Moe : uint8_t { None, Mixtral, Qwen } moe = Moe::None;
+  // Gemma 2/3: (1 + w) norms, a norm after attention and after the MLP too (pre_feedforward /
+  // post_feedforward names), embeddings times sqrt(hidden), GeGLU (tanh) MLP
+  bool gemma = false;
 };
 
 // Resolves the flags for `c.architecture` (and its config switches); throws for unknown ones.

@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -13,10 +14,29 @@ namespace {
 std::string layer_name(int i, const char* suffix) { return cat("model.layers.", i, ".", suffix); }
 }  // namespace
 
+// Gemma's norms scale by (1 + w), computed in f32 as transformers does: the sum is stored.
 std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const std::string& name, int64_t n) {
   const TensorInfo& t = store.get(name);
   if (t.numel() != n) fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", n, "]");
-  auto w = be_.upload_dense(t, policy_store_);
+  std::unique_ptr<Weight> w;
+  if (arch_.gemma && name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      float f = 0.0f;
+      if (t.dtype == DType::BF16) { uint16_t h; std::memcpy(&h, t.data + 2 * i, 2); f = bf16_to_f32(h); }
+      else if (t.dtype == DType::F16) { uint16_t h; std::memcpy(&h, t.data + 2 * i, 2); f = f16_to_f32(h); }
+      else if (t.dtype == DType::F32) std::memcpy(&f, t.data + 4 * i, 4);
+      else fail(t.file, ": tensor ", name, " has dtype ", dtype_name(t.dtype), ", expected a float type");
+      v[size_t(i)] = 1.0f + f;
+    }
+    TensorInfo plus = t;
+    plus.dtype = DType::F32;
+    plus.data = reinterpret_cast<const uint8_t*>(v.data());
+    plus.nbytes = v.size() * 4;
+    w = be_.upload_dense(plus, policy_store_);
+  } else {
+    w = be_.upload_dense(t, policy_store_);
+  }
   stats_.weight_bytes += w->resident_bytes();
   return w;
 }
@@ -85,6 +105,9 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
   const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
   const int total = cfg.n_layers + 2;
+  if (arch.gemma && be_.device() != Device::CPU)
+    fail(cfg.source, ": ", arch.name, " (soft-capping, sliding-window layers, GeGLU) runs on the CPU backend only so far "
+         "(use --device cpu)");
   if (arch.moe != ArchFlags::Moe::None) {
     if (be_.device() != Device::CPU)
       fail(cfg.source, ": mixture-of-experts models (", arch.name, ") run on the CPU backend only so far (use --device cpu)");
@@ -106,7 +129,13 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   for (int i = 0; i < cfg.n_layers; ++i) {
     LayerWeights& L = layers_[i];
     L.attn_norm = vector_weight(store, layer_name(i, "input_layernorm.weight"), H);
-    L.mlp_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
+    if (arch.gemma) {  // post_attention_layernorm normalizes the attention output there
+      L.post_attn_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
+      L.mlp_norm = vector_weight(store, layer_name(i, "pre_feedforward_layernorm.weight"), H);
+      L.post_mlp_norm = vector_weight(store, layer_name(i, "post_feedforward_layernorm.weight"), H);
+    } else {
+      L.mlp_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
+    }
     if (arch.fused_qkv) {
       auto w = fused_weight(store, layer_name(i, "self_attn.qkv_proj.weight"),
                             {int64_t{nh} * hd, int64_t{nkv} * hd, int64_t{nkv} * hd}, H, policy);
@@ -172,7 +201,15 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   attn_.n_heads = nh;
   attn_.n_kv_heads = nkv;
   attn_.head_dim = hd;
-  attn_.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  attn_.scale = 1.0f / std::sqrt(static_cast<float>(cfg.query_pre_attn_scalar > 0 ? cfg.query_pre_attn_scalar : hd));
+  attn_.softcap = static_cast<float>(cfg.attn_softcap);
+  if (cfg.has_local_rope) {  // Gemma 3's sliding layers
+    const std::vector<float> loc = rope_inv_freq(cfg.local_rope, hd);
+    inv_freq_local_buf_ = be_.alloc(loc.size() * 4);
+    be_.upload(inv_freq_local_buf_->data(), loc.data(), loc.size() * 4);
+    rope_local_ = rope_;
+    rope_local_.inv_freq = static_cast<const float*>(inv_freq_local_buf_->data());
+  }
 
   // the largest row count whose linear_swiglu needs the gate buffer (asked once, from the top: every
   // count above it was asked and needs none; counts below get the buffer whether they need it or
@@ -273,6 +310,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     o[2] = {L.wv.get(), L.bv.get(), v};
   };
   be_.embed(*embed_, ids, x);
+  if (arch_.gemma) be_.scale(x, static_cast<float>(std::sqrt(static_cast<double>(H))));
   for (int i = 0; i < cfg_.n_layers; ++i) {
     const LayerWeights& L = layers_[i];
     Backend::LinearOut qkv[3];
@@ -288,7 +326,10 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
       be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
       be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
     }
-    be_.rope_kv_attention(i, q, k, v, att, rope_, attn_, s);
+    AttnParams ap = attn_;
+    const bool sliding = cfg_.sliding_layers.size() > size_t(i) && cfg_.sliding_layers[size_t(i)];
+    if (sliding) ap.window = cfg_.sliding_window;
+    be_.rope_kv_attention(i, q, k, v, att, sliding && cfg_.has_local_rope ? rope_local_ : rope_, ap, s);
     if (fused) {
       // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
       be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
@@ -302,13 +343,21 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
       }
     } else {
       be_.linear(att, *L.wo, L.bo.get(), o);
+      if (L.post_attn_norm) be_.rms_norm(o, *L.post_attn_norm, eps, o);
       be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
       if (L.moe) {
         moe_block_->forward(xn, *L.moe, o);
+      } else if (arch_.gemma) {
+        NF4FLASH_CHECK(g.data, "forward: GeGLU needs the gate buffer");
+        be_.linear(xn, *L.gate, L.b_gate.get(), g);
+        be_.linear(xn, *L.up, L.b_up.get(), u);
+        be_.gelu_tanh_mul(g, u, u);
+        be_.linear(u, *L.down, L.b_down.get(), o);
       } else {
         be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
         be_.linear(u, *L.down, L.b_down.get(), o);
       }
+      if (L.post_mlp_norm) be_.rms_norm(o, *L.post_mlp_norm, eps, o);
     }
   }
   Act last_n = xn.slice_rows(0, n_logits);
@@ -325,6 +374,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
   }
   be_.linear(last_n, lm_head(), nullptr, logits);
+  if (cfg_.final_softcap > 0) be_.softcap(logits, static_cast<float>(cfg_.final_softcap));
 }
 
 }  // namespace nf4flash

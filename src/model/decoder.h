@@ -35,6 +35,7 @@ struct WeightPolicy {
 
 struct LayerWeights {
   std::unique_ptr<Weight> attn_norm, mlp_norm, q_norm, k_norm;
+  std::unique_ptr<Weight> post_attn_norm, post_mlp_norm;  // Gemma: on the attention and MLP outputs
   std::unique_ptr<Weight> wq, wk, wv, wo, bq, bk, bv, bo;
   std::unique_ptr<Weight> gate, up, down, b_gate, b_up, b_down;  // dense MLP
   std::unique_ptr<MoeWeights> moe;                                // or a mixture of experts
@@ -105,7 +106,8 @@ class Decoder {
   void ensure_workspace(int64_t rows);
   std::unique_ptr<Weight> embed_, final_norm_, lm_head_;
   std::vector<LayerWeights> layers_;
-  std::unique_ptr<Buffer> inv_freq_buf_, inv_freq_long_buf_;
+  std::unique_ptr<Buffer> inv_freq_buf_, inv_freq_long_buf_, inv_freq_local_buf_;
+  RopeParams rope_local_;  // Gemma 3's sliding layers
   std::unique_ptr<MoeBlock> moe_block_;  // MoE models
   RopeParams rope_;
   AttnParams attn_;

@@ -144,12 +144,12 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   int64_t ctx = opts.ctx_size > 0 ? opts.ctx_size : cfg.max_positions;
   if (opts.ctx_size > cfg.max_positions)
     fail("--ctx-size ", opts.ctx_size, " exceeds the model's max_position_embeddings ", cfg.max_positions);
-  // Sliding-window attention is not implemented: within the window every position sees all
-  // earlier ones, so the context stops at the window (exact there) instead of attending past it.
-  if (cfg.sliding_window > 0) {
+  // The CUDA kernels have no sliding window yet: within the window every position sees all
+  // earlier ones, so there the context stops at the window (exact) instead of attending past it.
+  if (cfg.sliding_window > 0 && plan.device != Device::CPU) {
     if (opts.ctx_size > cfg.sliding_window)
       fail("--ctx-size ", opts.ctx_size, ": ", cfg.source, " attends over a sliding window of ", cfg.sliding_window,
-           " positions, which nf4flash does not implement yet; the context is limited to the window");
+           " positions, which the CUDA backend does not implement yet; the context is limited to the window there");
     ctx = std::min(ctx, cfg.sliding_window);
   }
   // (less what the activation workspace may still grow by: it starts small, see Decoder)

@@ -13,7 +13,8 @@ using namespace nf4flash::test;
 namespace {
 
 const char* kModels[] = {"llama-gqa-hd64", "llama3-hd128-ropescaled", "qwen2-bias", "llama2-tok-hd64",
-                          "phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk"};
+                          "phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk",
+                          "gemma2-hd256-softcap", "gemma3-qknorm-window"};
 
 std::unique_ptr<Engine> load_cpu(const std::string& dir, ComputeDType c, QuantChoice q = QuantChoice::Auto, bool dq = false) {
   LoadOptions o;

@@ -112,9 +112,10 @@ TEST(QuantFlags, FourBitWeightsAreSmallerThanDense) {
 
 // Phi-3's fused qkv_proj and gate_up_proj are split by rows and each part quantized on load like
 // the separate projections of other models; the MoE models' experts are quantized (routers stay
-// dense). The logits move by the 4-bit error (NF4's is ~0.2 on these models), no more.
+// dense); Gemma's linears like Llama's. The logits move by the 4-bit error (NF4's is ~0.2 on these models), no more.
 TEST(QuantFlags, FusedProjectionsAndExpertsQuantizeOnLoad) {
-  for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk"}) {
+  for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk",
+                            "gemma2-hd256-softcap", "gemma3-qknorm-window"}) {
     Golden g(model);
     LoadOptions o;
     o.device = DeviceChoice::CPU;

@@ -240,11 +240,12 @@ TEST(GpuModelGreedy, QuantLmHeadOnTiedEmbeddingsMatchesCpu) {
   }
 }
 
-// LongRoPE (Phi-3) and mixtures of experts run on the CPU backend only so far: loading them on
+// LongRoPE (Phi-3), mixtures of experts and Gemma 2/3 run on the CPU backend only so far: loading them on
 // CUDA is one clear error.
 TEST(GpuModelGreedy, CpuOnlyFamiliesOnCudaAreAClearError) {
   NF4FLASH_REQUIRE_CUDA();
-  for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen3moe-topk"}) {
+  for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen3moe-topk", "gemma2-hd256-softcap",
+                            "gemma3-qknorm-window"}) {
     LoadOptions o;
     o.model_dir = model_dir(model);
     o.device = DeviceChoice::CUDA;

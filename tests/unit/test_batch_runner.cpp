@@ -118,9 +118,10 @@ TEST(BatchRunner, JoinLeaveAndPrefixHitsGiveTheTokensOfEachAloneNf4) {
   expect_batched_equals_alone("llama3-hd128-ropescaled", QuantChoice::NF4, o);
 }
 
-// A mixture of experts (each row's experts, gathered per expert) and Phi-3's fused projections
-// with LongRoPE batch the same way: every request gets the tokens it gets alone.
-TEST(BatchRunner, MoeAndPhi3GiveTheTokensOfEachAlone) {
+// A mixture of experts (each row's experts, gathered per expert), Phi-3's fused projections with
+// LongRoPE and Gemma's sliding-window layers batch the same way: every request gets the tokens it
+// gets alone.
+TEST(BatchRunner, MoePhi3AndGemmaGiveTheTokensOfEachAlone) {
   BatchRunnerOptions o;
   o.block_size = 4;
   o.sched.max_seqs_per_step = 3;
@@ -128,6 +129,8 @@ TEST(BatchRunner, MoeAndPhi3GiveTheTokensOfEachAlone) {
   expect_batched_equals_alone("qwen3moe-topk", QuantChoice::NF4, o);
   expect_batched_equals_alone("mixtral-moe", QuantChoice::Auto, o);
   expect_batched_equals_alone("phi3-longrope-hd96", QuantChoice::Auto, o);
+  expect_batched_equals_alone("gemma2-hd256-softcap", QuantChoice::NF4, o);
+  expect_batched_equals_alone("gemma3-qknorm-window", QuantChoice::Auto, o);
 }
 
 TEST(BatchRunner, TinyPoolWaitsAndPreemptsWithTheSameResults) {

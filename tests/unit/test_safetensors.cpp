@@ -150,10 +150,10 @@ TEST(ConfigReader, WrongJsonTypesAreErrorsNotExceptionsFromTheJsonLibrary) {
 }  // namespace
 
 namespace {
-// A config with sliding_window below max_position_embeddings: the context stops at the window
-// (no sliding-window attention yet), a larger --ctx-size is an error naming the window; Qwen2's
-// use_sliding_window false means no window.
-TEST(ConfigReader, SlidingWindowLimitsTheContext) {
+// A config with sliding_window below max_position_embeddings: the CPU backend attends over the
+// window (the context is not limited; Gemma's goldens check the window itself); Qwen2's
+// use_sliding_window false means no window; layer_types picks the sliding layers.
+TEST(ConfigReader, SlidingWindowLayers) {
   const fs::path d = tmp_file("window");
   fs::create_directories(d);
   auto cfg = nlohmann::json::parse(std::ifstream(model_dir("llama-gqa-hd64") + "/config.json"));
@@ -165,14 +165,16 @@ TEST(ConfigReader, SlidingWindowLimitsTheContext) {
   o.model_dir = d.string();
   o.device = DeviceChoice::CPU;
   o.load_tokenizer = false;
-  EXPECT_EQ(Engine::load(o)->ctx_size(), 100);
   o.ctx_size = 200;
-  try {
-    Engine::load(o);
-    ADD_FAILURE() << "no error for --ctx-size past the window";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sliding window of 100"), std::string::npos) << e.what();
-  }
+  EXPECT_EQ(Engine::load(o)->ctx_size(), 200);
+  ModelConfig c = nf4flash::parse_model_config(cfg, "config.json");
+  EXPECT_EQ(c.sliding_window, 100);
+  EXPECT_EQ(c.sliding_layers, std::vector<bool>(3, true));
+  cfg["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention"};
+  EXPECT_EQ(nf4flash::parse_model_config(cfg, "config.json").sliding_layers, (std::vector<bool>{true, false, true}));
+  cfg["layer_types"] = {"sliding_attention"};
+  EXPECT_THROW(nf4flash::parse_model_config(cfg, "config.json"), Error);
+  cfg.erase("layer_types");
   cfg["use_sliding_window"] = false;
   EXPECT_EQ(nf4flash::parse_model_config(cfg, "config.json").sliding_window, 0);
 }

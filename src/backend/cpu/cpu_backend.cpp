@@ -301,19 +301,20 @@ class CpuBackend final : public Backend {
         const int h = static_cast<int>(i % p.n_heads), g = h / group;
         const float* qv = f32p(q) + t * q.cols + h * hd;
         const RowAt& r = at[size_t(t)];
-        const int64_t n = r.pos + 1;
+        const int64_t n = r.pos + 1, j0 = p.window > 0 ? std::max<int64_t>(0, n - p.window) : 0;
         float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const float* kr = kv_at(k_cache_, layer, g, s, {r.seq, j});
           float d = 0;
           for (int c = 0; c < hd; ++c) d += qv[c] * kr[c];
           sc[j] = d * p.scale;
+          if (p.softcap > 0) sc[j] = std::tanh(sc[j] / p.softcap) * p.softcap;
           mx = std::max(mx, sc[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+        for (int64_t j = j0; j < n; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
         std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           const float w = static_cast<float>(sc[j] / sum);
           const float* vr = kv_at(v_cache_, layer, g, s, {r.seq, j});
           for (int c = 0; c < hd; ++c) acc[c] += static_cast<double>(w) * vr[c];
@@ -331,6 +332,25 @@ class CpuBackend final : public Backend {
     thread_pool().parallel_for(out.numel(), 4096, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     });
+  }
+
+  // gelu_pytorch_tanh(g) * u: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u
+  void gelu_tanh_mul(Act gate, Act up, Act out) override {
+    const float* g = f32p(gate);
+    const float* u = f32p(up);
+    float* o = f32p(out);
+    const float k = 0.7978845608028654f;
+    thread_pool().parallel_for(out.numel(), 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = 0.5f * g[i] * (1.0f + std::tanh(k * (g[i] + 0.044715f * g[i] * g[i] * g[i]))) * u[i];
+    });
+  }
+  void scale(Act x, float sc) override {
+    float* v = f32p(x);
+    for (int64_t i = 0; i < x.numel(); ++i) v[i] *= sc;
+  }
+  void softcap(Act x, float c) override {
+    float* v = f32p(x);
+    for (int64_t i = 0; i < x.numel(); ++i) v[i] = std::tanh(v[i] / c) * c;
   }
 
   void add(Act a, Act b, Act out) override {
