@@ -76,7 +76,7 @@ struct TempDirGuard {
 bool is_bnb_linear_weight_name(const std::string& name, bool quant_lm_head) {
   if (quant_lm_head && name == "lm_head.weight") return true;
   static const std::regex re(
-      R"(model\.layers\.[0-9]+\.(self_attn\.(q|k|v|o)_proj|mlp\.(gate|up|down)_proj)\.weight)");
+      R"(model\.layers\.[0-9]+\.(self_attn\.(q|k|v|o|qkv)_proj|mlp\.(gate|up|down|gate_up)_proj)\.weight)");
   return std::regex_match(name, re);
 }
 

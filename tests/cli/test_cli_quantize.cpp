@@ -408,3 +408,32 @@ TEST(QuantizeCmd, F32SourceQuantizesLikeBf16) {
   const TensorInfo& qs = a->get(w + ".quant_state.bitsandbytes__nf4");
   EXPECT_NE(std::string(reinterpret_cast<const char*>(qs.data), qs.nbytes).find("\"dtype\": \"float32\""), std::string::npos);
 }
+
+// Phi-3's fused qkv_proj and gate_up_proj are quantized whole (as bitsandbytes quantizes the fused
+// Linear), and the folder loads back cut into q/k/v and gate/up: exactly the logits of quantizing
+// the base folder on load.
+TEST(QuantizeCmd, FusedProjectionsRoundTrip) {
+  TempDir td("nf4flash_quantize");
+  const std::string base = test::model_dir("phi3-longrope-hd96");
+  const std::string out = td / "out";
+  const CliResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) + " --quant nf4 --double-quant");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto written = WeightStore::open_dir(out);
+  EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.0.self_attn.qkv_proj.weight"));
+  EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.1.mlp.gate_up_proj.weight"));
+  LoadOptions pre;
+  pre.model_dir = out;
+  LoadOptions qol;
+  qol.model_dir = base;
+  qol.quant = QuantChoice::NF4;
+  qol.double_quant = true;
+  auto score512 = [](LoadOptions o) {  // this model's vocabulary is 512
+    o.device = DeviceChoice::CPU;
+    o.load_tokenizer = false;
+    return Engine::load(o)->score({1, 17, 300, 42, 99, 7, 64, 511, 3, 250, 81, 2, 90, 444}).next_token_logprobs;
+  };
+  const std::vector<float> a = score512(pre), b = score512(qol);
+  ASSERT_EQ(a.size(), 13u);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "position " << i;
+}
