@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Tiny random-weight models of the families beyond Llama/Qwen2 and their transformers goldens.
+"""Tiny random-weight models of the families beyond Llama/Qwen2 (and RoPE scalings) with goldens.
 
     python3 scripts/make-family-fixtures.py OUT_DIR [--only NAME ...]
 
 Run where torch and transformers are installed (the GPU machine). For each model it writes
 OUT_DIR/NAME/ (save_pretrained, bf16 safetensors, config.json as transformers writes it) and
-OUT_DIR/NAME.golden.safetensors in the layout of the existing conformance goldens:
+OUT_DIR/NAME.golden.safetensors in the layout of the existing conformance goldens (the repo keeps
+them as tests/fixtures/models-families.tar.xz and, for llama-rope-*, models-rope.tar.xz):
 
     tokens_{0,1,2}             int32, 7 / 33 / 200 random ids
     nextlogprob_{V}_{i}        log-softmax at position t of token t+1 (n-1 values)
@@ -70,6 +71,14 @@ def families():
         common, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1, norm_topk_prob=True,
         rope_theta=1000000.0))
+    # RoPE scalings on the Llama decoder: YaRN (original context 64, factor 4) and dynamic NTK
+    # (max_position_embeddings 64: the 200-token sequence rescales)
+    out["llama-rope-yarn"] = (t.LlamaConfig, dict(
+        common, num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+        rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)))
+    out["llama-rope-dynamic"] = (t.LlamaConfig, dict(
+        common, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0,
+        rope_scaling=dict(rope_type="dynamic", factor=2.0)))
     return out
 
 

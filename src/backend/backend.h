@@ -12,6 +12,7 @@
 //  * KV cache layout: K and V each [n_layers][n_kv_heads][capacity][head_dim], dtype kv_dtype.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -90,6 +91,10 @@ struct RopeParams {
   const float* inv_freq_long = nullptr;
   int64_t long_after = 0;
   float mscale = 1.0f;
+  // dynamic NTK (CPU backend): rows of a sequence whose forward ends at L > dynamic_after use the
+  // table dynamic_table(L) writes (head_dim / 2 floats, host memory)
+  int64_t dynamic_after = 0;
+  std::function<void(int64_t, float*)> dynamic_table;
 };
 
 struct AttnParams {

@@ -105,8 +105,26 @@ static ModelConfig parse_model_config_impl(const json& j, const std::string& src
     c.rope.high_freq_factor = get_or<double>(*rp, "high_freq_factor", 4.0, src);
     c.rope.original_max_positions = get_or<int64_t>(
         *rp, "original_max_position_embeddings", get_or<int64_t>(j, "original_max_position_embeddings", 0, src), src);
-    if (type != "default" && type != "llama3" && type != "linear" && type != "longrope")
-      fail(src, ": rope type '", type, "' is not supported (supported: default, llama3, linear, longrope)");
+    if (type != "default" && type != "llama3" && type != "linear" && type != "longrope" && type != "yarn" &&
+        type != "dynamic")
+      fail(src, ": rope type '", type, "' is not supported (supported: default, llama3, linear, longrope, yarn, dynamic)");
+    if (type == "dynamic") c.rope.dynamic_max_positions = c.max_positions;
+    if (type == "yarn") {
+      // transformers 5: attention_factor = mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+      // with both given, else 0.1 ln(factor) + 1 (the configured factor, checked on the goldens)
+      if (c.rope.original_max_positions <= 0) c.rope.original_max_positions = c.max_positions;
+      auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+      const double ms = get_or<double>(*rp, "mscale", 0.0, src), ms_all = get_or<double>(*rp, "mscale_all_dim", 0.0, src);
+      if (rp->contains("attention_factor") && (*rp)["attention_factor"].is_number())
+        c.rope.attention_factor = (*rp)["attention_factor"].get<double>();
+      else if (ms != 0.0 && ms_all != 0.0)
+        c.rope.attention_factor = mscale(c.rope.factor, ms) / mscale(c.rope.factor, ms_all);
+      else
+        c.rope.attention_factor = mscale(c.rope.factor, 1.0);
+      c.rope.beta_fast = get_or<double>(*rp, "beta_fast", 32.0, src);
+      c.rope.beta_slow = get_or<double>(*rp, "beta_slow", 1.0, src);
+      c.rope.truncate = get_or<bool>(*rp, "truncate", true, src);
+    }
     if (get_or<double>(*rp, "partial_rotary_factor", get_or<double>(j, "partial_rotary_factor", 1.0, src), src) != 1.0)
       fail(src, ": partial_rotary_factor other than 1 is not supported");
     if (type == "longrope") {

@@ -19,7 +19,12 @@ struct RopeConfig {
   // longrope: per-frequency divisors (head_dim / 2 each), the long ones for a forward whose last
   // position is past original_max_positions; cos and sin scaled by attention_factor
   std::vector<double> short_factor, long_factor;
-  double attention_factor = 1.0;
+  double attention_factor = 1.0;  // longrope, yarn: cos and sin scaled by it
+  // yarn: the ramp between interpolated and extrapolated frequencies
+  double beta_fast = 32.0, beta_slow = 1.0;
+  bool truncate = true;
+  // dynamic: a forward reaching L > max_positions uses base * (factor L / max - (factor - 1))^(d/(d-2))
+  int64_t dynamic_max_positions = 0;
 };
 
 // Mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE); n_experts 0: dense.

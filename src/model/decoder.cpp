@@ -188,9 +188,17 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   be_.upload(inv_freq_buf_->data(), inv.data(), inv.size() * 4);
   rope_.head_dim = hd;
   rope_.inv_freq = static_cast<const float*>(inv_freq_buf_->data());
+  if ((cfg.rope.type == "longrope" || cfg.rope.type == "yarn" || cfg.rope.type == "dynamic") && be_.device() != Device::CPU)
+    fail(cfg.source, ": ", cfg.rope.type, " rope scaling runs on the CPU backend only so far (use --device cpu)");
+  if (cfg.rope.type == "yarn") rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
+  if (cfg.rope.type == "dynamic") {
+    rope_.dynamic_after = cfg.rope.dynamic_max_positions;
+    rope_.dynamic_table = [rope = cfg.rope, hd](int64_t L, float* out) {
+      const std::vector<float> t = rope_inv_freq_dynamic(rope, hd, L);
+      std::copy(t.begin(), t.end(), out);
+    };
+  }
   if (cfg.rope.type == "longrope") {
-    if (be_.device() != Device::CPU)
-      fail(cfg.source, ": longrope rope scaling (", arch.name, ") runs on the CPU backend only so far (use --device cpu)");
     const std::vector<float> lng = rope_inv_freq_long(cfg.rope, hd);
     inv_freq_long_buf_ = be_.alloc(lng.size() * 4);
     be_.upload(inv_freq_long_buf_->data(), lng.data(), lng.size() * 4);

@@ -142,7 +142,8 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   const size_t kv_elt = plan.device == Device::CPU ? 4 : dtype_size(plan.compute);
   const size_t per_token = static_cast<size_t>(2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * kv_elt;
   int64_t ctx = opts.ctx_size > 0 ? opts.ctx_size : cfg.max_positions;
-  if (opts.ctx_size > cfg.max_positions)
+  // dynamic NTK RoPE exists to run past max_position_embeddings
+  if (opts.ctx_size > cfg.max_positions && cfg.rope.type != "dynamic")
     fail("--ctx-size ", opts.ctx_size, " exceeds the model's max_position_embeddings ", cfg.max_positions);
   // The CUDA kernels have no sliding window yet: within the window every position sees all
   // earlier ones, so there the context stops at the window (exact) instead of attending past it.

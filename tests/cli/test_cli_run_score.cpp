@@ -114,10 +114,10 @@ TEST(CliRunScore, BrokenCheckpointsAreRefusedByName) {
     std::ifstream in(d1 / "config.json");
     auto cfg = nlohmann::json::parse(in);
     cfg["architectures"] = {"LlamaForCausalLM"};
-    cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+    cfg["rope_scaling"] = {{"rope_type", "ntk-by-parts"}, {"factor", 4.0}};
     std::ofstream(d1 / "config.json") << cfg.dump();
   }
-  expect_one_error_line(run_cli("score --device cpu --model " + d1.string() + " --tokens 1,2"), "yarn");
+  expect_one_error_line(run_cli("score --device cpu --model " + d1.string() + " --tokens 1,2"), "ntk-by-parts");
   // a truncated safetensors file
   const fs::path d2 = tmp.path / "trunc";
   fs::copy(kGqa, d2, fs::copy_options::recursive | fs::copy_options::overwrite_existing);

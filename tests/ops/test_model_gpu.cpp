@@ -240,12 +240,13 @@ TEST(GpuModelGreedy, QuantLmHeadOnTiedEmbeddingsMatchesCpu) {
   }
 }
 
-// LongRoPE (Phi-3), mixtures of experts and Gemma 2/3 run on the CPU backend only so far: loading them on
+// LongRoPE (Phi-3), YaRN and dynamic RoPE, mixtures of experts and Gemma 2/3 run on the CPU
+// backend only so far: loading them on
 // CUDA is one clear error.
 TEST(GpuModelGreedy, CpuOnlyFamiliesOnCudaAreAClearError) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* model : {"phi3-longrope-hd96", "mixtral-moe", "qwen3moe-topk", "gemma2-hd256-softcap",
-                            "gemma3-qknorm-window"}) {
+                            "gemma3-qknorm-window", "llama-rope-yarn", "llama-rope-dynamic"}) {
     LoadOptions o;
     o.model_dir = model_dir(model);
     o.device = DeviceChoice::CUDA;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -219,11 +220,22 @@ class CpuBackend final : public Backend {
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override {
     const int hd = p.head_dim, half = hd / 2;
     const std::vector<RowAt> at = rows_of(q.rows, s, /*cache=*/false);
+    std::map<int64_t, std::vector<float>> dyn;  // dynamic NTK: a table per forward end past the limit
+    if (p.dynamic_table)
+      for (const RowAt& r : at)
+        if (r.end > p.dynamic_after && !dyn.count(r.end)) {
+          std::vector<float>& tab = dyn[r.end];
+          tab.assign(size_t(half), 0.0f);
+          p.dynamic_table(r.end, tab.data());
+        }
     auto apply = [&](Act a) {
       const int64_t heads = a.cols / hd;
       for (int64_t t = 0; t < a.rows; ++t) {
         const float pos = static_cast<float>(at[size_t(t)].pos);
-        const float* inv = p.inv_freq_long && at[size_t(t)].end > p.long_after ? p.inv_freq_long : p.inv_freq;
+        const int64_t end = at[size_t(t)].end;
+        const float* inv = p.inv_freq_long && end > p.long_after ? p.inv_freq_long
+                           : p.dynamic_table && end > p.dynamic_after ? dyn.at(end).data()
+                                                                       : p.inv_freq;
         for (int i = 0; i < half; ++i) {
           const float ang = pos * inv[i];
           float c = std::cos(ang), sn = std::sin(ang);
