@@ -33,7 +33,36 @@ constexpr PresetRow kPresets[] = {
     {"qwen2.5-7b", "Qwen2ForCausalLM", 152064, 3584, 18944, 28, 28, 4, 128, 32768, 1000000.0, false, true, "default", 1.0, 0},
     {"mistral-7b", "MistralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 128, 32768, 1000000.0, false, false, "default", 1.0, 0},
     {"tiny", "LlamaForCausalLM", 1024, 256, 704, 3, 4, 2, 64, 4096, 10000.0, false, false, "default", 1.0, 0},
+    // families the CPU backend runs so far (their extras in family_extras)
+    {"gemma2-9b", "Gemma2ForCausalLM", 256000, 3584, 14336, 42, 16, 8, 256, 8192, 10000.0, true, false, "default", 1.0, 0},
+    {"phi3-mini", "Phi3ForCausalLM", 32064, 3072, 8192, 32, 32, 32, 96, 4096, 10000.0, false, false, "default", 1.0, 0},
+    {"mixtral-8x7b", "MixtralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 128, 32768, 1000000.0, false, false, "default", 1.0, 0},
+    {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", 151936, 2048, 6144, 48, 32, 4, 128, 40960, 1000000.0, false, false, "default", 1.0, 0},
 };
+
+// What the hub configs of these shapes add to the table's columns.
+void family_extras(const std::string& name, ModelConfig& c) {
+  if (name == "gemma2-9b") {
+    c.hidden_act = "gelu_pytorch_tanh";
+    c.query_pre_attn_scalar = 256;
+    c.attn_softcap = 50;
+    c.final_softcap = 30;
+    c.rms_eps = 1e-6;
+    c.sliding_window = 4096;
+    c.sliding_layers.assign(size_t(c.n_layers), false);
+    for (int i = 0; i < c.n_layers; i += 2) c.sliding_layers[size_t(i)] = true;
+  } else if (name == "mixtral-8x7b") {
+    c.moe.n_experts = 8;
+    c.moe.top_k = 2;
+    c.moe.expert_intermediate = c.intermediate_size;
+    c.moe.norm_topk = true;
+  } else if (name == "qwen3-30b-a3b") {
+    c.moe.n_experts = 128;
+    c.moe.top_k = 8;
+    c.moe.expert_intermediate = 768;
+    c.moe.norm_topk = true;
+  }
+}
 
 uint64_t splitmix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -108,7 +137,7 @@ class SyntheticStore final : public WeightStore {
     };
     if (name == "model.embed_tokens.weight") return set({V, H}, 0, 1.0f);
     if (name == "lm_head.weight") return !cfg_.tie_embeddings && set({V, H}, 0, lin);
-    if (name == "model.norm.weight") return set({H}, 1.0f, 0.1f);
+    if (name == "model.norm.weight") return set({H}, arch_.gemma ? 0.0f : 1.0f, 0.1f);
     const std::string pre = "model.layers.";
     if (name.rfind(pre, 0) != 0) return false;
     const size_t dot = name.find('.', pre.size());
@@ -116,7 +145,23 @@ class SyntheticStore final : public WeightStore {
     const int layer = std::atoi(name.substr(pre.size(), dot - pre.size()).c_str());
     if (layer < 0 || layer >= cfg_.n_layers) return false;
     const std::string s = name.substr(dot + 1);
-    if (s == "input_layernorm.weight" || s == "post_attention_layernorm.weight") return set({H}, 1.0f, 0.1f);
+    const float norm = arch_.gemma ? 0.0f : 1.0f;  // Gemma's norms scale by (1 + w)
+    if (s == "input_layernorm.weight" || s == "post_attention_layernorm.weight") return set({H}, norm, 0.1f);
+    if (arch_.gemma && (s == "pre_feedforward_layernorm.weight" || s == "post_feedforward_layernorm.weight"))
+      return set({H}, norm, 0.1f);
+    if (arch_.fused_qkv && s == "self_attn.qkv_proj.weight") return set({q + 2 * kv, H}, 0, lin);
+    if (arch_.fused_gate_up && s == "mlp.gate_up_proj.weight") return set({2 * I, H}, 0, lin);
+    if (cfg_.moe.sparse(layer)) {
+      const int64_t E = cfg_.moe.n_experts, Ie = cfg_.moe.expert_intermediate;
+      const bool mixtral = arch_.moe == ArchFlags::Moe::Mixtral;
+      const std::string base = mixtral ? "block_sparse_moe." : "mlp.";
+      if (s == base + "gate.weight") return set({E, H}, 0, lin);
+      if (s.rfind(base + "experts.", 0) == 0) {
+        const std::string leaf = s.substr(s.rfind('.', s.size() - 8) + 1);  // "w1.weight", "down_proj.weight", ...
+        if (leaf == "w2.weight" || leaf == "down_proj.weight") return set({H, Ie}, 0, lin);
+        return set({Ie, H}, 0, lin);
+      }
+    }
     if (s == "self_attn.q_proj.weight") return set({q, H}, 0, lin);
     if (s == "self_attn.k_proj.weight" || s == "self_attn.v_proj.weight") return set({kv, H}, 0, lin);
     if (s == "self_attn.o_proj.weight") return set({H, q}, 0, lin);
@@ -126,7 +171,7 @@ class SyntheticStore final : public WeightStore {
     if (arch_.k_bias && s == "self_attn.k_proj.bias") return set({kv}, 0, 0.05f);
     if (arch_.v_bias && s == "self_attn.v_proj.bias") return set({kv}, 0, 0.05f);
     if (arch_.qk_norm && (s == "self_attn.q_norm.weight" || s == "self_attn.k_norm.weight"))
-      return set({cfg_.head_dim}, 1.0f, 0.1f);
+      return set({cfg_.head_dim}, arch_.gemma ? 0.0f : 1.0f, 0.1f);
     return false;
   }
 
@@ -143,6 +188,12 @@ std::vector<std::string> preset_names() {
   std::vector<std::string> out;
   for (const auto& p : kPresets) out.emplace_back(p.name);
   return out;
+}
+
+std::string preset_list() {
+  std::string list;
+  for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;
+  return list;
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -168,15 +219,21 @@ ModelConfig preset_config(const std::string& name) {
     c.weights_dtype = DType::BF16;
     c.eos_ids = {2};
     c.source = std::string("preset ") + p.name;
+    c.sliding_layers.assign(size_t(c.n_layers), false);
+    family_extras(p.name, c);
     return c;
   }
-  std::string list;
-  for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;
-  fail("--preset '", name, "' is unknown (known: ", list, ")");
+  fail("--preset '", name, "' is unknown (known: ", preset_list(), ")");
 }
 
 std::unique_ptr<WeightStore> make_synthetic_store(const ModelConfig& cfg, const std::string& name) {
   return std::make_unique<SyntheticStore>(cfg, name);
+}
+
+std::unique_ptr<Engine> Engine::load_synthetic(const ModelConfig& cfg, const std::string& name, const LoadOptions& opts) {
+  LoadOptions o = opts;
+  o.load_tokenizer = false;
+  return std::unique_ptr<Engine>(new Engine(build_engine(o, cfg, make_synthetic_store(cfg, name), "synthetic:" + name, nullptr)));
 }
 
 std::unique_ptr<Engine> Engine::load_preset(const std::string& preset, const LoadOptions& opts, const ProgressFn& progress) {

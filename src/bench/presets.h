@@ -12,6 +12,7 @@
 namespace nf4flash {
 
 std::vector<std::string> preset_names();
+std::string preset_list();  // "llama3-8b, llama3.2-1b, ..." for help texts
 // The config of a preset; throws Error listing the known names for an unknown one.
 ModelConfig preset_config(const std::string& name);
 // A store that produces each tensor (bf16) on first find() and frees it on release().

@@ -247,8 +247,7 @@ NF4FLASH_COMMAND("bench", "Measure prefill latency (TTFT) and decode tokens/s ov
                    for (const char* name : {"--quant", "--attn", "--no-cache", "--no-graphs"})
                      app.remove_option(app.get_option(name));
                    app.add_option("--preset", a->preset,
-                                  "synthetic model built in memory instead of --model: llama3-8b, llama3.2-1b, "
-                                  "qwen2.5-7b, mistral-7b, tiny");
+                                  "synthetic model built in memory instead of --model: " + preset_list());
                    app.add_option("--quant", a->quants,
                                   "comma list of none | nf4 | fp4 | auto (auto: what the checkpoint has)")
                        ->capture_default_str();

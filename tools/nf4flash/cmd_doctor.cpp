@@ -66,8 +66,20 @@ struct Estimate {
 Estimate estimate(const ModelConfig& c, const Plan& p, const LoadOptions& o) {
   const size_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.n_layers;
   const size_t qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
-  const size_t linear = L * (H * qd + 2 * H * kvd + qd * H + 3 * H * I);
-  const size_t vectors = L * (2 * H + (c.attention_bias ? qd + 2 * kvd : 0)) + H;
+  // MLP weights: dense layers 3 H I; mixture-of-experts layers every expert's (4-bit like any
+  // linear) plus a dense router (and Qwen2-MoE's shared expert and its gate)
+  size_t mlp = 0, routers = 0;
+  for (int i = 0; i < c.n_layers; ++i) {
+    if (c.moe.sparse(i)) {
+      mlp += size_t(c.moe.n_experts) * 3 * H * c.moe.expert_intermediate + 3 * H * c.moe.shared_intermediate;
+      routers += size_t(c.moe.n_experts) * H + (c.moe.shared_intermediate ? H : 0);
+    } else {
+      mlp += 3 * H * I;
+    }
+  }
+  const size_t linear = L * (H * qd + 2 * H * kvd + qd * H) + mlp;
+  const size_t norms = c.architecture.rfind("Gemma", 0) == 0 ? 4 : 2;  // Gemma: post-attention and post-MLP too
+  const size_t vectors = L * (norms * H + (c.attention_bias ? qd + 2 * kvd : 0)) + H + routers;
   const size_t embed = V * H, head = c.tie_embeddings ? 0 : V * H;
   const DType store = p.device == Device::CPU ? (p.compute == DType::F32 ? DType::F32 : DType::BF16) : p.compute;
   const size_t es = dtype_size(store);
@@ -420,8 +432,7 @@ NF4FLASH_COMMAND("doctor", "Show the hardware, the paths that will really run, a
                    auto a = std::make_shared<DoctorArgs>();
                    a->model.add(app, false);
                    app.add_option("--preset", a->preset,
-                                  "check a synthetic preset instead of --model: llama3-8b, llama3.2-1b, qwen2.5-7b, "
-                                  "mistral-7b, tiny");
+                                  "check a synthetic preset instead of --model: " + preset_list());
                    app.add_flag("--json", a->json, "print one JSON object (ok, gpus, host, model, plan, memory, tokenizer, findings)");
                    auto* l = app.add_flag("--load", a->load,
                                           "always load the engine for the exact kernel names (default: only when the "
