@@ -102,30 +102,27 @@ void expect_batched_equals_alone(const std::string& model, QuantChoice quant, co
   EXPECT_EQ(e->generate(cs[0].prompt, g).tokens, alone[0].tokens);
 }
 
-TEST(BatchRunner, JoinLeaveAndPrefixHitsGiveTheTokensOfEachAloneF32) {
+BatchRunnerOptions runner_options(int block_size, int max_seqs, int max_tokens) {
   BatchRunnerOptions o;
-  o.block_size = 4;
-  o.sched.max_seqs_per_step = 3;
-  o.sched.max_tokens_per_step = 16;
-  expect_batched_equals_alone("llama-gqa-hd64", QuantChoice::Auto, o);
+  o.block_size = block_size;
+  o.sched.max_seqs_per_step = max_seqs;
+  o.sched.max_tokens_per_step = max_tokens;
+  return o;
+}
+
+TEST(BatchRunner, JoinLeaveAndPrefixHitsGiveTheTokensOfEachAloneF32) {
+  expect_batched_equals_alone("llama-gqa-hd64", QuantChoice::Auto, runner_options(4, 3, 16));
 }
 
 TEST(BatchRunner, JoinLeaveAndPrefixHitsGiveTheTokensOfEachAloneNf4) {
-  BatchRunnerOptions o;
-  o.block_size = 8;
-  o.sched.max_seqs_per_step = 2;
-  o.sched.max_tokens_per_step = 64;
-  expect_batched_equals_alone("llama3-hd128-ropescaled", QuantChoice::NF4, o);
+  expect_batched_equals_alone("llama3-hd128-ropescaled", QuantChoice::NF4, runner_options(8, 2, 64));
 }
 
 // A mixture of experts (each row's experts, gathered per expert), Phi-3's fused projections with
 // LongRoPE and Gemma's sliding-window layers batch the same way: every request gets the tokens it
 // gets alone.
 TEST(BatchRunner, MoePhi3AndGemmaGiveTheTokensOfEachAlone) {
-  BatchRunnerOptions o;
-  o.block_size = 4;
-  o.sched.max_seqs_per_step = 3;
-  o.sched.max_tokens_per_step = 16;
+  const BatchRunnerOptions o = runner_options(4, 3, 16);
   expect_batched_equals_alone("qwen3moe-topk", QuantChoice::NF4, o);
   expect_batched_equals_alone("mixtral-moe", QuantChoice::Auto, o);
   expect_batched_equals_alone("phi3-longrope-hd96", QuantChoice::Auto, o);
