@@ -202,6 +202,11 @@ class Backend {
   virtual void linear_multi(Act x, const LinearOut* outs, int n) {
     for (int i = 0; i < n; ++i) linear(x, *outs[i].w, outs[i].bias, outs[i].out);
   }
+  // outs[i].out = xs[i] W_i^T + b_i for n independent products (a mixture's experts), each with
+  // its own rows; a backend may run them as one parallel launch.
+  virtual void linear_group(const Act* xs, const LinearOut* outs, int n) {
+    for (int i = 0; i < n; ++i) linear(xs[i], *outs[i].w, outs[i].bias, outs[i].out);
+  }
   // resid += x W^T + b (the sum rounded as add() rounds it); tmp: scratch [x.rows, W.rows].
   virtual void linear_residual(Act x, const Weight& w, const Weight* bias, Act tmp, Act resid) {
     linear(x, w, bias, tmp);

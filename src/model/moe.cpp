@@ -10,15 +10,15 @@ namespace nf4flash {
 
 void MoeBlock::ensure(int64_t rows) {
   if (rows <= cap_) return;
-  const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts;
-  const int64_t I = std::max(cfg_.moe.expert_intermediate, cfg_.moe.shared_intermediate);
+  const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts, K = cfg_.moe.top_k;
+  const int64_t I = cfg_.moe.expert_intermediate, S = cfg_.moe.shared_intermediate;
   const size_t es = dtype_size(be_.act_dtype());
-  const size_t R = static_cast<size_t>(rows);
+  const size_t R = static_cast<size_t>(rows), RK = R * size_t(K);  // routed rows: K per row
   logits_ = be_.alloc(R * E * 4);
-  xs_ = be_.alloc(R * H * es);
-  g_ = be_.alloc(R * I * es);
-  u_ = be_.alloc(R * I * es);
-  ys_ = be_.alloc(R * H * es);
+  xs_ = be_.alloc(std::max(RK, R) * H * es);
+  g_ = be_.alloc(std::max(RK * I, R * S) * es);
+  u_ = be_.alloc(std::max(RK * I, R * S) * es);
+  ys_ = be_.alloc(std::max(RK, R) * H * es);
   cap_ = rows;
 }
 
@@ -68,28 +68,51 @@ void MoeBlock::forward(Act x, const MoeWeights& w, Act out) {
     }
   }
 
-  // each expert over its rows, gathered; outputs added in expert order
+  // each expert over its rows, gathered into one block per expert (experts in order, K rows per
+  // row in all): gate and up of every expert as one group of products, SiLU, down as another;
+  // outputs added in expert order
+  const int64_t I = cfg_.moe.expert_intermediate;
+  std::vector<int64_t> first(static_cast<size_t>(E) + 1, 0);
+  for (int64_t e = 0; e < E; ++e) first[size_t(e) + 1] = first[size_t(e)] + int64_t(rows_of[size_t(e)].size());
+  const int64_t routed = first[size_t(E)];
+  h_y_.resize(size_t(std::max(routed, T) * H));
+  for (int64_t e = 0; e < E; ++e)
+    for (size_t r = 0; r < rows_of[size_t(e)].size(); ++r)
+      std::copy_n(&h_x_[size_t(rows_of[size_t(e)][r].first * H)], H, &h_y_[size_t((first[size_t(e)] + int64_t(r)) * H)]);
   const size_t row_bytes = size_t(H) * 4;
+  be_.upload(xs_->data(), h_y_.data(), size_t(routed) * row_bytes);
+  auto rows = [&](const std::unique_ptr<Buffer>& b, int64_t r0, int64_t n, int64_t cols) {
+    return Act{static_cast<float*>(b->data()) + r0 * cols, DType::F32, n, cols};
+  };
+  std::vector<Act> xs, us;
+  std::vector<Backend::LinearOut> gu, down;
   for (int64_t e = 0; e < E; ++e) {
-    const auto& rs = rows_of[size_t(e)];
-    if (rs.empty()) continue;
-    const int64_t n = static_cast<int64_t>(rs.size());
-    for (int64_t r = 0; r < n; ++r)
-      std::copy_n(&h_x_[size_t(rs[size_t(r)].first * H)], H, &h_y_[size_t(r * H)]);
-    const Act xs{xs_->data(), DType::F32, n, H}, ys{ys_->data(), DType::F32, n, H};
-    be_.upload(xs.data, h_y_.data(), size_t(n) * row_bytes);
-    expert(w.experts[size_t(e)], cfg_.moe.expert_intermediate, xs, ys);
-    be_.download(h_y_.data(), ys.data, size_t(n) * row_bytes);
-    for (int64_t r = 0; r < n; ++r) {
-      float* o = &h_out_[size_t(rs[size_t(r)].first * H)];
-      const float* y = &h_y_[size_t(r * H)];
-      const float pw = rs[size_t(r)].second;
+    const int64_t n = first[size_t(e) + 1] - first[size_t(e)];
+    if (n == 0) continue;
+    const ExpertWeights& x = w.experts[size_t(e)];
+    const Act xe = rows(xs_, first[size_t(e)], n, H), ue = rows(u_, first[size_t(e)], n, I);
+    xs.insert(xs.end(), {xe, xe});
+    gu.push_back({x.gate.get(), nullptr, rows(g_, first[size_t(e)], n, I)});
+    gu.push_back({x.up.get(), nullptr, ue});
+    us.push_back(ue);
+    down.push_back({x.down.get(), nullptr, rows(ys_, first[size_t(e)], n, H)});
+  }
+  be_.linear_group(xs.data(), gu.data(), int(gu.size()));
+  be_.silu_mul(rows(g_, 0, routed, I), rows(u_, 0, routed, I), rows(u_, 0, routed, I));
+  be_.linear_group(us.data(), down.data(), int(down.size()));
+  be_.download(h_y_.data(), ys_->data(), size_t(routed) * row_bytes);
+  for (int64_t e = 0; e < E; ++e) {
+    for (size_t r = 0; r < rows_of[size_t(e)].size(); ++r) {
+      float* o = &h_out_[size_t(rows_of[size_t(e)][r].first * H)];
+      const float* y = &h_y_[size_t((first[size_t(e)] + int64_t(r)) * H)];
+      const float pw = rows_of[size_t(e)][r].second;
       for (int64_t c = 0; c < H; ++c) o[c] += y[c] * pw;
     }
   }
 
   if (w.shared.gate) {
     const Act ys{ys_->data(), DType::F32, T, H}, sg{logits_->data(), DType::F32, T, 1};
+    const size_t row_bytes = size_t(H) * 4;
     expert(w.shared, cfg_.moe.shared_intermediate, x, ys);
     be_.linear(x, *w.shared_gate, nullptr, sg);
     be_.download(h_y_.data(), ys.data, size_t(T) * row_bytes);

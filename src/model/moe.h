@@ -6,8 +6,9 @@
 //            (+ sigmoid(x g_s^T) * shared(x) for Qwen2-MoE's shared expert)
 //
 // as transformers computes it (experts visited in index order, each adding its weighted output).
-// Each expert multiplies only the rows routed to it, gathered into a contiguous block: with 4-bit
-// weights a decode step reads only the selected experts. A row's result does not depend on the
+// Each expert multiplies only the rows routed to it, gathered into a contiguous block; the experts'
+// products run as one group (Backend::linear_group): with 4-bit weights a decode step reads only
+// the selected experts. A row's result does not depend on the
 // other rows of the step (the CPU linears are row-independent), so batching does not change it.
 #pragma once
 #include <memory>
@@ -37,7 +38,7 @@ class MoeBlock {
 
  private:
   void ensure(int64_t rows);
-  // rows [0, n) of xs through one expert's SwiGLU into ys
+  // xs through one expert's SwiGLU into ys (the shared expert)
   void expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys);
 
   Backend& be_;

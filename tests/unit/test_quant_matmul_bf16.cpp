@@ -117,3 +117,27 @@ TEST(QuantMatmulBf16, UnsupportedShapeIsRefused) {
   const Quant4Tensor q = make(Case{4, 96, 64, QuantType::NF4, false}, 3, &wd);
   EXPECT_FALSE(q4_bf16_supported(q));  // 96 columns: not a whole number of 64-element chunks
 }
+
+// Several products in one parallel pass (a mixture's experts): each equal, bit for bit, to the same
+// product alone.
+TEST(QuantMatmulBf16, GroupEqualsEachProductAlone) {
+  if (!q4_bf16_available()) GTEST_SKIP() << "this build has no AVX-512 BF16 kernel";
+  std::vector<float> wd;
+  const Case cs[] = {{48, 128, 64, QuantType::NF4, true}, {37, 256, 64, QuantType::NF4, false}, {16, 64, 32, QuantType::FP4, false}};
+  std::vector<Q4Panels> ps;
+  for (int i = 0; i < 3; ++i) ps.push_back(pack_q4_panels(make(cs[i], 40 + unsigned(i), &wd)));
+  const int64_t ms[] = {1, 5, 0};
+  std::vector<std::vector<float>> xs, ys, alone;
+  std::vector<Q4Product> group;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(random_x(std::max<int64_t>(ms[i], 1), cs[i].cols, 50 + unsigned(i)));
+    ys.emplace_back(size_t(std::max<int64_t>(ms[i], 1) * cs[i].rows), NAN);
+    alone.emplace_back(size_t(std::max<int64_t>(ms[i], 1) * cs[i].rows), NAN);
+    group.push_back({xs[size_t(i)].data(), ms[i], &ps[size_t(i)], ys[size_t(i)].data()});
+    q4_bf16_matmul(xs[size_t(i)].data(), ms[i], ps[size_t(i)], alone[size_t(i)].data());
+  }
+  q4_bf16_matmul_group(group.data(), 3);
+  for (int i = 0; i < 2; ++i)
+    for (size_t k = 0; k < ys[size_t(i)].size(); ++k) ASSERT_EQ(ys[size_t(i)][k], alone[size_t(i)][k]) << i << " " << k;
+  EXPECT_TRUE(std::isnan(ys[2][0])) << "a product of 0 rows writes nothing";
+}

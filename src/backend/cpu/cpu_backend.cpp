@@ -196,6 +196,18 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void linear_group(const Act* xs, const LinearOut* outs, int n) override {
+    std::vector<Q4Product> ps;
+    for (int i = 0; i < n; ++i) {
+      const Weight& w = *outs[i].w;
+      const Q4Panels* p = w.kind() == Weight::Kind::Quant4 ? static_cast<const CpuQuant4&>(w).panels() : nullptr;
+      if (!p || outs[i].bias || xs[i].cols != w.cols() || outs[i].out.cols != w.rows() || xs[i].rows != outs[i].out.rows)
+        return Backend::linear_group(xs, outs, n);  // the same products, one at a time
+      ps.push_back({f32p(const_cast<Act&>(xs[i])), xs[i].rows, p, static_cast<float*>(outs[i].out.data)});
+    }
+    q4_bf16_matmul_group(ps.data(), n);
+  }
+
   void linear(Act x, const Weight& w, const Weight* bias, Act out) override {
     NF4FLASH_CHECK(x.cols == w.cols() && out.cols == w.rows() && x.rows == out.rows,
                    "linear: shapes x[", x.rows, ",", x.cols, "] W[", w.rows(), ",", w.cols(), "] out[", out.rows, ",", out.cols, "]");

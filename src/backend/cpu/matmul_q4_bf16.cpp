@@ -184,6 +184,28 @@ void q4_bf16_matmul(const float* x, int64_t m, const Q4Panels& w, float* y) {
 #endif
 }
 
+void q4_bf16_matmul_group(const Q4Product* products, int n) {
+#ifdef NF4FLASH_Q4_BF16
+  std::vector<std::vector<uint16_t>> xb(static_cast<size_t>(n));
+  std::vector<int64_t> start(static_cast<size_t>(n) + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    const Q4Product& p = products[i];
+    if (p.m > 0) xb[size_t(i)] = to_bf16_rows(p.x, p.m, p.w->cols);
+    start[size_t(i) + 1] = start[size_t(i)] + (p.m > 0 ? p.w->panels : 0);
+  }
+  thread_pool().parallel_for(start[size_t(n)], 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t q = p0; q < p1; ++q) {
+      const int i = int(std::upper_bound(start.begin(), start.end(), q) - start.begin()) - 1;
+      const Q4Product& p = products[i];
+      panel_rows(*p.w, q - start[size_t(i)], xb[size_t(i)].data(), p.m, p.y);
+    }
+  });
+#else
+  (void)products, (void)n;
+  fail("q4_bf16_matmul_group: this build has no AVX-512 BF16 kernel");
+#endif
+}
+
 void q4_bf16_matmul_reference(const float* x, int64_t m, const Q4Panels& w, float* y) {
   const std::vector<uint16_t> xb = to_bf16_rows(x, m, w.cols);
   const int64_t nch = w.chunks();

@@ -46,6 +46,15 @@ bool q4_bf16_supported(const Quant4Tensor& w);
 Q4Panels pack_q4_panels(const Quant4Tensor& w);
 
 void q4_bf16_matmul(const float* x, int64_t m, const Q4Panels& w, float* y);
+// n independent products y_i = x_i W_i^T (rows m_i) in one parallel pass over all their panels;
+// each row computed exactly as q4_bf16_matmul computes it.
+struct Q4Product {
+  const float* x;
+  int64_t m;
+  const Q4Panels* w;
+  float* y;
+};
+void q4_bf16_matmul_group(const Q4Product* products, int n);
 // The same arithmetic in scalar code, single-threaded (tests compare the kernel with it).
 void q4_bf16_matmul_reference(const float* x, int64_t m, const Q4Panels& w, float* y);
 
