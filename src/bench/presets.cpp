@@ -157,8 +157,8 @@ class SyntheticStore final : public WeightStore {
       const std::string base = mixtral ? "block_sparse_moe." : "mlp.";
       if (s == base + "gate.weight") return set({E, H}, 0, lin);
       if (s.rfind(base + "experts.", 0) == 0) {
-        const std::string leaf = s.substr(s.rfind('.', s.size() - 8) + 1);  // "w1.weight", "down_proj.weight", ...
-        if (leaf == "w2.weight" || leaf == "down_proj.weight") return set({H, Ie}, 0, lin);
+        auto ends = [&](const std::string& x) { return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0; };
+        if (ends(".w2.weight") || ends(".down_proj.weight")) return set({H, Ie}, 0, lin);
         return set({Ie, H}, 0, lin);
       }
     }

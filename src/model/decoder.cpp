@@ -1,7 +1,6 @@
 #include "model/decoder.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -21,14 +20,7 @@ std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const s
   std::unique_ptr<Weight> w;
   if (arch_.gemma && name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0) {
     std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) {
-      float f = 0.0f;
-      if (t.dtype == DType::BF16) { uint16_t h; std::memcpy(&h, t.data + 2 * i, 2); f = bf16_to_f32(h); }
-      else if (t.dtype == DType::F16) { uint16_t h; std::memcpy(&h, t.data + 2 * i, 2); f = f16_to_f32(h); }
-      else if (t.dtype == DType::F32) std::memcpy(&f, t.data + 4 * i, 4);
-      else fail(t.file, ": tensor ", name, " has dtype ", dtype_name(t.dtype), ", expected a float type");
-      v[size_t(i)] = 1.0f + f;
-    }
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = 1.0f + host_load(t.data, t.dtype, i);
     TensorInfo plus = t;
     plus.dtype = DType::F32;
     plus.data = reinterpret_cast<const uint8_t*>(v.data());

@@ -7,35 +7,49 @@
 
 namespace nf4flash {
 
+namespace {
+
+Quant4Options quant_options(const WeightPolicy& p) {
+  Quant4Options o;
+  o.type = p.quant;
+  o.blocksize = p.blocksize;
+  o.double_quant = p.double_quant;
+  return o;
+}
+
+void check_dense_shape(const TensorInfo& t, const std::string& name, int64_t rows, int64_t cols) {
+  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", rows, ", ", cols, "]");
+}
+
+// A bitsandbytes 4-bit tensor of the checkpoint, its quant_state shape checked.
+Quant4Tensor read_packed(const WeightStore& store, const TensorInfo& t, const std::string& name, int64_t rows,
+                         int64_t cols, const WeightPolicy& p) {
+  if (!p.prequantized)
+    fail(t.file, ": tensor ", name, " is packed 4-bit but config.json has no bitsandbytes quantization_config");
+  Quant4Tensor q = read_bnb_weight(store, name);
+  if (q.rows != rows || q.cols != cols)
+    fail(t.file, ": tensor ", name, " quant_state shape [", q.rows, ", ", q.cols, "], expected [", rows, ", ", cols, "]");
+  return q;
+}
+
+}  // namespace
+
 std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store, const std::string& name,
                                            int64_t rows, int64_t cols, const WeightPolicy& p, bool allow_quant) {
   const TensorInfo& t = store.get(name);
-  if (t.dtype == DType::U8) {  // bitsandbytes packed 4-bit
-    if (!p.prequantized)
-      fail(t.file, ": tensor ", name, " is packed 4-bit but config.json has no bitsandbytes quantization_config");
-    auto q = std::make_shared<Quant4Tensor>(read_bnb_weight(store, name));
-    if (q->rows != rows || q->cols != cols)
-      fail(t.file, ": tensor ", name, " quant_state shape [", q->rows, ", ", q->cols, "], expected [", rows, ", ", cols, "]");
-    auto w = be.upload_quant4(std::move(q));
-    store.release(name);
-    return w;
+  std::unique_ptr<Weight> w;
+  if (t.dtype == DType::U8) {
+    w = be.upload_quant4(std::make_shared<Quant4Tensor>(read_packed(store, t, name, rows, cols, p)));
+  } else {
+    check_dense_shape(t, name, rows, cols);
+    if (allow_quant && p.quant != QuantType::None && !p.prequantized)
+      w = be.upload_quant4(std::make_shared<Quant4Tensor>(quantize_4bit(t.data, t.dtype, rows, cols, quant_options(p))));
+    else
+      w = be.upload_dense(t, p.dense_store);
   }
-  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
-    fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", rows, ", ", cols, "]");
-  auto w = upload_dense_linear(be, t, p, allow_quant);
   store.release(name);
   return w;
-}
-
-std::unique_ptr<Weight> upload_dense_linear(Backend& be, const TensorInfo& t, const WeightPolicy& p, bool allow_quant) {
-  if (allow_quant && p.quant != QuantType::None && !p.prequantized) {
-    Quant4Options o;
-    o.type = p.quant;
-    o.blocksize = p.blocksize;
-    o.double_quant = p.double_quant;
-    return be.upload_quant4(std::make_shared<Quant4Tensor>(quantize_4bit(t.data, t.dtype, t.shape[0], t.shape[1], o)));
-  }
-  return be.upload_dense(t, p.dense_store);
 }
 
 // Rows [row0, row0 + n) of a 4-bit weight as a weight of their own, blocks not crossing the cut.
@@ -64,41 +78,27 @@ std::vector<std::unique_ptr<Weight>> load_fused_linear(Backend& be, const Weight
   const TensorInfo& t = store.get(name);
   int64_t rows = 0;
   for (int64_t r : part_rows) rows += r;
-  // 4-bit: the whole tensor quantized (on load, or by bitsandbytes: it quantizes the fused Linear)
-  // and cut into rows on block boundaries
-  const bool quantize = p.quant != QuantType::None && !p.prequantized && t.dtype != DType::U8;
-  if (t.dtype == DType::U8 || quantize) {
-    if (t.dtype == DType::U8 && !p.prequantized)
-      fail(t.file, ": tensor ", name, " is packed 4-bit but config.json has no bitsandbytes quantization_config");
-    if (quantize && (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols))
-      fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", rows, ", ", cols, "]");
-    Quant4Options o;
-    o.type = p.quant;
-    o.blocksize = p.blocksize;
-    o.double_quant = p.double_quant;
-    const Quant4Tensor q = quantize ? quantize_4bit(t.data, t.dtype, rows, cols, o) : read_bnb_weight(store, name);
-    if (q.rows != rows || q.cols != cols)
-      fail(t.file, ": tensor ", name, " quant_state shape [", q.rows, ", ", q.cols, "], expected [", rows, ", ", cols, "]");
-    std::vector<std::unique_ptr<Weight>> out;
-    int64_t row0 = 0;
+  if (t.dtype != DType::U8) check_dense_shape(t, name, rows, cols);
+  std::vector<std::unique_ptr<Weight>> out;
+  int64_t row0 = 0;
+  if (t.dtype == DType::U8 || (p.quant != QuantType::None && !p.prequantized)) {
+    // 4-bit: the whole tensor quantized (on load, or by bitsandbytes: it quantizes the fused
+    // Linear) and cut into rows on block boundaries
+    const Quant4Tensor q = t.dtype == DType::U8 ? read_packed(store, t, name, rows, cols, p)
+                                                : quantize_4bit(t.data, t.dtype, rows, cols, quant_options(p));
     for (int64_t r : part_rows) {
       out.push_back(be.upload_quant4(std::make_shared<Quant4Tensor>(quant4_rows(q, row0, r))));
       row0 += r;
     }
-    store.release(name);
-    return out;
-  }
-  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
-    fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", rows, ", ", cols, "]");
-  std::vector<std::unique_ptr<Weight>> out;
-  int64_t row0 = 0;
-  for (int64_t r : part_rows) {
-    TensorInfo part = t;
-    part.shape = {r, cols};
-    part.nbytes = static_cast<size_t>(r * cols) * dtype_size(t.dtype);
-    part.data = t.data + static_cast<size_t>(row0 * cols) * dtype_size(t.dtype);
-    out.push_back(be.upload_dense(part, p.dense_store));
-    row0 += r;
+  } else {
+    for (int64_t r : part_rows) {
+      TensorInfo part = t;
+      part.shape = {r, cols};
+      part.nbytes = static_cast<size_t>(r * cols) * dtype_size(t.dtype);
+      part.data = t.data + static_cast<size_t>(row0 * cols) * dtype_size(t.dtype);
+      out.push_back(be.upload_dense(part, p.dense_store));
+      row0 += r;
+    }
   }
   store.release(name);
   return out;

@@ -11,13 +11,9 @@
 namespace nf4flash {
 
 class WeightStore;
-struct TensorInfo;
 
 std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store, const std::string& name,
                                            int64_t rows, int64_t cols, const WeightPolicy& p, bool allow_quant);
-
-// A dense [rows, cols] tensor (t.shape) quantized on load or kept dense, as the policy says.
-std::unique_ptr<Weight> upload_dense_linear(Backend& be, const TensorInfo& t, const WeightPolicy& p, bool allow_quant);
 
 // A fused projection (Phi-3's qkv_proj, gate_up_proj): a [sum(part_rows), cols] tensor whose
 // consecutive row ranges become separate weights. 4-bit: the whole tensor is quantized (on load,

@@ -45,18 +45,23 @@ class Handler final : public nlohmann::json_sax<json> {
   }
   bool binary(binary_t&) override { fail(path_, ": binary values are not JSON"); }
 
+  // model.vocab / model.merges begins: its place in the document stays empty, its entries go to
+  // the tables (reserved from the file size)
+  template <typename List, typename M>  // M: Mode, declared below
+  bool enter_table(json empty, bool& has, List& list, size_t reserve, M m) {
+    *slot_ = std::move(empty);
+    has = true;
+    list.clear();
+    list.reserve(reserve);
+    mode_ = m;
+    pending_ = Pending::None;
+    return true;
+  }
+
   bool start_object(std::size_t) override {
     if (mode_ == Mode::Merges || mode_ == Mode::MergePair) bad_merge();
     if (mode_ == Mode::Vocab) bad_vocab();
-    if (pending_ == Pending::Vocab) {
-      *slot_ = json::object();  // left empty: the entries go to the tables
-      t_.has_vocab = true;
-      t_.vocab.clear();
-      t_.vocab.reserve(text_size_ / 48);
-      mode_ = Mode::Vocab;
-      pending_ = Pending::None;
-      return true;
-    }
+    if (pending_ == Pending::Vocab) return enter_table(json::object(), t_.has_vocab, t_.vocab, text_size_ / 48, Mode::Vocab);
     pending_ = Pending::None;
     stack_.push_back(place(json(json::value_t::object)));
     return true;
@@ -88,15 +93,7 @@ class Handler final : public nlohmann::json_sax<json> {
       pair_n_ = 0;
       return true;
     }
-    if (pending_ == Pending::Merges) {
-      *slot_ = json::array();  // left empty: the entries go to the tables
-      t_.has_merges = true;
-      t_.merges.clear();
-      t_.merges.reserve(text_size_ / 24);
-      mode_ = Mode::Merges;
-      pending_ = Pending::None;
-      return true;
-    }
+    if (pending_ == Pending::Merges) return enter_table(json::array(), t_.has_merges, t_.merges, text_size_ / 24, Mode::Merges);
     pending_ = Pending::None;
     stack_.push_back(place(json(json::value_t::array)));
     return true;

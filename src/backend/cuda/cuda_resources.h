@@ -102,23 +102,6 @@ inline const float* vec_f32(const Weight& w, int64_t n, const char* what) {
   return static_cast<const float*>(d.f32->data());
 }
 
-inline float host_load(const uint8_t* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::F32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
-    case DType::BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return bf16_to_f32(h); }
-    case DType::F16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return f16_to_f32(h); }
-    default: fail("unsupported dtype ", dtype_name(t));
-  }
-}
-inline void host_store(uint8_t* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::F32: std::memcpy(p + 4 * i, &v, 4); break;
-    case DType::BF16: { uint16_t h = f32_to_bf16(v); std::memcpy(p + 2 * i, &h, 2); break; }
-    case DType::F16: { uint16_t h = f32_to_f16(v); std::memcpy(p + 2 * i, &h, 2); break; }
-    default: fail("unsupported dtype ", dtype_name(t));
-  }
-}
-
 inline bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 inline int ilog2(int64_t v) { int r = 0; while ((int64_t(1) << r) < v) ++r; return r; }
 
