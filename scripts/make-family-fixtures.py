@@ -6,7 +6,8 @@
 Run where torch and transformers are installed (the GPU machine). For each model it writes
 OUT_DIR/NAME/ (save_pretrained, bf16 safetensors, config.json as transformers writes it) and
 OUT_DIR/NAME.golden.safetensors in the layout of the existing conformance goldens (the repo keeps
-them as tests/fixtures/models-families.tar.xz and, for llama-rope-*, models-rope.tar.xz):
+them as tests/fixtures/models-families.tar.xz, for llama-rope-* models-rope.tar.xz, and for
+mistral-hd32 and llama-hd80 models-headdims.tar.xz):
 
     tokens_{0,1,2}             int32, 7 / 33 / 200 random ids
     nextlogprob_{V}_{i}        log-softmax at position t of token t+1 (n-1 values)
@@ -76,6 +77,12 @@ def families():
     out["llama-rope-yarn"] = (t.LlamaConfig, dict(
         common, num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
         rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)))
+    # head dims the other fixtures lack: 32 (a Mistral with 4 heads of 32) and 80 (4 heads of 80)
+    out["mistral-hd32"] = (t.MistralConfig, dict(
+        common, num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=None,
+        rope_theta=10000.0))
+    out["llama-hd80"] = (t.LlamaConfig, dict(
+        common, hidden_size=320, num_attention_heads=4, num_key_value_heads=2, head_dim=80, rope_theta=10000.0))
     out["llama-rope-dynamic"] = (t.LlamaConfig, dict(
         common, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, rope_theta=10000.0,
         rope_scaling=dict(rope_type="dynamic", factor=2.0)))

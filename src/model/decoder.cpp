@@ -97,9 +97,6 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
   const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
   const int total = cfg.n_layers + 2;
-  if (arch.gemma && be_.device() != Device::CPU)
-    fail(cfg.source, ": ", arch.name, " (soft-capping, sliding-window layers, GeGLU) runs on the CPU backend only so far "
-         "(use --device cpu)");
   if (arch.moe != ArchFlags::Moe::None) {
     if (be_.device() != Device::CPU)
       fail(cfg.source, ": mixture-of-experts models (", arch.name, ") run on the CPU backend only so far (use --device cpu)");
@@ -180,8 +177,8 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   be_.upload(inv_freq_buf_->data(), inv.data(), inv.size() * 4);
   rope_.head_dim = hd;
   rope_.inv_freq = static_cast<const float*>(inv_freq_buf_->data());
-  if ((cfg.rope.type == "longrope" || cfg.rope.type == "yarn" || cfg.rope.type == "dynamic") && be_.device() != Device::CPU)
-    fail(cfg.source, ": ", cfg.rope.type, " rope scaling runs on the CPU backend only so far (use --device cpu)");
+  if (cfg.rope.type == "dynamic" && be_.device() != Device::CPU)
+    fail(cfg.source, ": dynamic NTK rope scaling runs on the CPU backend only so far (use --device cpu)");
   if (cfg.rope.type == "yarn") rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
   if (cfg.rope.type == "dynamic") {
     rope_.dynamic_after = cfg.rope.dynamic_max_positions;
@@ -203,6 +200,10 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   attn_.head_dim = hd;
   attn_.scale = 1.0f / std::sqrt(static_cast<float>(cfg.query_pre_attn_scalar > 0 ? cfg.query_pre_attn_scalar : hd));
   attn_.softcap = static_cast<float>(cfg.attn_softcap);
+  // Gemma's embedding scale sqrt(hidden), a tensor of the compute dtype in transformers
+  embed_scale_ = static_cast<float>(std::sqrt(static_cast<double>(H)));
+  if (be_.act_dtype() == DType::BF16) embed_scale_ = round_bf16(embed_scale_);
+  if (be_.act_dtype() == DType::F16) embed_scale_ = round_f16(embed_scale_);
   if (cfg.has_local_rope) {  // Gemma 3's sliding layers
     const std::vector<float> loc = rope_inv_freq(cfg.local_rope, hd);
     inv_freq_local_buf_ = be_.alloc(loc.size() * 4);
@@ -214,6 +215,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   // the largest row count whose linear_swiglu needs the gate buffer (asked once, from the top: every
   // count above it was asked and needs none; counts below get the buffer whether they need it or
   // not), then the workspace for the first forwards (grown on demand up to max_rows)
+  if (arch_.gemma) gtmp_rows_ = max_rows_;  // GeGLU is gate, up, then gelu_tanh_mul: always both products
   for (int64_t T = max_rows_; T >= 1 && !gtmp_rows_; --T) {
     for (const LayerWeights& L : layers_) {
       if (L.gate && be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) {
@@ -303,14 +305,16 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   // (add_rms_norm: one pass). The 4-bit decode step on CUDA, where the backend folds the norm into
   // the GEMV (fuses_norm_linear): the o and down GEMVs add their output to x in their epilogue and
   // the next GEMV normalizes x in its prologue, two launches per layer fewer.
-  const bool fused = !moe_block_ && be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
+  // (not Gemma: its sublayer outputs are normed before the residual add, and its MLP is GeGLU)
+  const bool fused = !moe_block_ && !arch_.gemma && be_.fuses_norm_linear(*layers_[0].wq, T) &&
+                     be_.fuses_norm_linear(*layers_[0].gate, T);
   auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* o) {
     o[0] = {L.wq.get(), L.bq.get(), q};
     o[1] = {L.wk.get(), L.bk.get(), k};
     o[2] = {L.wv.get(), L.bv.get(), v};
   };
   be_.embed(*embed_, ids, x);
-  if (arch_.gemma) be_.scale(x, static_cast<float>(std::sqrt(static_cast<double>(H))));
+  if (arch_.gemma) be_.scale(x, embed_scale_);
   for (int i = 0; i < cfg_.n_layers; ++i) {
     const LayerWeights& L = layers_[i];
     Backend::LinearOut qkv[3];

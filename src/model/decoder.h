@@ -108,6 +108,7 @@ class Decoder {
   std::vector<LayerWeights> layers_;
   std::unique_ptr<Buffer> inv_freq_buf_, inv_freq_long_buf_, inv_freq_local_buf_;
   RopeParams rope_local_;  // Gemma 3's sliding layers
+  float embed_scale_ = 1.0f;  // Gemma: sqrt(hidden) in the compute dtype, as transformers casts it
   std::unique_ptr<MoeBlock> moe_block_;  // MoE models
   RopeParams rope_;
   AttnParams attn_;

@@ -145,14 +145,6 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   // dynamic NTK RoPE exists to run past max_position_embeddings
   if (opts.ctx_size > cfg.max_positions && cfg.rope.type != "dynamic")
     fail("--ctx-size ", opts.ctx_size, " exceeds the model's max_position_embeddings ", cfg.max_positions);
-  // The CUDA kernels have no sliding window yet: within the window every position sees all
-  // earlier ones, so there the context stops at the window (exact) instead of attending past it.
-  if (cfg.sliding_window > 0 && plan.device != Device::CPU) {
-    if (opts.ctx_size > cfg.sliding_window)
-      fail("--ctx-size ", opts.ctx_size, ": ", cfg.source, " attends over a sliding window of ", cfg.sliding_window,
-           " positions, which the CUDA backend does not implement yet; the context is limited to the window there");
-    ctx = std::min(ctx, cfg.sliding_window);
-  }
   // (less what the activation workspace may still grow by: it starts small, see Decoder)
   size_t free_mem = im->be->free_memory();
   const size_t ws_growth = im->dec->workspace_bytes(max_rows) - im->dec->workspace_bytes(im->dec->workspace_rows());

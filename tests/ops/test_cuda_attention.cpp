@@ -1,7 +1,7 @@
 // The three CUDA attention paths (--attn flash | sdpa | eager) against the CPU f32 reference on fresh
-// random inputs: causal, GQA (32/8, 8/2, 14/2, 4/4, 4/2), head_dim 64 and 128, T = 1 .. 4096 rows,
-// starting at pos0 = 0 and continuing an existing cache (pos0 = 300); bf16 and f16 compute (eager
-// also f32). Inputs are rounded to bf16 once (exact in f16 and f32 too), so one CPU reference
+// random inputs: causal, GQA (32/8, 8/2, 14/2, 4/4, 4/2), head_dim 32, 64, 80, 96, 128 and 256,
+// T = 1 .. 4096 rows, starting at pos0 = 0 and continuing an existing cache (pos0 = 300), with and
+// without a sliding window and soft-capping; bf16 and f16 compute (eager also f32). Inputs are rounded to bf16 once (exact in f16 and f32 too), so one CPU reference
 // serves every dtype and path. Also: eager inside a captured graph (key length = the capacity,
 // positions from device memory), and the refusals by name.
 #include "backend/cuda/launchers.h"
@@ -13,6 +13,8 @@ namespace {
 
 struct Case {
   int n_heads, n_kv, hd, pos0, T;
+  float softcap = 0.f;
+  int window = 0;
 };
 
 const char* impl_str(AttnImpl a) { return a == AttnImpl::Flash ? "flash" : a == AttnImpl::Sdpa ? "sdpa" : "eager"; }
@@ -38,7 +40,9 @@ void run_case(const Case& c) {
   const int64_t n = c.pos0 + c.T, kvw = int64_t(c.n_kv) * c.hd, qw = int64_t(c.n_heads) * c.hd;
   const auto K = rounded(randn(size_t(n * kvw)), DType::BF16), V = rounded(randn(size_t(n * kvw)), DType::BF16);
   const auto Q = rounded(randn(size_t(c.T * qw), 2.f), DType::BF16);
-  const AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
+  AttnParams p{c.n_heads, c.n_kv, c.hd, 1.f / std::sqrt(float(c.hd)), AttnImpl::Auto};
+  p.softcap = c.softcap;
+  p.window = c.window;
   std::vector<float> ref;
   {
     Side cpu(make_cpu_backend({DType::F32, 0}), c, K, V, DType::F32);
@@ -75,7 +79,8 @@ void run_case(const Case& c) {
               << impl_str(impl)
               << (impl == AttnImpl::Flash ? cat(" (", flash_kernel_choice_name(kern), ")") : std::string()) << " "
               << dtype_name(dt) << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
-              << " T " << c.T << (host < 0 ? " (length = capacity)" : "");
+              << " T " << c.T << " softcap " << c.softcap << " window " << c.window
+              << (host < 0 ? " (length = capacity)" : "");
         }
       }
     }
@@ -92,6 +97,24 @@ TEST(CudaAttention, PathsMatchCpu) {
         const Case& h = heads[k++ % 4];
         run_case({h.n_heads, h.n_kv, hd, pos0, T});
       }
+}
+
+// The head dims of Phi-3 (96), Gemma (256), small Mistral-style models (32) and others (80),
+// decode (T <= 4) and prompt rows, and Gemma 2's soft-capping and sliding window on every path
+// (windows shorter than, across and longer than the tiles).
+TEST(CudaAttention, EveryHeadDimWindowAndSoftcap) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (int hd : {32, 80, 96, 256})
+    for (int T : {1, 4, 200})
+      for (int pos0 : {0, 300}) run_case({4, 2, hd, pos0, T});
+  for (int hd : {64, 128, 256, 96}) {
+    run_case({4, 2, hd, 0, 300, 5.f, 0});      // soft-capped (a cap near the scores: tanh bends them)
+    run_case({8, 2, hd, 0, 700, 0.f, 100});    // window inside the prompt
+    run_case({8, 2, hd, 300, 3, 0.f, 16});     // decode rows, window shorter than a split
+    run_case({4, 1, hd, 300, 400, 5.f, 257});  // both, a window across tiles, continuing a cache
+  }
+  run_case({4, 4, 128, 0, 4096, 0.f, 1000});   // a long prompt, many tiles skipped
+  run_case({4, 2, 64, 100, 50, 0.f, 4096});    // a window longer than the context: all visible
 }
 
 TEST(CudaAttention, LongPrompts) {
@@ -143,7 +166,7 @@ TEST(CudaAttention, Refusals) {
   EXPECT_EQ(f32->attn_unsupported_reason(AttnImpl::Eager, 64), "");
   auto bf = make_cuda_backend({});
   for (AttnImpl a : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager, AttnImpl::Auto})
-    EXPECT_NE(bf->attn_unsupported_reason(a, 96).find("96"), std::string::npos);
+    EXPECT_NE(bf->attn_unsupported_reason(a, 48).find("48"), std::string::npos);
   for (AttnImpl a : {AttnImpl::Flash, AttnImpl::Sdpa, AttnImpl::Eager}) EXPECT_EQ(bf->attn_unsupported_reason(a, 128), "");
   // calling attention anyway fails with the reason, not a fallback
   f32->kv_allocate({1, 2, 128, 64, DType::F32});

@@ -244,6 +244,11 @@ const BatchCase kBatchCases[] = {
     {"llama3-hd128-ropescaled", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Auto},
     {"llama3-hd128-ropescaled", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Sdpa},
     {"qwen2-bias", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Eager},
+    // head_dim 256 with soft-capping and sliding-window layers; a window with q/k norms; 80 and 32
+    {"gemma2-hd256-softcap", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Auto},
+    {"gemma3-qknorm-window", "f32", QuantChoice::Auto, false, ComputeDType::F32, AttnChoice::Auto},
+    {"llama-hd80", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Sdpa},
+    {"mistral-hd32", "f32", QuantChoice::Auto, false, ComputeDType::F32, AttnChoice::Auto},
 };
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuBatch, ::testing::ValuesIn(kBatchCases), [](const auto& info) {

@@ -166,7 +166,7 @@ TEST(CudaOps, AttentionPrefill) {
 TEST(CudaOps, AttentionUnsupported) {
   NF4FLASH_REQUIRE_CUDA();
   Backends b;
-  EXPECT_NE(b.gpu->attn_unsupported_reason(AttnImpl::Auto, 96).find("96"), std::string::npos);
+  EXPECT_NE(b.gpu->attn_unsupported_reason(AttnImpl::Auto, 48).find("48"), std::string::npos);
   EXPECT_EQ(b.gpu->attn_unsupported_reason(AttnImpl::Auto, 128), "");
   EXPECT_EQ(b.gpu->attn_unsupported_reason(AttnImpl::Sdpa, 64), "");
 }

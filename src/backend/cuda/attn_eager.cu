@@ -1,6 +1,7 @@
 // Eager attention (attn_eager.h): per kv head, per chunk of query rows,
 //   S[g][r][j] = sum_d Q[r0+r, (h0+g)*hd + d] * K[j, d]         cublasGemmStridedBatchedEx, f32 out
-//   P = softmax(S * scale) with the causal mask                   attn_eager_softmax_kernel
+//   P = softmax(S * scale) with the causal mask (soft-capped,      attn_eager_softmax_kernel
+//       sliding window: AttnArgs)
 //   O[r0+r, (h0+g)*hd + d] = sum_j P[g][r][j] * V[j, d]           cublasGemmStridedBatchedEx
 // The batch runs over the q heads of one kv group with K/V stride 0 (GQA without copies).
 // With host-known positions a chunk of rows [r0, r0+R) only needs keys [0, pos0 + r0 + R).
@@ -86,6 +87,8 @@ void attention_eager(const AttnArgs& a, int64_t pos0_host, cublasHandle_t h, boo
         sa.L = L;
         sa.row0 = r0;
         sa.scale = a.scale;
+        sa.softcap = a.softcap;
+        sa.window = a.window;
         sa.pos0 = a.pos0;
         attention_eager_softmax(sa, st);
         char* O = static_cast<char*>(a.out) + (size_t(r0) * a.out_stride + size_t(h0) * hd) * elt;

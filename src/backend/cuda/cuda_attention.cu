@@ -25,6 +25,10 @@ RopeArgs CudaBackend::rope_args(const Act& q, const Act& k, const RopeParams& p,
   a.q_stride = q.cols;
   a.k_stride = k.cols;
   a.inv_freq = p.inv_freq;
+  a.inv_freq_long = p.inv_freq_long;
+  a.long_after = p.long_after;
+  a.mscale = p.mscale;
+  NF4FLASH_CHECK(!p.dynamic_table, "rope: dynamic NTK scaling runs on the CPU backend only so far (use --device cpu)");
   a.pos0 = s.pos0;
   if (s.paged) a.paged = paged_rows(*s.paged);
   return a;
@@ -104,6 +108,9 @@ AttnArgs CudaBackend::attn_args(int layer, const Act& q, const Act& out, const A
   a.n_kv = p.n_kv_heads;
   a.head_dim = p.head_dim;
   a.scale = p.scale;
+  a.softcap = p.softcap;
+  NF4FLASH_CHECK(p.window >= 0 && p.window <= INT32_MAX, "attention: window ", p.window);
+  a.window = int(p.window);
   a.pos0 = s.pos0;
   a.num_sms = props_.multiProcessorCount;
   a.flash = flash_kernel_;
@@ -166,8 +173,8 @@ void CudaBackend::kv_allocate(const KVCacheDesc& d) {
 }
 
 std::string CudaBackend::attn_unsupported_reason(AttnImpl impl, int head_dim) const {
-  if (head_dim != 64 && head_dim != 128)
-    return cat("unsupported head_dim ", head_dim, " for the CUDA attention kernels; supported: 64, 128");
+  if (!attention_head_dim_supported(head_dim))
+    return cat("unsupported head_dim ", head_dim, " for the CUDA attention kernels; supported: 32, 64, 80, 96, 128, 256");
   // flash needs the KV cache in the compute dtype: the engine allocates it so (checked per call too)
   if (impl == AttnImpl::Flash) return attention_flash_unsupported(act_, act_, head_dim);
   return "";
@@ -181,7 +188,9 @@ AttnImpl CudaBackend::resolve_attn(AttnImpl impl) const {
 
 std::string CudaBackend::attn_path(AttnImpl impl) const {
   if (impl != AttnImpl::Flash) return std::string(attn_impl_name(impl));
-  return flash_kernel_ == FlashKernel::Mma ? "flash (mma.sync)" : "flash (wgmma)";
+  // the Hopper kernel runs head_dim 64, 128 and 256 (the KV cache's, once allocated)
+  const bool wgmma = flash_kernel_ == FlashKernel::Wgmma && (kv_.head_dim == 0 || attention_flash_wgmma_head_dim(kv_.head_dim));
+  return wgmma ? "flash (wgmma)" : "flash (mma.sync)";
 }
 
 }  // namespace nf4flash::cuda_impl

@@ -90,6 +90,23 @@ class CudaBackend : public Backend {
     NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: size mismatch");
     cuda::silu_mul(gate.data, up.data, out.data, gate.numel(), act_, stream_);
   }
+  void gelu_tanh_mul(Act gate, Act up, Act out) override {
+    check_act(gate, "gelu_tanh_mul");
+    check_act(up, "gelu_tanh_mul");
+    check_act(out, "gelu_tanh_mul");
+    NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: size mismatch");
+    cuda::gelu_tanh_mul(gate.data, up.data, out.data, gate.numel(), act_, stream_);
+  }
+  // x in the compute dtype, or F32 (the logits)
+  void scale(Act x, float s) override {
+    NF4FLASH_CHECK(x.dtype == act_ || x.dtype == DType::F32, "scale: dtype ", dtype_name(x.dtype));
+    cuda::scale(x.data, s, false, x.numel(), x.dtype, stream_);
+  }
+  void softcap(Act x, float c) override {
+    NF4FLASH_CHECK(x.dtype == act_ || x.dtype == DType::F32, "softcap: dtype ", dtype_name(x.dtype));
+    NF4FLASH_CHECK(c > 0, "softcap: cap ", c, " must be positive");
+    cuda::scale(x.data, c, true, x.numel(), x.dtype, stream_);
+  }
   void add(Act a, Act b, Act out) override {
     check_act(a, "add");
     check_act(b, "add");

@@ -217,11 +217,19 @@ struct RopeArgs {
   int n_q_heads = 0, n_k_heads = 0, head_dim = 0;
   int64_t q_stride = 0, k_stride = 0;  // elements per row
   const float* inv_freq = nullptr;
+  // longrope: rows of a forward (of a sequence, when paged) ending past long_after positions use
+  // inv_freq_long; cos and sin are multiplied by mscale (longrope, yarn)
+  const float* inv_freq_long = nullptr;
+  int64_t long_after = 0;
+  float mscale = 1.0f;
   const int32_t* pos0 = nullptr;
   PagedRows paged;  // set: rows of several sequences, positions per sequence (pos0 unused)
 };
 void rope(const RopeArgs& a, cudaStream_t st);
 void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);
+void gelu_tanh_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);
+// x = x * s, or with softcap x = tanh(x / s) * s; x [n] of dtype dt (the compute dtype or F32 logits)
+void scale(void* x, float s, bool softcap, int64_t n, DType dt, cudaStream_t st);
 // u[r, c] = silu(g[r, c]) * u[r, c], r < rows, c < cols, leading dimensions ldg, ldu (elements)
 void silu_mul_cols(const void* g, int64_t ldg, void* u, int64_t ldu, int64_t rows, int64_t cols, DType act,
                    cudaStream_t st);
@@ -261,6 +269,10 @@ struct AttnArgs {
   int64_t capacity = 0;
   int T = 0, n_heads = 0, n_kv = 0, head_dim = 0;
   float scale = 1.0f;
+  // scores soft-capped as tanh(s * scale / softcap) * softcap (0: none); a query at position p
+  // sees keys (p - window, p] (0: all earlier ones)
+  float softcap = 0.0f;
+  int window = 0;
   const int32_t* pos0 = nullptr;
   float* workspace = nullptr;     // split-K partials (decode)
   int64_t workspace_floats = 0;
@@ -274,6 +286,8 @@ struct AttnArgs {
 };
 // Flash-decoding (split along the sequence): T small (<= kDecodeMaxRows).
 void attention_decode(const AttnArgs& a, cudaStream_t st);
+// The head dims every attention kernel runs (32, 64, 80, 96, 128, 256).
+bool attention_head_dim_supported(int head_dim);
 constexpr int kDecodeMaxRows = 4;
 constexpr int kDecodeMaxSplits = 128;
 // Flash-decoding of every row of a paged step whose sequence has at most a.paged_max_rows rows
@@ -303,6 +317,8 @@ void attention_flash(const AttnArgs& a, cudaStream_t st);
 bool attention_flash_wgmma_built();
 bool attention_flash_wgmma_supported();  // built, and the current device is compute capability 9.0
 void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st);
+// The head dims the Hopper kernel runs (the mma.sync kernel takes the others).
+inline bool attention_flash_wgmma_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 // Eager (materialized scores, as transformers' eager): S = Q K^T and O = P V by cuBLAS per kv-head
 // group (strided batches over the group's q heads, K/V never repeated), softmax kernel between.
@@ -317,6 +333,8 @@ struct EagerSoftmaxArgs {
   int64_t L = 0;
   int row0 = 0;              // query row of rows[0] within the step (position pos0 + row0 + r)
   float scale = 1.0f;
+  float softcap = 0.0f;      // as AttnArgs
+  int window = 0;
   const int32_t* pos0 = nullptr;
 };
 void attention_eager_softmax(const EagerSoftmaxArgs& a, cudaStream_t st);

@@ -1,7 +1,8 @@
 // Launchers of the attention kernels: decode and paged decode (kernels/attention.cuh +
 // attention_combine.cuh), the CUDA-core prompt kernel ("sdpa", attention.cuh), flash
-// (kernels/attention_flash.cuh; the Hopper form in sm90a/) and the eager softmax. One dispatch over (act dtype, cache dtype, head_dim);
-// head_dim other than 64/128 is refused by name.
+// (kernels/attention_flash.cuh; the Hopper form in sm90a/) and the eager softmax. One dispatch over
+// (act dtype, cache dtype, head_dim): head_dim 64 and 128 with any cache dtype, 32, 80, 96 and 256
+// with the cache in the compute dtype (as the engine allocates it); any other is refused by name.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -31,11 +32,30 @@ void dispatch_attn(const AttnArgs& a, const char* what, F&& f) {
     using TA = T;
     NF4FLASH_DISPATCH_ACT(a.kv_dtype, what, [&] {
       using TK = T;
-      if (a.head_dim == 64) f(TA{}, TK{}, std::integral_constant<int, 64>{});
-      else if (a.head_dim == 128) f(TA{}, TK{}, std::integral_constant<int, 128>{});
-      else fail(what, ": unsupported head_dim ", a.head_dim, " (supported: 64, 128)");
+      if (a.head_dim == 64) return f(TA{}, TK{}, std::integral_constant<int, 64>{});
+      if (a.head_dim == 128) return f(TA{}, TK{}, std::integral_constant<int, 128>{});
+      if constexpr (std::is_same_v<TA, TK>) {
+        if (a.head_dim == 32) return f(TA{}, TK{}, std::integral_constant<int, 32>{});
+        if (a.head_dim == 80) return f(TA{}, TK{}, std::integral_constant<int, 80>{});
+        if (a.head_dim == 96) return f(TA{}, TK{}, std::integral_constant<int, 96>{});
+        if (a.head_dim == 256) return f(TA{}, TK{}, std::integral_constant<int, 256>{});
+      } else if (attention_head_dim_supported(a.head_dim)) {
+        fail(what, ": head_dim ", a.head_dim, " needs the KV cache in the compute dtype (",
+             dtype_name(a.act), "), not ", dtype_name(a.kv_dtype));
+      }
+      fail(what, ": unsupported head_dim ", a.head_dim, " (supported: 32, 64, 80, 96, 128, 256)");
     });
   });
+}
+// The soft-capped decode kernel (a template of its own: the cap's tanh kept out of the other
+// kernels' inner loop), for caches in the compute dtype only.
+template <typename TA, typename TK, int HD, bool PAGED>
+void launch_decode_softcap(dim3 grid, cudaStream_t st, const AttnArgs& a, int nsplit, int hchunks) {
+  if constexpr (std::is_same_v<TA, TK>)
+    launch_k(attn_decode_kernel<TA, TK, HD, PAGED, true>, grid, dim3(128), 0, st, a, nsplit, hchunks);
+  else
+    fail("attention (decode): soft-capping needs the KV cache in the compute dtype (", dtype_name(a.act), "), not ",
+         dtype_name(a.kv_dtype));
 }
 }  // namespace
 
@@ -57,7 +77,8 @@ void attention_decode(const AttnArgs& a, cudaStream_t st) {
     using TK = decltype(tk);
     constexpr int HD = decltype(hd)::value;
     const dim3 grid(static_cast<unsigned>(a.n_kv * hchunks), static_cast<unsigned>(nsplit), static_cast<unsigned>(a.T));
-    launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, a, nsplit, hchunks);
+    if (a.softcap > 0) launch_decode_softcap<TA, TK, HD, false>(grid, st, a, nsplit, hchunks);
+    else launch_k(attn_decode_kernel<TA, TK, HD>, grid, dim3(128), 0, st, a, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
     launch_k(attn_combine_wide_kernel<TA, HD>, dim3(a.n_heads, a.T), dim3(128), 0, st, a, nsplit, a.T);
     CUDA_CHECK_LAUNCH();
@@ -82,11 +103,16 @@ void attention_paged_decode(const AttnArgs& a, cudaStream_t st) {
     using TK = decltype(tk);
     constexpr int HD = decltype(hd)::value;
     const dim3 grid(static_cast<unsigned>(a.n_kv * hchunks), static_cast<unsigned>(nsplit), static_cast<unsigned>(a.T));
-    launch_k(attn_decode_kernel<TA, TK, HD, true>, grid, dim3(128), 0, st, a, nsplit, hchunks);
+    if (a.softcap > 0) launch_decode_softcap<TA, TK, HD, true>(grid, st, a, nsplit, hchunks);
+    else launch_k(attn_decode_kernel<TA, TK, HD, true>, grid, dim3(128), 0, st, a, nsplit, hchunks);
     CUDA_CHECK_LAUNCH();
     launch_k(attn_combine_wide_kernel<TA, HD, true>, dim3(a.n_heads, a.T), dim3(128), 0, st, a, nsplit, a.T);
     CUDA_CHECK_LAUNCH();
   });
+}
+
+bool attention_head_dim_supported(int hd) {
+  return hd == 32 || hd == 64 || hd == 80 || hd == 96 || hd == 128 || hd == 256;
 }
 
 void attention_prefill(const AttnArgs& a, cudaStream_t st) {
@@ -97,8 +123,11 @@ void attention_prefill(const AttnArgs& a, cudaStream_t st) {
     using TA = decltype(ta);
     using TK = decltype(tk);
     constexpr int HD = decltype(hd)::value;
-    dim3 grid(static_cast<unsigned>((a.T + 15) / 16), static_cast<unsigned>(a.n_heads));
-    attn_prefill_kernel<TA, TK, HD><<<grid, 128, 0, st>>>(a);
+    const dim3 grid(static_cast<unsigned>((a.T + kPrefillBQ - 1) / kPrefillBQ), static_cast<unsigned>(a.n_heads));
+    constexpr int smem = prefill_smem_bytes(HD);
+    if constexpr (smem > 48 * 1024)
+      CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<TA, TK, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attn_prefill_kernel<TA, TK, HD><<<grid, 128, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -109,8 +138,8 @@ std::string attention_flash_unsupported(DType act, DType kv_dtype, int head_dim)
                dtype_name(act), " (use --attn sdpa or eager, or --compute-dtype bf16)");
   if (kv_dtype != act)
     return cat("--attn flash: the KV cache dtype ", dtype_name(kv_dtype), " must equal the compute dtype ", dtype_name(act));
-  if (head_dim != 64 && head_dim != 128)
-    return cat("unsupported head_dim ", head_dim, " for --attn flash; supported: 64, 128");
+  if (!attention_head_dim_supported(head_dim))
+    return cat("unsupported head_dim ", head_dim, " for --attn flash; supported: 32, 64, 80, 96, 128, 256");
   return "";
 }
 
@@ -121,22 +150,24 @@ void attention_flash(const AttnArgs& a, cudaStream_t st) {
                  " not a multiple of n_kv_heads ", a.n_kv);
   NF4FLASH_CHECK(a.q_stride % 8 == 0 && a.out_stride % 2 == 0, "attention_flash: q/out row strides must be multiples of 8/2 elements");
   if (a.T == 0) return;
-  if (a.flash == FlashKernel::Wgmma) return attention_flash_wgmma(a, st);
-  constexpr int stages = 3;  // K/V ring depth of the mma.sync kernel
-  auto launch = [&](auto kernel, int hd) {
-    const int smem = flash_smem_bytes(hd, stages);
+  // the Hopper kernel at head_dim 64, 128 and 256; the mma.sync kernel elsewhere and at the others
+  if (a.flash == FlashKernel::Wgmma && attention_flash_wgmma_head_dim(a.head_dim)) return attention_flash_wgmma(a, st);
+  auto launch = [&](auto hd) {
+    constexpr int HD = decltype(hd)::value, stages = flash_stages(HD);
+    const int smem = flash_smem_bytes(HD, stages);
+    auto kernel = a.act == DType::BF16 ? attn_flash_kernel<__nv_bfloat16, HD, stages> : attn_flash_kernel<__half, HD, stages>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     dim3 grid(static_cast<unsigned>(a.n_heads), static_cast<unsigned>((a.T + kFlashBQ - 1) / kFlashBQ));
     kernel<<<grid, kFlashThreads, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
   };
-  const bool bf = a.act == DType::BF16;
-  if (a.head_dim == 64) {
-    if (bf) launch(attn_flash_kernel<__nv_bfloat16, 64, stages>, 64);
-    else launch(attn_flash_kernel<__half, 64, stages>, 64);
-  } else {
-    if (bf) launch(attn_flash_kernel<__nv_bfloat16, 128, stages>, 128);
-    else launch(attn_flash_kernel<__half, 128, stages>, 128);
+  switch (a.head_dim) {
+    case 32: return launch(std::integral_constant<int, 32>{});
+    case 64: return launch(std::integral_constant<int, 64>{});
+    case 80: return launch(std::integral_constant<int, 80>{});
+    case 96: return launch(std::integral_constant<int, 96>{});
+    case 128: return launch(std::integral_constant<int, 128>{});
+    default: return launch(std::integral_constant<int, 256>{});
   }
 }
 

@@ -114,6 +114,19 @@ void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act,
   binary<SiluMulOp>(gate, up, out, n, act, st, "silu_mul");
 }
 
+void gelu_tanh_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st) {
+  binary<GeluTanhMulOp>(gate, up, out, n, act, st, "gelu_tanh_mul");
+}
+
+void scale(void* x, float s, bool softcap, int64_t n, DType dt, cudaStream_t st) {
+  if (n == 0) return;
+  NF4FLASH_DISPATCH_ACT(dt, softcap ? "softcap" : "scale", [&] {
+    if (softcap) scale_kernel<T, true><<<grid_for(n), 256, 0, st>>>(static_cast<T*>(x), s, n);
+    else scale_kernel<T, false><<<grid_for(n), 256, 0, st>>>(static_cast<T*>(x), s, n);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
 void silu_mul_cols(const void* g, int64_t ldg, void* u, int64_t ldu, int64_t rows, int64_t cols, DType act,
                    cudaStream_t st) {
   if (rows == 0 || cols == 0) return;

@@ -1,24 +1,30 @@
 // Causal attention of q [T, n_heads*hd] over the KV cache of one layer (K, V each
 // [n_kv][capacity][hd]): query row t (absolute position pos0+t) sees cache positions [0, pos0+t].
 // GQA: q head h reads kv head h / (n_heads/n_kv); K/V are never repeated in memory.
-// Softmax in the log2 domain (q pre-scaled by scale*log2(e)), f32 throughout.
+// Softmax in the log2 domain (q pre-scaled by scale*log2(e)), f32 throughout. head_dim: any
+// multiple of 8 up to 256 (32, 64, 80, 96, 128, 256 instantiated). Sliding window (AttnArgs::window):
+// row t sees keys (pos - window, pos]; soft-capping (AttnArgs::softcap): q is pre-scaled by scale
+// only and each score becomes softcap * tanh(s / softcap) * log2(e) (the decode kernel's SOFTCAP
+// instantiation; the others test the cap at run time).
 //
 // attn_decode_kernel (flash-decoding on CUDA cores, T <= 4): grid (n_kv * head_chunks, nsplit, T),
 // 128 threads.
 //   A block takes up to 4 q heads sharing one kv head and a contiguous slice of the sequence; the
-//   slice length is max(kDecodeMinChunk, ceil(L/nsplit)) with L = pos0+t+1 read on the device, so a
-//   captured graph stays valid as the context grows (idle splits exit at once). HD/8 lanes hold
-//   one position (16-byte loads of K and V rows), a warp covers 32/(HD/8) positions per step, two
-//   steps per iteration. Each thread's K/V bytes of an iteration go through its own ring of 4 slots
+//   slice length is max(kDecodeMinChunk, ceil(n/nsplit)) with n the visible keys of L = pos0+t+1
+//   read on the device, so a captured graph stays valid as the context grows (idle splits exit at
+//   once). LP = decode_lanes(HD) lanes hold one position (16-byte loads of K and V rows; lanes past
+//   HD/8 load nothing), a warp covers 32/LP positions per step, two steps per iteration. Each thread's K/V bytes of an iteration go through its own ring of 4 slots
 //   in shared memory (cp.async; [4][2][K|V][chunk][128 threads] x 16 bytes, 32 KB for bf16, f32
-//   caches use 2 slots), so 3 iterations are in flight while one is summed. Partials (m, l,
+//   caches use 2 slots), so 3 iterations are in flight while one is summed (head_dim 256: the
+//   warps' partials are merged through the ring's memory after the loop). Partials (m, l,
 //   acc[hd]) go to the workspace; attn_combine_wide_kernel (attention_combine.cuh) merges the
 //   splits per (t, head) in a second launch.
 //   PAGED: rows of several sequences (AttnArgs::paged): row t's length and cache slots are its
 //   sequence's (kernels/paged.cuh); rows of sequences longer than paged_max_rows exit at once.
 // attn_prefill_kernel (any T; the memory-efficient path without tensor cores, "sdpa"):
 //   grid (ceil(T/16), n_heads), 128 threads; 16 query rows per block, 4 per warp; K/V tiles of 32
-//   positions staged in shared memory as f32 (rows padded by one word: conflict-free); online softmax.
+//   positions staged in dynamic shared memory as f32 (rows padded by one word: conflict-free;
+//   prefill_smem_bytes); online softmax; tiles before the block's window are skipped.
 #pragma once
 #include <cmath>
 
@@ -93,6 +99,10 @@ struct DecodeBlock {
   int kvh, h0, nh, t, split, L, chunk, s0, s1, nact, seq;
   __device__ bool active() const { return s0 < L; }
 };
+// The first key a query of context length L sees: L - window under a sliding window, else 0.
+__host__ __device__ __forceinline__ int decode_first_key(int L, int window) {
+  return window > 0 && L > window ? L - window : 0;
+}
 // The context length of query row t: pos0 + t + 1, or over a paged step its sequence's position + 1
 // (0: a row of a sequence with more than a.paged_max_rows rows, which another kernel computes).
 template <bool PAGED>
@@ -115,9 +125,10 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nspli
   b.t = blockIdx.z, b.split = blockIdx.y;
   b.seq = 0;
   b.L = decode_row_len<PAGED>(a, b.t, &b.seq);
-  b.chunk = decode_chunk(b.L, nsplit);
-  b.s0 = b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
-  b.nact = decode_nact(b.L, nsplit, b.chunk);
+  const int lo = decode_first_key(b.L, a.window);  // the splits share the visible keys [lo, L)
+  b.chunk = decode_chunk(b.L - lo, nsplit);
+  b.s0 = lo + b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
+  b.nact = decode_nact(b.L - lo, nsplit, b.chunk);
   return b;
 }
 
@@ -142,34 +153,49 @@ struct SplitPartials {
 };
 template <bool PAGED = false>
 __device__ __forceinline__ SplitPartials split_partials(const AttnArgs& a, int nsplit, int T, int t, int h) {
-  const int L = decode_row_len<PAGED>(a, t);
+  const int L = decode_row_len<PAGED>(a, t), n = L - decode_first_key(L, a.window);
   SplitPartials p;
   p.ml = a.workspace;
   p.acc = a.workspace + int64_t(T) * a.n_heads * nsplit * 2;
   p.base = (int64_t(t) * a.n_heads + h) * nsplit;
-  p.nact = decode_nact(L, nsplit, decode_chunk(L, nsplit));
+  p.nact = decode_nact(n, nsplit, decode_chunk(n, nsplit));
   return p;
 }
 
 constexpr int kDecGT = 4;  // q heads per decode block
 
-template <typename TA, typename TK, int HD, bool PAGED = false>
+// The lanes holding one cache position in the decode kernel: HD/8 rounded up to a power of two
+// (head_dim 80 and 96 take 16 lanes, 10 and 12 of them loading).
+__host__ __device__ constexpr int decode_lanes(int hd) { return hd <= 32 ? 4 : hd <= 64 ? 8 : hd <= 128 ? 16 : 32; }
+
+template <typename TA, typename TK, int HD, bool PAGED = false, bool SOFTCAP = false>
 __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int nsplit, int hchunks) {
   pdl_trigger();
   pdl_wait();
-  constexpr int LP = HD / 8, PW = 32 / LP, NW = 4, GT = kDecGT;
+  static_assert(HD % 8 == 0 && HD <= 256, "head_dim a multiple of 8, at most 256");
+  constexpr int LP = decode_lanes(HD), PW = 32 / LP, NW = 4, GT = kDecGT;
   constexpr int U = 2;  // positions per lane group and iteration
   constexpr int NCP = sizeof(Raw8<TK>) / 16;  // 16-byte copies per lane, position and K or V
   constexpr int RS = NCP == 2 ? 2 : 4;  // ring slots (f32: 2, 32 KB)
+  // head_dim 256: the warps' partials reuse the ring after the loop (48 KiB of static shared memory)
+  constexpr bool ACC_IN_RING = HD > 128;
   __shared__ uint4 s_ring[RS][U][2][NCP][128];
-  __shared__ float s_acc[NW][GT][HD];
+  __shared__ float s_acc_own[ACC_IN_RING ? 1 : NW][GT][ACC_IN_RING ? 1 : HD];
   __shared__ float s_ml[NW][GT][2];
+  static_assert(!ACC_IN_RING || sizeof(s_ring) >= sizeof(float) * NW * GT * HD, "the ring holds the partials");
+  auto s_acc = [&](int w, int g, int d) -> float& {
+    if constexpr (ACC_IN_RING) return reinterpret_cast<float*>(&s_ring[0][0][0][0][0])[(w * GT + g) * HD + d];
+    else return s_acc_own[w][g][d];
+  };
   const DecodeBlock db = decode_block<PAGED>(a, nsplit, hchunks, GT);
   if (!db.active()) return;  // inactive split (whole block)
   const int kvh = db.kvh, h0 = db.h0, nh = db.nh, t = db.t, split = db.split;
   const int s0 = db.s0, s1 = db.s1;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, pg = lane / LP, li = lane % LP;
-  const float qs = a.scale * kLog2e;
+  const bool dim_lane = HD == 8 * LP || 8 * li < HD;  // a lane past head_dim (80, 96) holds zeros
+  // base-2 scores: q pre-scaled by scale * log2(e), or (SOFTCAP: a.softcap > 0) by scale, the cap
+  // applied to the scaled score, then log2(e)
+  const float qs = SOFTCAP ? a.scale : a.scale * kLog2e;
 
   float q[GT][8], m[GT], l[GT], acc[GT][8];
 #pragma unroll
@@ -180,10 +206,11 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     for (int i = 0; i < 8; ++i) acc[g][i] = 0.f;
     const TA* qp = static_cast<const TA*>(a.q) + int64_t(t) * a.q_stride + int64_t(h0 + min(g, nh - 1)) * HD + 8 * li;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[g][i] = to_f32<TA>(qp[i]) * qs;
+    for (int i = 0; i < 8; ++i) q[g][i] = dim_lane ? to_f32<TA>(qp[i]) * qs : 0.f;
   }
-  const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
-  const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + 8 * li;
+  const int lane_off = dim_lane ? 8 * li : 0;
+  const TK* kb = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD + lane_off;
+  const TK* vb = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD + lane_off;
 
   // iteration j of this warp: positions pb + u * NW * PW + pg, pb = s0 + warp * PW + j * NW * PW * U;
   // positions past the slice's end load position s0 (in range) and are masked.
@@ -199,8 +226,8 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
 #pragma unroll
         for (int c = 0; c < NCP; ++c) {
           const int64_t cpos = PAGED ? paged_slot(a.paged, db.seq, pc) : pc;
-          cp_async16(&s_ring[j % RS][u][0][c][threadIdx.x], kb + cpos * HD + c * (16 / sizeof(TK)), true);
-          cp_async16(&s_ring[j % RS][u][1][c][threadIdx.x], vb + cpos * HD + c * (16 / sizeof(TK)), true);
+          cp_async16(&s_ring[j % RS][u][0][c][threadIdx.x], kb + cpos * HD + c * (16 / sizeof(TK)), dim_lane);
+          cp_async16(&s_ring[j % RS][u][1][c][threadIdx.x], vb + cpos * HD + c * (16 / sizeof(TK)), dim_lane);
         }
       }
     }
@@ -237,6 +264,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
         for (int i = 0; i < 8; ++i) s = fmaf(q[g][i], kf[i], s);
 #pragma unroll
         for (int o = LP / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if constexpr (SOFTCAP) s = a.softcap * tanhf(s / a.softcap) * kLog2e;
         if (!valid[u]) s = -INFINITY;
         const float mn = fmaxf(m[g], s);
         const float corr = (mn == -INFINITY) ? 1.f : exp2f(m[g] - mn);
@@ -260,11 +288,17 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
       softmax_merge(m[g], l[g], acc[g], m2, l2, a2, 8);
     }
   }
+  if constexpr (ACC_IN_RING) {
+    cp_async_wait<0>();
+    __syncthreads();  // every thread is done with its ring slots
+  }
   if (pg == 0) {
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
+      if (dim_lane) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) s_acc[warp][g][8 * li + i] = acc[g][i];
+        for (int i = 0; i < 8; ++i) s_acc(warp, g, 8 * li + i) = acc[g][i];
+      }
       if (li == 0) { s_ml[warp][g][0] = m[g]; s_ml[warp][g][1] = l[g]; }
     }
   }
@@ -281,7 +315,7 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
     for (int w = 0; w < NW; ++w) {
       const float c = (s_ml[w][g][0] == -INFINITY) ? 0.f : exp2f(s_ml[w][g][0] - M);
       lsum += s_ml[w][g][1] * c;
-      asum += s_acc[w][g][d] * c;
+      asum += s_acc(w, g, d) * c;
     }
     const int64_t pi = (int64_t(t) * n_heads + h0 + g) * nsplit + split;
     ws_acc[pi * HD + d] = asum;
@@ -289,17 +323,23 @@ __global__ void __launch_bounds__(128) attn_decode_kernel(const AttnArgs a, int 
   }
 }
 
+constexpr int kPrefillBQ = 16, kPrefillBK = 32;
+// Dynamic shared memory of attn_prefill_kernel: K and V tiles [BK][HD + 1] and Q [BQ][HD], f32.
+__host__ __device__ constexpr int prefill_smem_bytes(int hd) { return (2 * kPrefillBK * (hd + 1) + kPrefillBQ * hd) * 4; }
+
 template <typename TA, typename TK, int HD>
 __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
-  constexpr int BQ = 16, BK = 32, RPW = 4, DPL = HD / 32;
-  __shared__ float Ks[BK][HD + 1];
-  __shared__ float Vs[BK][HD + 1];
-  __shared__ float Qs[BQ][HD];
+  constexpr int BQ = kPrefillBQ, BK = kPrefillBK, RPW = 4, DPL = (HD + 31) / 32;
+  extern __shared__ float prefill_smem[];
+  float(*Ks)[HD + 1] = reinterpret_cast<float(*)[HD + 1]>(prefill_smem);
+  float(*Vs)[HD + 1] = reinterpret_cast<float(*)[HD + 1]>(prefill_smem + BK * (HD + 1));
+  float(*Qs)[HD] = reinterpret_cast<float(*)[HD]>(prefill_smem + 2 * BK * (HD + 1));
   const int h = blockIdx.y, G = a.n_heads / a.n_kv, kvh = h / G;
   const int t0 = blockIdx.x * BQ;
   const int pos0 = a.pos0[0];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float qs = a.scale * kLog2e;
+  const bool capped = a.softcap > 0.f;  // as attn_decode_kernel
+  const float qs = capped ? a.scale : a.scale * kLog2e;
   for (int i = threadIdx.x; i < BQ * HD; i += blockDim.x) {
     const int r = i / HD, d = i % HD;
     Qs[r][d] = (t0 + r < a.T) ? to_f32<TA>(static_cast<const TA*>(a.q)[int64_t(t0 + r) * a.q_stride + int64_t(h) * HD + d]) * qs : 0.f;
@@ -313,9 +353,11 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
     for (int dd = 0; dd < DPL; ++dd) acc[i][dd] = 0.f;
   }
   const int kv_end = pos0 + min(t0 + BQ, a.T);  // exclusive
+  // sliding window: the block's first row sees nothing before its first key (tiles of BK from there)
+  const int kv_begin = decode_first_key(pos0 + t0 + 1, a.window) / BK * BK;
   const TK* kc = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD;
   const TK* vc = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD;
-  for (int kb = 0; kb < kv_end; kb += BK) {
+  for (int kb = kv_begin; kb < kv_end; kb += BK) {
     __syncthreads();
     for (int i = threadIdx.x; i < BK * HD; i += blockDim.x) {
       const int j = i / HD, d = i % HD;
@@ -332,7 +374,8 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
       float s = 0.f;
 #pragma unroll 16
       for (int d = 0; d < HD; ++d) s = fmaf(Qs[r][d], Ks[lane][d], s);
-      const bool valid = kb + lane <= qpos;
+      if (capped) s = a.softcap * tanhf(s / a.softcap) * kLog2e;
+      const bool valid = kb + lane <= qpos && kb + lane >= decode_first_key(qpos + 1, a.window);
       s = valid ? s : -INFINITY;
       const float mn = fmaxf(m[i], warp_max(s));
       if (mn == -INFINITY) continue;
@@ -345,7 +388,8 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
       for (int j = 0; j < BK; ++j) {
         const float pj = __shfl_sync(0xffffffffu, p, j);
 #pragma unroll
-        for (int dd = 0; dd < DPL; ++dd) acc[i][dd] = fmaf(pj, Vs[j][lane + 32 * dd], acc[i][dd]);
+        for (int dd = 0; dd < DPL; ++dd)
+          if (lane + 32 * dd < HD) acc[i][dd] = fmaf(pj, Vs[j][lane + 32 * dd], acc[i][dd]);
       }
       m[i] = mn;
     }
@@ -356,7 +400,8 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
     if (t >= a.T) continue;
 #pragma unroll
     for (int dd = 0; dd < DPL; ++dd)
-      static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + lane + 32 * dd] = from_f32<TA>(acc[i][dd] / l[i]);
+      if (lane + 32 * dd < HD)
+        static_cast<TA*>(a.out)[int64_t(t) * a.out_stride + int64_t(h) * HD + lane + 32 * dd] = from_f32<TA>(acc[i][dd] / l[i]);
   }
 }
 

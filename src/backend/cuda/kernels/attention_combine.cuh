@@ -6,9 +6,10 @@
 //
 // Grid (n_heads, T), 128 threads = 4 groups of 32 lanes. Thread s < nact loads split s's (m, l);
 // group g takes the splits g, g + 4, g + 8, ... and lane l its dims DPL*l .. DPL*l + DPL-1
-// (DPL = HD/32: one 16-byte load at HD 128, 8 bytes at HD 64), up to 16 splits per group and
-// batch, all issued before any is used: nact <= 64 costs one round trip to L2 (with the (m, l)
-// loads), <= 128 two. (A merge that loaded the partials 8 splits at a time took ~15 dependent L2
+// (DPL = ceil(HD/32): one 16-byte load at HD 128, 8 bytes at HD 64, two 16-byte loads at HD 256,
+// scalar loads at HD 32, 80 and 96, lanes past HD loading nothing), up to 16 splits per group and
+// batch (8 at HD 256), all issued before any is used: nact <= 64 costs one round trip to L2 (with
+// the (m, l) loads), <= 128 two. (A merge that loaded the partials 8 splits at a time took ~15 dependent L2
 // round trips at 66 splits: 3.9-6.6 us per launch at ctx 32768 on the H200; this kernel: H100,
 // decode @512 / @32768 +2.0% / +4.1% end to end.)
 // PAGED: the rows of a paged step (AttnArgs::paged); rows the decode kernel skipped are left alone.
@@ -21,19 +22,24 @@ namespace nf4flash::cuda {
 template <int N>
 struct CombineVec { float v[N]; };
 
-// N floats from p: one vector load where p is aligned to it (vec), else N scalar loads (the
-// partials start at an odd float offset when T * n_heads * nsplit is odd)
-template <int N>
-__device__ __forceinline__ CombineVec<N> ldcg_vec(const float* p, bool vec) {
+// Lane `lane`'s N floats of one partial acc[HD] (dims N*lane ..): vector loads where HD = 32 N
+// with N 2, 4 or 8 and p is aligned to them (vec), else scalar loads of the dims below HD, zero
+// past it (the partials start at an odd float offset when T * n_heads * nsplit is odd)
+template <int N, int HD>
+__device__ __forceinline__ CombineVec<N> ldcg_vec(const float* acc, int lane, bool vec) {
   CombineVec<N> r;
-  if (!vec) {
+  const float* p = acc + N * lane;
+  constexpr bool VEC = HD == 32 * N && (N == 2 || N == 4 || N == 8);
+  if (!VEC || !vec) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) r.v[i] = __ldcg(p + i);
+    for (int i = 0; i < N; ++i) r.v[i] = N * lane + i < HD ? __ldcg(p + i) : 0.f;
+  } else if constexpr (N == 8) {
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(p)), y = __ldcg(reinterpret_cast<const float4*>(p + 4));
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w, r.v[4] = y.x, r.v[5] = y.y, r.v[6] = y.z, r.v[7] = y.w;
   } else if constexpr (N == 4) {
     const float4 x = __ldcg(reinterpret_cast<const float4*>(p));
     r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
-  } else {
-    static_assert(N == 2, "HD 64 or 128");
+  } else if constexpr (N == 2) {
     const float2 x = __ldcg(reinterpret_cast<const float2*>(p));
     r.v[0] = x.x, r.v[1] = x.y;
   }
@@ -44,8 +50,9 @@ template <typename TA, int HD, bool PAGED = false>
 __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a, int nsplit, int T) {
   pdl_trigger();
   pdl_wait();
-  constexpr int NG = 4, B = 16, DPL = HD / 32;
-  static_assert(kDecodeMaxSplits <= 2 * NG * B && kDecodeMaxSplits <= 128, "two batches cover every split");
+  // B splits per group and batch in flight (8 at head_dim 256: 16 x 8 floats would spill)
+  constexpr int NG = 4, B = HD > 128 ? 8 : 16, DPL = (HD + 31) / 32;
+  static_assert(kDecodeMaxSplits <= 128, "one thread per split loads its (m, l)");
   __shared__ float s_c[kDecodeMaxSplits];
   __shared__ float s_red[NG][HD];
   __shared__ float s_w[NG];
@@ -55,7 +62,7 @@ __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a
   const float *ws_ml = sp.ml, *ws_acc = sp.acc;
   const int64_t base = sp.base;
   const int nact = sp.nact;
-  const bool vec = reinterpret_cast<uintptr_t>(ws_acc) % (4 * DPL) == 0;  // HD is a multiple of DPL
+  const bool vec = reinterpret_cast<uintptr_t>(ws_acc) % (4 * (DPL < 4 ? DPL : 4)) == 0;  // HD is a multiple of DPL where loads are vectors
   float ms = -INFINITY, ls = 0.f;
   if (tid < nact) {
     ms = __ldcg(ws_ml + (base + tid) * 2);
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a
 #pragma unroll
     for (int j = 0; j < B; ++j) {
       const int s = g + NG * (j0 + j);
-      if (s < nact) v[j] = ldcg_vec<DPL>(ws_acc + (base + s) * HD + DPL * lane, vec);
+      if (s < nact) v[j] = ldcg_vec<DPL, HD>(ws_acc + (base + s) * HD, lane, vec);
     }
   };
   load_batch(0);
@@ -99,7 +106,8 @@ __global__ void __launch_bounds__(128) attn_combine_wide_kernel(const AttnArgs a
     load_batch(j0 + B);
   }
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) s_red[g][DPL * lane + i] = acc[i];
+  for (int i = 0; i < DPL; ++i)
+    if (DPL * lane + i < HD) s_red[g][DPL * lane + i] = acc[i];
   __syncthreads();
   for (int d = tid; d < HD; d += 128) {
     const float o = ((s_red[0][d] + s_red[1][d]) + s_red[2][d]) + s_red[3][d];

@@ -7,11 +7,18 @@
 // head h / (n_heads/n_kv) (K/V never repeated; heads of one group are adjacent in blockIdx.x so
 // they share the tiles through L2).
 //
-//   grid (n_heads, ceil(T_rows/128)), 256 threads (8 warps), dynamic smem (128 + 2*STAGES*64)*HD*2 B
-//   (hd128: 96 KiB with 2 stages, 128 KiB with 3). A block owns 128 query rows of one head; warp w owns rows
-//   16w..16w+15 (one m16 tile): 8 warps x 16 rows keeps Q (HD/16 A-fragments), the O accumulator
-//   (HD/8 n-tiles) and one S tile (64/8 n-tiles) in registers at ~150 regs for hd128 with no
-//   spills, where 4 warps x 32 rows would need ~250 (FA2 re-reads Q from smem for that).
+//   HD: any multiple of 16 up to 256 (32, 64, 80, 96, 128, 256 instantiated). Shared-memory rows
+//   are HDS = HD rounded up to 64 elements (whole 128-byte swizzle groups).
+//   grid (n_heads, ceil(T_rows/128)), 256 threads (8 warps), dynamic smem (128 + 2*STAGES*64)*HDS*2 B
+//   (hd128: 96 KiB with 2 stages, 128 KiB with 3; hd256: 192 KiB with 2). A block owns 128 query
+//   rows of one head; warp w owns rows 16w..16w+15 (one m16 tile): 8 warps x 16 rows keeps Q
+//   (HD/16 A-fragments), the O accumulator (HD/8 n-tiles) and one S tile (64/8 n-tiles) in
+//   registers at ~150 regs for hd128 with no spills, where 4 warps x 32 rows would need ~250 (FA2
+//   re-reads Q from smem for that). At hd256 the O accumulator alone takes 128 registers: Q's
+//   fragments are re-read from shared memory (ldmatrix) at each k step instead.
+//   Sliding window (AttnArgs::window): the block's tiles start at its first row's first visible
+//   key; tiles crossing a row's window edge are masked. Soft-capping (AttnArgs::softcap): each
+//   score becomes softcap * tanh(s * scale / softcap) before the softmax (base 2, scale 1).
 //   blockIdx.y is reversed so the longest (last) query tiles of every head start first and the
 //   short ones fill the tail.
 //   K/V tiles of 64 positions in a ring of STAGES buffers filled by cp.async (tile j+1 loads while j
@@ -47,7 +54,11 @@ constexpr int kFlashBK = 64;      // cache positions per tile
 constexpr int kFlashWarps = 8;
 constexpr int kFlashThreads = 32 * kFlashWarps;
 
-__host__ __device__ constexpr int flash_smem_bytes(int hd, int stages) { return (kFlashBQ + 2 * stages * kFlashBK) * hd * 2; }
+// Shared-memory row of a head_dim: whole 64-element (128-byte) swizzle groups.
+__host__ __device__ constexpr int flash_row(int hd) { return (hd + 63) / 64 * 64; }
+// K/V ring depth: 3, or 2 at head_dim 256 (192 KiB of shared memory).
+__host__ __device__ constexpr int flash_stages(int hd) { return hd > 128 ? 2 : 3; }
+__host__ __device__ constexpr int flash_smem_bytes(int hd, int stages) { return (kFlashBQ + 2 * stages * kFlashBK) * flash_row(hd) * 2; }
 
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
@@ -65,10 +76,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with HD-element rows.
+// Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with flash_row(HD)-element rows.
 template <int HD>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
-  return uint32_t(r * HD * 2 + ((c ^ (r & 7)) << 4));
+  return uint32_t(r * flash_row(HD) * 2 + ((c ^ (r & 7)) << 4));
 }
 
 // One tile's online-softmax step for a lane's two rows (g and g + 8 of its warp's 16): at(n, e) =
@@ -116,8 +127,9 @@ template <typename T, int HD, int ROWS>
 __device__ __forceinline__ void load_tile(uint32_t s_base, const T* g, int64_t stride, int valid) {
   constexpr int CPR = HD / 8;  // 16-byte chunks per row
 #pragma unroll
-  for (int i = 0; i < ROWS * CPR / kFlashThreads; ++i) {
+  for (int i = 0; i < (ROWS * CPR + kFlashThreads - 1) / kFlashThreads; ++i) {
     const int idx = i * kFlashThreads + threadIdx.x;
+    if ((ROWS * CPR) % kFlashThreads != 0 && idx >= ROWS * CPR) break;
     const int r = idx / CPR, c = idx % CPR;
     const bool ok = r < valid;
     const T* src = ok ? g + int64_t(r) * stride + c * 8 : g;
@@ -128,11 +140,14 @@ __device__ __forceinline__ void load_tile(uint32_t s_base, const T* g, int64_t s
 template <typename T, int HD, int STAGES>
 __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const AttnArgs a) {
   static_assert(STAGES == 2 || STAGES == 3, "2 or 3 K/V stages");
+  static_assert(HD % 16 == 0 && HD <= 256, "head_dim a multiple of 16, at most 256");
   constexpr int BQ = kFlashBQ, BK = kFlashBK, KS = HD / 16, NT_S = BK / 8, NT_O = HD / 8;
+  constexpr int TILE = BK * flash_row(HD) * 2;  // bytes of one K or V stage
+  constexpr bool Q_REGS = HD <= 128;            // Q's fragments held in registers (else re-read)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t s_q = smem_u32(smem);
-  const uint32_t s_k0 = s_q + BQ * HD * 2;  // K stage s at s_k0 + s*BK*HD*2, V after the K stages
-  const uint32_t s_v0 = s_k0 + STAGES * BK * HD * 2;
+  const uint32_t s_k0 = s_q + BQ * flash_row(HD) * 2;  // K stage s at s_k0 + s*TILE, V after the K stages
+  const uint32_t s_v0 = s_k0 + STAGES * TILE;
 
   const int h = blockIdx.x, G = a.n_heads / a.n_kv, kvh = h / G;
   const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
@@ -141,6 +156,9 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
   const int rows = min(BQ, a.T - t0);
   const int kv_end = pos0 + t0 + rows;  // exclusive: last visible position + 1
   const int n_tiles = (kv_end + BK - 1) / BK;
+  const int W = a.window;
+  // sliding window: tiles before the one holding the block's first row's first key are not read
+  const int j0 = (W > 0 && pos0 + t0 + 1 > W ? pos0 + t0 + 1 - W : 0) / BK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
 
@@ -149,59 +167,76 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
   const T* vg = static_cast<const T*>(a.v_cache) + int64_t(kvh) * a.capacity * HD;
 
   load_tile<T, HD, BQ>(s_q, qg, a.q_stride, rows);
-  load_tile<T, HD, BK>(s_k0, kg, HD, kv_end);
-  load_tile<T, HD, BK>(s_v0, vg, HD, kv_end);
+  load_tile<T, HD, BK>(s_k0, kg + int64_t(j0) * BK * HD, HD, kv_end - j0 * BK);
+  load_tile<T, HD, BK>(s_v0, vg + int64_t(j0) * BK * HD, HD, kv_end - j0 * BK);
   cp_async_commit();
 
   // rows of this lane: r_lo = 16*warp + g and r_lo + 8; absolute positions:
   const int q_lo = pos0 + t0 + 16 * warp + g, q_hi = q_lo + 8;
   const int warp_qmax = pos0 + t0 + 16 * warp + 15;  // last position any row of the warp sees
   const int block_qmin = pos0 + t0;
-  const float sl2 = a.scale * 1.4426950408889634f;
+  const bool capped = a.softcap > 0.f;
+  const float sl2 = capped ? 1.4426950408889634f : a.scale * 1.4426950408889634f;
+  const float cap_in = capped ? a.scale / a.softcap : 0.f;
+  // window: first key of the lane's rows and of the warp's first row (keys before it: no row sees them)
+  const int lo_lo = W > 0 ? q_lo - W + 1 : 0, lo_hi = W > 0 ? q_hi - W + 1 : 0;
+  const int warp_kmin = W > 0 ? pos0 + t0 + 16 * warp - W + 1 : 0;
 
-  uint32_t qf[KS][4];
+  uint32_t qf[Q_REGS ? KS : 1][4];
   float o[NT_O][4];
 #pragma unroll
   for (int n = 0; n < NT_O; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int st = j % STAGES, nx = (j + 1) % STAGES;
+  for (int j = j0; j < n_tiles; ++j) {
+    const int st = (j - j0) % STAGES, nx = (j - j0 + 1) % STAGES;
     if (j + 1 < n_tiles) {
       const int kb1 = (j + 1) * BK;
-      load_tile<T, HD, BK>(s_k0 + nx * BK * HD * 2, kg + int64_t(kb1) * HD, HD, kv_end - kb1);
-      load_tile<T, HD, BK>(s_v0 + nx * BK * HD * 2, vg + int64_t(kb1) * HD, HD, kv_end - kb1);
+      load_tile<T, HD, BK>(s_k0 + nx * TILE, kg + int64_t(kb1) * HD, HD, kv_end - kb1);
+      load_tile<T, HD, BK>(s_v0 + nx * TILE, vg + int64_t(kb1) * HD, HD, kv_end - kb1);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     __syncthreads();
-    if (j == 0) {
-      const int r = 16 * warp + (lane & 15);
+    const int q_row = 16 * warp + (lane & 15);  // the row this lane addresses in Q's ldmatrix
+    if constexpr (Q_REGS) {
+      if (j == j0) {
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
-        ldsm_x4(s_q + swz<HD>(r, 2 * ks + (lane >> 4)), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+        for (int ks = 0; ks < KS; ++ks)
+          ldsm_x4(s_q + swz<HD>(q_row, 2 * ks + (lane >> 4)), qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+      }
     }
     const int kb = j * BK;
-    if (kb <= warp_qmax) {
-      const uint32_t sk = s_k0 + st * BK * HD * 2, sv = s_v0 + st * BK * HD * 2;
+    if (kb <= warp_qmax && kb + BK - 1 >= warp_kmin) {
+      const uint32_t sk = s_k0 + st * TILE, sv = s_v0 + st * TILE;
       // ---- S = Q K^T (16 x BK per warp)
       float s[NT_S][4];
 #pragma unroll
       for (int n = 0; n < NT_S; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
+        const int qk = Q_REGS ? ks : 0;
+        if constexpr (!Q_REGS)
+          ldsm_x4(s_q + swz<HD>(q_row, 2 * ks + (lane >> 4)), qf[0][0], qf[0][1], qf[0][2], qf[0][3]);
 #pragma unroll
         for (int np = 0; np < NT_S / 2; ++np) {
           uint32_t b0, b1, b2, b3;
           const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
           ldsm_x4(sk + swz<HD>(r, 2 * ks + ((lane >> 3) & 1)), b0, b1, b2, b3);
-          mma_16816<T>(s[2 * np], qf[ks], b0, b1);
-          mma_16816<T>(s[2 * np + 1], qf[ks], b2, b3);
+          mma_16816<T>(s[2 * np], qf[qk], b0, b1);
+          mma_16816<T>(s[2 * np + 1], qf[qk], b2, b3);
         }
       }
-      // ---- causal mask on tiles crossing the diagonal
+      // ---- soft-capping: s = softcap * tanh(s * scale / softcap) (the softmax then in base 2, scale 1)
+      if (capped) {
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = a.softcap * tanhf(s[n][e] * cap_in);
+      }
+      // ---- causal mask on tiles crossing the diagonal; the window's edge on tiles crossing it
       if (kb + BK - 1 > block_qmin) {
 #pragma unroll
         for (int n = 0; n < NT_S; ++n) {
@@ -210,6 +245,16 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
           if (p + 1 > q_lo) s[n][1] = -INFINITY;
           if (p > q_hi) s[n][2] = -INFINITY;
           if (p + 1 > q_hi) s[n][3] = -INFINITY;
+        }
+      }
+      if (W > 0 && kb < lo_hi) {
+#pragma unroll
+        for (int n = 0; n < NT_S; ++n) {
+          const int p = kb + n * 8 + 2 * c;
+          if (p < lo_lo) s[n][0] = -INFINITY;
+          if (p + 1 < lo_lo) s[n][1] = -INFINITY;
+          if (p < lo_hi) s[n][2] = -INFINITY;
+          if (p + 1 < lo_hi) s[n][3] = -INFINITY;
         }
       }
       // ---- online softmax (rows g and g+8 of the warp's tile)

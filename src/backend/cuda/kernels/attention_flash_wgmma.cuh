@@ -34,6 +34,14 @@
 //              then 1, then 0 ...), so one warpgroup's softmax runs while the other's GEMMs do.
 //   K/V stay one stage per tile, released after P V_j; 3 stages for HD = 128 (192 KiB), 4 for 64,
 //   producer 24 / consumers 240 registers.
+// Sliding window (AttnArgs::window): the block's tiles start at its first row's first visible key
+// (tile j of the loops is KV tile j0 + j); keys before a row's window are masked. Soft-capping
+// (AttnArgs::softcap): scores become softcap * tanh(s * scale / softcap) before the softmax.
+// HD 64, 128 and 256 (attention_flash_wgmma_head_dim); the mma.sync kernel takes the others. At
+// HD 256 the KV tiles are 64 rows (BK, flash_wg_bk) in 2 stages, and Q -- 64 registers a thread
+// as fragments -- is staged in shared memory by the producer (a third tensor map over q, boxes of
+// 64 columns x 64 rows, zeros past T) and read by the SS form of the S product; shared memory
+// 2 x 64 KiB of K/V + 64 KiB of Q.
 #pragma once
 #include <cuda.h>
 
@@ -44,9 +52,16 @@
 namespace nf4flash::cuda {
 
 constexpr int kFlashWgBQ = 128, kFlashWgBK = 128, kFlashWgThreads = 384;
-__host__ __device__ constexpr int flash_wg_stages(int hd, bool pp) { return (hd == 128 ? 2 : 3) + (pp ? 1 : 0); }
+// KV tile rows: 128, or 64 at head_dim 256 (the S and P registers beside the 64 x 256 O accumulator)
+__host__ __device__ constexpr int flash_wg_bk(int hd) { return hd > 128 ? 64 : kFlashWgBK; }
+__host__ __device__ constexpr int flash_wg_stages(int hd, bool pp) {
+  return hd > 128 ? 2 : (hd == 128 ? 2 : 3) + (pp ? 1 : 0);
+}
+// Q staged in shared memory (head_dim 256: the SS product), [2 warpgroups][HD/64 boxes][64 rows][128 B]
+__host__ __device__ constexpr int flash_wg_q_bytes(int hd) { return hd > 128 ? kFlashWgBQ * hd * 2 : 0; }
 __host__ __device__ constexpr int flash_wg_smem_bytes(int hd, bool pp) {
-  return 1024 + flash_wg_stages(hd, pp) * 2 * kFlashWgBK * hd * 2 + 2 * flash_wg_stages(hd, pp) * 8;
+  return 1024 + flash_wg_stages(hd, pp) * 2 * flash_wg_bk(hd) * hd * 2 + flash_wg_q_bytes(hd) +
+         (2 * flash_wg_stages(hd, pp) + 1) * 8;
 }
 
 __device__ __forceinline__ void named_bar_sync(int id, int n) {
@@ -59,17 +74,20 @@ __device__ __forceinline__ void named_bar_arrive(int id, int n) {
 template <typename T, int HD, bool PP>
 __global__ void __launch_bounds__(kFlashWgThreads, 1)
     attn_flash_wgmma_kernel(const __grid_constant__ CUtensorMap kmap, const __grid_constant__ CUtensorMap vmap,
-                            const AttnArgs a) {
+                            const __grid_constant__ CUtensorMap qmap, const AttnArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BQ = kFlashWgBQ, BK = kFlashWgBK, S = flash_wg_stages(HD, PP), KS = HD / 16, NB = HD / 64;
+  constexpr int BQ = kFlashWgBQ, BK = flash_wg_bk(HD), S = flash_wg_stages(HD, PP), KS = HD / 16, NB = HD / 64;
   constexpr int TILE = BK * HD * 2;  // bytes of one K (or V) tile; box r (64 columns) at r * BK * 128
   constexpr bool BF = std::is_same_v<T, __nv_bfloat16>;
+  constexpr bool Q_SS = HD > 128;  // Q from shared memory (TMA, qmap) instead of registers
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = smem_u32(smem_raw);
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
   const uint32_t k_s = base_s, v_s = base_s + S * TILE;  // K stage s at k_s + s * TILE, V likewise
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem_raw + (base_s - raw_s) + 2 * S * TILE);
+  const uint32_t q_s = base_s + 2 * S * TILE;            // Q_SS: warpgroup w's 64 rows at q_s + w * 64 * HD * 2
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem_raw + (base_s - raw_s) + 2 * S * TILE + flash_wg_q_bytes(HD));
   uint64_t* const empty = full + S;
+  uint64_t* const q_full = empty + S;  // Q_SS: Q's copies landed
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = blockIdx.x, G = a.n_heads / a.n_kv, kvh = h / G;
@@ -77,15 +95,29 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
   const int pos0 = a.pos0[0];
   const int rows = min(BQ, a.T - t0);
   const int kv_end = pos0 + t0 + rows;  // exclusive
-  const int n_tiles = (kv_end + BK - 1) / BK;
+  // sliding window: the tiles read start at the one holding the block's first row's first key
+  const int W = a.window;
+  const int j0 = (W > 0 && pos0 + t0 + 1 > W ? pos0 + t0 + 1 - W : 0) / BK;
+  const int n_tiles = (kv_end + BK - 1) / BK - j0;  // tile j of the loops is KV tile j0 + j
 
-  if (tid == 0) mbar_init_ring(full, empty, S, 8);
+  if (tid == 0) {
+    if constexpr (Q_SS) mbar_init(q_full, 1);
+    mbar_init_ring(full, empty, S, 8);  // (its fence covers q_full too)
+  }
   __syncthreads();
 
   if (warp < 4) {  // ---- producer
     if constexpr (PP) asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (warp == 0 && lane == 0) {
+      if constexpr (Q_SS) {  // the block's Q rows (past T: zeros), box r of warpgroup w at columns h*HD + 64r
+        mbar_expect_tx(q_full, uint32_t(BQ * HD * 2));
+#pragma unroll
+        for (int w = 0; w < 2; ++w)
+#pragma unroll
+          for (int r = 0; r < NB; ++r)
+            tma_load_2d(q_s + w * 64 * HD * 2 + r * 64 * 128, &qmap, h * HD + 64 * r, t0 + 64 * w, q_full);
+      }
       const int row0 = int(int64_t(kvh) * a.capacity);
       for (int j = 0; j < n_tiles; ++j) {
         const int slot = j % S;
@@ -93,8 +125,8 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
         mbar_expect_tx(&full[slot], uint32_t(2 * TILE));
 #pragma unroll
         for (int r = 0; r < NB; ++r) {
-          tma_load_2d(k_s + slot * TILE + r * BK * 128, &kmap, 64 * r, row0 + j * BK, &full[slot]);
-          tma_load_2d(v_s + slot * TILE + r * BK * 128, &vmap, 64 * r, row0 + j * BK, &full[slot]);
+          tma_load_2d(k_s + slot * TILE + r * BK * 128, &kmap, 64 * r, row0 + (j0 + j) * BK, &full[slot]);
+          tma_load_2d(v_s + slot * TILE + r * BK * 128, &vmap, 64 * r, row0 + (j0 + j) * BK, &full[slot]);
         }
       }
     }
@@ -109,11 +141,16 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
   const int r_lo = t0 + 64 * wg + 16 * wq + g, r_hi = r_lo + 8;  // query rows of this lane
   const int q_lo = pos0 + r_lo, q_hi = pos0 + r_hi;
   const int block_qmin = pos0 + t0;
-  const float sl2 = a.scale * 1.4426950408889634f;
+  const bool capped = a.softcap > 0.f;
+  const float sl2 = capped ? 1.4426950408889634f : a.scale * 1.4426950408889634f;
+  const float cap_in = capped ? a.scale / a.softcap : 0.f;
+  const int lo_lo = W > 0 ? q_lo - W + 1 : 0, lo_hi = W > 0 ? q_hi - W + 1 : 0;  // first visible keys
 
-  // Q fragments straight from global (rows past T read as zeros)
-  uint32_t qf[KS][4];
-  {
+  // Q fragments straight from global (rows past T read as zeros); Q_SS: Q in shared memory
+  uint32_t qf[Q_SS ? 1 : KS][4];
+  if constexpr (Q_SS) {
+    mbar_wait(q_full, 0);
+  } else {
     const T* qg = static_cast<const T*>(a.q) + int64_t(h) * HD + 2 * c;
     const bool ok_lo = r_lo < a.T, ok_hi = r_hi < a.T;
     const uint32_t* qlo = reinterpret_cast<const uint32_t*>(qg + int64_t(ok_lo ? r_lo : 0) * a.q_stride);
@@ -140,8 +177,13 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
     mbar_wait(&full[j % S], uint32_t(j / S) & 1u);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < KS; ++ks)
-      wgmma_rs<BK, BF>(s, qf[ks], wgmma_desc_sw128(sk + (ks >> 2) * BK * 128 + (ks & 3) * 32), ks > 0 ? 1 : 0);
+    for (int ks = 0; ks < KS; ++ks) {
+      const uint64_t kd = wgmma_desc_sw128(sk + (ks >> 2) * BK * 128 + (ks & 3) * 32);
+      if constexpr (Q_SS)
+        wgmma_ss<BK, BF>(s, wgmma_desc_sw128(q_s + wg * 64 * HD * 2 + (ks >> 2) * 64 * 128 + (ks & 3) * 32), kd, ks > 0 ? 1 : 0);
+      else
+        wgmma_rs<BK, BF>(s, qf[Q_SS ? 0 : ks], kd, ks > 0 ? 1 : 0);
+    }
     wgmma_commit();
   };
   // O += P V_j issued (P as A fragments: K step kp = columns 16kp .. 16kp + 15 of S; V read
@@ -155,9 +197,24 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
       wgmma_rs<HD, BF, true>(o, pa[kp], wgmma_desc_sw128_mn(sv + kp * 2048, BK * 128, 1024), 1);
     wgmma_commit();
   };
-  // causal mask (tiles crossing the diagonal), online softmax; returns the O correction
+  // soft-capping, causal mask (tiles crossing the diagonal), window mask (tiles crossing a row's
+  // window edge), online softmax; returns the O correction
   auto softmax = [&](int j, float& corr_lo, float& corr_hi) {
-    const int kb = j * BK;
+    const int kb = (j0 + j) * BK;
+    if (capped) {
+#pragma unroll
+      for (int i = 0; i < BK / 2; ++i) s[i] = a.softcap * tanhf(s[i] * cap_in);
+    }
+    if (W > 0 && kb < lo_hi) {
+#pragma unroll
+      for (int n = 0; n < BK / 8; ++n) {
+        const int p = kb + n * 8 + 2 * c;
+        if (p < lo_lo) s[4 * n] = -INFINITY;
+        if (p + 1 < lo_lo) s[4 * n + 1] = -INFINITY;
+        if (p < lo_hi) s[4 * n + 2] = -INFINITY;
+        if (p + 1 < lo_hi) s[4 * n + 3] = -INFINITY;
+      }
+    }
     if (kb + BK - 1 > block_qmin) {
 #pragma unroll
       for (int n = 0; n < BK / 8; ++n) {

@@ -8,7 +8,8 @@
 //            out = rms_norm(x): the residual add of one sublayer and the norm of the next, one pass.
 //  rope      rotate-half (transformers) in place on q [T, nq*hd] and k [T, nk*hd]; angle =
 //            (pos0[0] + t) * inv_freq[i] in f32, sincosf (full range reduction: angles reach 1e5 rad).
-//  silu_mul  out = silu(gate) * up;  add  out = a + b;  bias_add  out[r, c] += bias[c];  convert.
+//  silu_mul  out = silu(gate) * up;  gelu_tanh_mul  out = gelu_tanh(gate) * up;  add  out = a + b;
+//            bias_add  out[r, c] += bias[c];  convert;  scale  x *= s;  softcap  x = tanh(x / c) * c.
 //  kv_write  cache[h][pos0+t][:] = k[t, h*hd : (h+1)*hd]   (cache [n_kv][capacity][hd] of one layer)
 //  rope, kv_write and rope_kv over a paged step (PagedRows set): row t's position is its
 //            sequence's (kernels/paged.cuh) and the cache position written is that position's slot.
@@ -170,9 +171,30 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(TA* __restrict__ x, c
 // kernel that rotates (rope, rope_kv, the fused decode attention) gets the same bits.
 __device__ __forceinline__ float rope_lo(float x1, float x2, float c, float s) { return __fmaf_rn(x1, c, -__fmul_rn(x2, s)); }
 __device__ __forceinline__ float rope_hi(float x1, float x2, float c, float s) { return __fmaf_rn(x2, c, __fmul_rn(x1, s)); }
-// The angle of frequency f at position pos: sincosf(float(pos) * inv_freq[f]).
-__device__ __forceinline__ void rope_angle(int64_t pos, const float* inv_freq, int f, float& s, float& c) {
+// The angle of frequency f at position pos: sincosf(float(pos) * inv_freq[f]), both times mscale
+// (exactly 1 but for longrope and yarn).
+__device__ __forceinline__ void rope_angle(int64_t pos, const float* inv_freq, int f, float mscale, float& s, float& c) {
   sincosf(float(pos) * inv_freq[f], &s, &c);
+  s *= mscale;
+  c *= mscale;
+}
+// A row's position and its frequency table: row t of the step, or of its sequence when paged; the
+// long table (longrope) when the row's forward ends past long_after positions.
+struct RopeRow {
+  int64_t pos;
+  const float* inv_freq;
+};
+__device__ __forceinline__ RopeRow rope_row(const RopeArgs& a, int64_t t) {
+  int64_t pos, end;
+  if (a.paged.tables) {
+    const PagedRow r = paged_row(a.paged, int(t));
+    pos = r.pos;
+    end = int64_t(a.paged.pos0[r.seq]) + r.n_rows;
+  } else {
+    pos = a.pos0[0] + t;
+    end = a.pos0[0] + a.T;
+  }
+  return RopeRow{pos, a.inv_freq_long && end > a.long_after ? a.inv_freq_long : a.inv_freq};
 }
 
 template <typename TA>
@@ -187,7 +209,8 @@ __global__ void rope_kernel(const RopeArgs a) {
     TA* base = h < a.n_q_heads ? static_cast<TA*>(a.q) + t * a.q_stride + int64_t(h) * a.head_dim
                                : static_cast<TA*>(a.k) + t * a.k_stride + int64_t(h - a.n_q_heads) * a.head_dim;
     float sn, cs;
-    rope_angle(a.paged.tables ? paged_row(a.paged, int(t)).pos : a.pos0[0] + t, a.inv_freq, d, sn, cs);
+    const RopeRow rr = rope_row(a, t);
+    rope_angle(rr.pos, rr.inv_freq, d, a.mscale, sn, cs);
     const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
     base[d] = from_f32<TA>(rope_lo(x1, x2, cs, sn));
     base[d + half] = from_f32<TA>(rope_hi(x1, x2, cs, sn));
@@ -203,6 +226,21 @@ struct SiluMulOp {
 struct AddOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
 };
+// gelu_pytorch_tanh(g) * u = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u (Gemma's GeGLU)
+struct GeluTanhMulOp {
+  __device__ __forceinline__ float operator()(float g, float u) const {
+    return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g))) * u;
+  }
+};
+
+// x[i] = x[i] * s (SOFTCAP false) or tanh(x[i] / s) * s (SOFTCAP true), in place over n elements.
+template <typename TA, bool SOFTCAP>
+__global__ void scale_kernel(TA* x, float s, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = to_f32<TA>(x[i]);
+    x[i] = from_f32<TA>(SOFTCAP ? tanhf(v / s) * s : v * s);
+  }
+}
 
 template <typename TA, typename Op>
 __global__ void binary_kernel(const TA* a, const TA* b, TA* o, int64_t n) {
@@ -286,13 +324,12 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
   const int half = r.head_dim / 2;
   const int n_r = (r.n_q_heads + r.n_k_heads) * half, n_v = kv.n_kv * kv.head_dim;
   const bool paged = kv.paged.tables != nullptr;
-  const int64_t pos0 = paged ? 0 : r.pos0[0];
   for (int64_t t = blockIdx.y; t < r.T; t += gridDim.y) {
     // the position (the angle) and the cache position it is written to (its block slot when paged)
-    int64_t pos = pos0 + t, slot = pos;
+    const RopeRow rr = rope_row(r, t);
+    int64_t pos = rr.pos, slot = pos;
     if (paged) {
       const PagedRow pr = paged_row(kv.paged, int(t));
-      pos = pr.pos;
       slot = paged_slot(kv.paged, pr.seq, pr.pos);
     }
     const bool cached = slot >= 0 && slot < kv.capacity;  // the runtime bounds positions by the capacity
@@ -303,7 +340,7 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * r.head_dim
                          : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * r.head_dim;
         float sn, cs;
-        rope_angle(pos, r.inv_freq, d, sn, cs);
+        rope_angle(pos, rr.inv_freq, d, r.mscale, sn, cs);
         const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
         const TA y1 = from_f32<TA>(rope_lo(x1, x2, cs, sn)), y2 = from_f32<TA>(rope_hi(x1, x2, cs, sn));
         base[d] = y1;

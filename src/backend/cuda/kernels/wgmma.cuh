@@ -1,7 +1,8 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) helpers: shared-memory matrix descriptors for the
 // 128-byte-swizzled K-major layout, the fence / commit / wait instructions and the
 // D[64 x N] (f32) += A[64 x 16] * B[N x 16]^T step with A in registers and B in shared memory
-// (RS), for N = 64, 128, 256 and bf16 or f16 inputs, B K-major or (TRANS_B) MN-major.
+// (RS), for N = 64, 128, 256 and bf16 or f16 inputs, B K-major or (TRANS_B) MN-major; and the
+// m64n64k16 step with A in shared memory too (SS).
 //
 // Shared-memory operand layout ("K-major, 128B swizzle", CUTLASS's Layout_K_SW128): a tile of R
 // rows (the N rows of B) by 64 K-values of 16 bits; row r's 128 bytes at r * 128 in a
@@ -106,6 +107,26 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t d
     NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N256)
   }
 #undef NF4FLASH_WGMMA_PICK
+#endif
+}
+
+// The m64n64k16 SS instruction: A and B both from shared memory (descriptors), K-major.
+#define NF4FLASH_WGMMA_SS_N64(TY)                                                                               \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                     \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {" NF4FLASH_OPS16_0 "," NF4FLASH_OPS16_1 \
+               "}, %32, %33, p, 1, 1, 0, 0;\n}\n"                                                                \
+               : NF4FLASH_D32(0)                                                                                \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+// d (32 floats per thread) = scale_d ? d + A * B^T : A * B^T, A [64 x 16] and B [64 x 16] both
+// K-major in shared memory (wgmma_desc_sw128 descriptors): "SS", for an A operand too large to keep
+// in registers (the flash kernel's Q at head_dim 256).
+template <int N, bool BF16>
+__device__ __forceinline__ void wgmma_ss(float* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  static_assert(N == 64, "wgmma_ss: N is 64");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (BF16) NF4FLASH_WGMMA_SS_N64("bf16");
+  else NF4FLASH_WGMMA_SS_N64("f16");
 #endif
 }
 

@@ -24,8 +24,9 @@ bool attention_flash_wgmma_supported() {
   return ok;
 }
 
-// K and V of the layer as [n_kv * capacity, HD] 2D tensor maps, boxes of 64 columns x 128 rows with
-// the 128-byte swizzle the kernel's descriptors expect.
+// K and V of the layer as [n_kv * capacity, HD] 2D tensor maps, boxes of 64 columns x BK rows
+// (flash_wg_bk: 128, 64 at head_dim 256) with the 128-byte swizzle the kernel's descriptors expect;
+// at head_dim 256 also q as a [T, q_stride] map, boxes of 64 columns x 64 rows.
 void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st) {
   NF4FLASH_CHECK(attention_flash_wgmma_supported(),
                  "attention_flash_wgmma: needs a compute capability 9.0 GPU and a build for sm_90a");
@@ -35,26 +36,35 @@ void attention_flash_wgmma(const AttnArgs& a, cudaStream_t st) {
   if (a.T == 0) return;
   const bool bf = a.act == DType::BF16;
   const CUtensorMapDataType dt = bf ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  NF4FLASH_CHECK(attention_flash_wgmma_head_dim(a.head_dim), "attention_flash_wgmma: head_dim ", a.head_dim,
+                 " (64, 128 or 256)");
   const int64_t rows = int64_t(a.n_kv) * a.capacity;
-  const CUtensorMap kmap = tensor_map_2d(dt, a.k_cache, a.head_dim, rows, a.head_dim * 2, 64, kFlashWgBK,
+  const uint32_t bk = uint32_t(flash_wg_bk(a.head_dim));
+  const CUtensorMap kmap = tensor_map_2d(dt, a.k_cache, a.head_dim, rows, a.head_dim * 2, 64, bk,
                                          CU_TENSOR_MAP_SWIZZLE_128B, "K cache");
-  const CUtensorMap vmap = tensor_map_2d(dt, a.v_cache, a.head_dim, rows, a.head_dim * 2, 64, kFlashWgBK,
+  const CUtensorMap vmap = tensor_map_2d(dt, a.v_cache, a.head_dim, rows, a.head_dim * 2, 64, bk,
                                          CU_TENSOR_MAP_SWIZZLE_128B, "V cache");
+  CUtensorMap qmap = kmap;  // read only at head_dim 256
+  if (a.head_dim > 128) {
+    NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.q_stride % 8 == 0,
+                   "attention_flash_wgmma: q must be 16-byte aligned with rows of a multiple of 8 elements");
+    qmap = tensor_map_2d(dt, a.q, a.q_stride, a.T, a.q_stride * 2, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B, "q");
+  }
   constexpr bool PP = true;  // the FA3 schedules (intra-warpgroup overlap + ping-pong)
   auto launch = [&](auto kernel, int hd) {
     const int smem = flash_wg_smem_bytes(hd, PP);
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 grid(unsigned(a.n_heads), unsigned((a.T + kFlashWgBQ - 1) / kFlashWgBQ));
-    kernel<<<grid, kFlashWgThreads, smem, st>>>(kmap, vmap, a);
+    kernel<<<grid, kFlashWgThreads, smem, st>>>(kmap, vmap, qmap, a);
     CUDA_CHECK_LAUNCH();
   };
-  if (a.head_dim == 64) {
-    if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 64, PP>, 64);
-    else launch(attn_flash_wgmma_kernel<__half, 64, PP>, 64);
-  } else {
-    NF4FLASH_CHECK(a.head_dim == 128, "attention_flash_wgmma: head_dim ", a.head_dim, " (64 or 128)");
-    if (bf) launch(attn_flash_wgmma_kernel<__nv_bfloat16, 128, PP>, 128);
-    else launch(attn_flash_wgmma_kernel<__half, 128, PP>, 128);
+  switch (a.head_dim) {
+    case 64: return bf ? launch(attn_flash_wgmma_kernel<__nv_bfloat16, 64, PP>, 64)
+                       : launch(attn_flash_wgmma_kernel<__half, 64, PP>, 64);
+    case 128: return bf ? launch(attn_flash_wgmma_kernel<__nv_bfloat16, 128, PP>, 128)
+                        : launch(attn_flash_wgmma_kernel<__half, 128, PP>, 128);
+    default: return bf ? launch(attn_flash_wgmma_kernel<__nv_bfloat16, 256, PP>, 256)
+                       : launch(attn_flash_wgmma_kernel<__half, 256, PP>, 256);
   }
 }
 
