@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Yardstick for nf4flash's prefill attention kernels: time PyTorch's
 torch.nn.functional.scaled_dot_product_attention (is_causal=True, enable_gqa=True, bf16) on the
-Llama-3-8B layer shape (q [1,32,seq,128], k/v [1,8,seq,128]) with each SDPA backend forced in turn
+Llama-3-8B layer shape (q [1,32,seq,128], k/v [1,8,seq,128]) or, with --shape gemma2, Gemma-2-9B's
+(q [1,16,seq,256], k/v [1,8,seq,256]; SDPA has no soft-capping) with each SDPA backend forced in turn
 (FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION) and with torch's default choice.
 CUDA events, warm-up, median of >= 20 calls. FLOP convention as `nf4flash-kernel-bench`:
 4 * seq^2 / 2 * head_dim * n_heads (causal). PyTorch runs only here (GPU machine), never in nf4flash.
 
-usage: python3 scripts/sdpa_bench.py [--seq 4096 16384] [--iters 20] [--json out.json]
+usage: python3 scripts/sdpa_bench.py [--shape llama3|gemma2] [--seq 4096 16384] [--iters 20] [--json out.json]
 """
 import argparse
 import json
@@ -19,15 +20,17 @@ def main():
     ap.add_argument("--seq", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default="")
+    ap.add_argument("--shape", choices=["llama3", "gemma2"], default="llama3")
     args = ap.parse_args()
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device("cuda")
-    nh, nkv, hd = 32, 8, 128
+    nh, nkv, hd = (32, 8, 128) if args.shape == "llama3" else (16, 8, 256)
     out = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cudnn": torch.backends.cudnn.version(), "shape": {"n_heads": nh, "n_kv_heads": nkv, "head_dim": hd},
+           "cudnn": torch.backends.cudnn.version(),
+           "shape": {"name": args.shape, "n_heads": nh, "n_kv_heads": nkv, "head_dim": hd},
            "dtype": "bf16", "causal": True, "flop_convention": "4 * seq^2 / 2 * head_dim * n_heads (causal)",
            "iters": max(20, args.iters), "results": []}
     backends = [("default", None), ("FLASH_ATTENTION", SDPBackend.FLASH_ATTENTION),
