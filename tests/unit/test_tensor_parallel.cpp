@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include "io/bnb_writer.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/arch.h"
@@ -39,13 +40,15 @@ class TpModel {
   static constexpr int64_t kCtx = 256, kMaxRows = 256;
 
   // `model`: a fixture's name, or a folder's path
-  TpModel(const std::string& model, int world, const WeightPolicy& wp) : world_(world), ranks_(size_t(world)) {
+  // `threads`: each rank's CPU backend threads (one pool that the ranks share)
+  TpModel(const std::string& model, int world, const WeightPolicy& wp, int threads = 1)
+      : world_(world), ranks_(size_t(world)) {
     const std::string dir = model.find('/') == std::string::npos ? model_dir(model) : model;
     cfg_ = load_model_config(dir);
     arch_ = resolve_arch(cfg_);
     store_ = WeightStore::open_dir(dir);
     if (world > 1) group_ = std::make_unique<InProcessGroup>(world);
-    for (Rank& k : ranks_) k.be = make_cpu_backend({DType::F32, 1});  // here: the pool is sized once, before the threads
+    for (Rank& k : ranks_) k.be = make_cpu_backend({DType::F32, threads});  // here: the pool is sized before the threads
     on_ranks([&](int r) {
       Rank& k = ranks_[size_t(r)];
       const TpShard s{r, world, group_ ? &group_->comm(r) : nullptr};
@@ -258,6 +261,28 @@ TEST(TensorParallelQuant4, Gemma3Tp4MatchesUnsharded) {
                "gemma3 nf4-dq tp4");
 }
 
+// A pre-quantized checkpoint (written as bitsandbytes writes it, nf4 with double quant) cut on its
+// blocks: TP=2 equals TP=1 of the checkpoint, and equals TP=2 quantizing the plain model on load
+// bit for bit (the same quantized values, the same products).
+TEST(TensorParallelQuant4, PrequantizedCheckpointTp2) {
+  TempDir tmp("nf4flash_tp_bnb");
+  QuantizeCheckpointOptions o;
+  o.model_dir = model_dir("llama-rope-yarn");
+  o.out_dir = tmp / "bnb";
+  o.double_quant = true;
+  quantize_checkpoint(o);
+  WeightPolicy pre = quant_policy(QuantType::NF4, true);
+  pre.prequantized = true;
+  const auto toks = Golden("llama-rope-yarn").i32("tokens_2");
+  const int64_t T = int64_t(toks.size());
+  TpModel one(o.out_dir, 1, pre), two(o.out_dir, 2, pre);
+  EXPECT_GT(two.decoder(0).stats().n_quant4, 0);
+  const std::vector<float> lg2 = two.forward(toks, 0, T);
+  expect_close(lg2, one.forward(toks, 0, T), "llama-rope-yarn bnb-nf4-dq tp2");
+  TpModel on_load("llama-rope-yarn", 2, quant_policy(QuantType::NF4, true));
+  EXPECT_EQ(max_abs_diff(on_load.forward(toks, 0, T), lg2), 0.0);
+}
+
 // A cut inside a 4-bit block is refused with the tensor named: intermediate 704 over 2 ranks is
 // 352 columns of down_proj per rank, not a multiple of 64; so is a pre-quantized checkpoint's.
 TEST(TensorParallelQuant4, RefusesShardsInsideBlocks) {
@@ -323,6 +348,20 @@ TEST(TensorParallelBias, EveryBiasCountedOnce) {
     TpModel tp(tmp.path.string(), world, f32_policy());
     expect_close(tp.forward(toks, 0, int64_t(toks.size())), ref, cat("llama-rope-yarn+biases tp", world));
   }
+}
+
+// Ranks sharing one pool of 2 threads (a rank's products run on the pool or, while another rank's
+// job is out, on the rank's own thread) compute what ranks of 1 thread compute.
+TEST(TensorParallelThreads, RanksSharingAPool) {
+  const auto toks = Golden("qwen2-bias").i32("tokens_2");
+  const int64_t T = int64_t(toks.size());
+  std::vector<float> ref;
+  {
+    TpModel solo("qwen2-bias", 2, f32_policy(), 1);
+    ref = solo.forward(toks, 0, T);
+  }
+  TpModel shared("qwen2-bias", 2, f32_policy(), 2);
+  for (int i = 0; i < 3; ++i) expect_close(shared.forward(toks, 0, T), ref, "qwen2-bias tp2, 2 threads");
 }
 
 // Each rank's KV cache holds its kv heads only: llama-gqa-hd64 has 2 kv heads; at TP=2 one per
