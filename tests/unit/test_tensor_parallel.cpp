@@ -86,6 +86,48 @@ class TpModel {
     return ranks_[0].out;
   }
 
+  // The paged KV cache instead of the contiguous one, on every rank (its kv heads).
+  void use_paged(int64_t n_blocks, int block_size) {
+    on_ranks([&](int r) {
+      Rank& k = ranks_[size_t(r)];
+      k.be->kv_allocate_paged({cfg_.n_layers, k.dec->kv_heads(), cfg_.head_dim, 0, DType::F32}, n_blocks, block_size);
+    });
+  }
+
+  // One step over several sequences of the paged cache (see PagedSeqs): the logits of the rows
+  // `logit_rows` names, from rank 0 (every rank's the same).
+  std::vector<float> forward_paged(const std::vector<int32_t>& ids, const std::vector<int32_t>& row_start,
+                                   const std::vector<int32_t>& pos0, const std::vector<int32_t>& tables,
+                                   int max_blocks, const std::vector<int32_t>& logit_rows) {
+    const int64_t n = int64_t(logit_rows.size()), V = cfg_.vocab_size;
+    on_ranks([&](int r) {
+      Rank& k = ranks_[size_t(r)];
+      auto put = [&](const std::vector<int32_t>& v) {
+        auto b = k.be->alloc(std::max<size_t>(v.size(), 1) * 4);
+        k.be->upload(b->data(), v.data(), v.size() * 4);
+        return b;
+      };
+      auto idb = put(ids), rsb = put(row_start), p0b = put(pos0), tb = put(tables), lrb = put(logit_rows);
+      PagedSeqs ps;
+      ps.n_seqs = int(pos0.size());
+      ps.row_start = static_cast<const int32_t*>(rsb->data());
+      ps.pos0 = static_cast<const int32_t*>(p0b->data());
+      ps.block_tables = static_cast<const int32_t*>(tb->data());
+      ps.max_blocks = max_blocks;
+      ps.row_start_host = row_start.data();
+      ps.pos0_host = pos0.data();
+      StepState st;
+      st.paged = &ps;
+      const Act lg{k.logits->data(), DType::F32, n, V};
+      k.dec->forward(static_cast<const int32_t*>(idb->data()), int64_t(ids.size()), st, lg, n,
+                     static_cast<const int32_t*>(lrb->data()));
+      k.out.resize(size_t(n * V));
+      k.be->download(k.out.data(), lg.data, lg.bytes());
+    });
+    for (int r = 1; r < world_; ++r) EXPECT_EQ(ranks_[size_t(r)].out, ranks_[0].out) << "rank " << r;
+    return ranks_[0].out;
+  }
+
   // Greedy continuation: the prompt in one forward, then one token per step from the KV cache.
   std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int n_new, std::vector<float>* step_logits) {
     std::vector<int32_t> out;
@@ -347,6 +389,48 @@ TEST(TensorParallelBias, EveryBiasCountedOnce) {
   for (int world : {2, 4}) {
     TpModel tp(tmp.path.string(), world, f32_policy());
     expect_close(tp.forward(toks, 0, int64_t(toks.size())), ref, cat("llama-rope-yarn+biases tp", world));
+  }
+}
+
+// A batched step over the paged KV cache (the batch runner's path): three sequences with their
+// blocks interleaved over the pool, prefill chunks and single tokens in one step, logits of each
+// sequence's last row; at TP=2 and TP=4 equal to each sequence's own unsharded forward. phi3 (2 q
+// heads): at TP=4 two ranks hold no heads.
+TEST(TensorParallelPaged, BatchedStepMatchesUnshardedSolo) {
+  for (const std::string model : {"llama-gqa-hd64", "phi3-longrope-hd96"}) {
+    TpModel one(model, 1, f32_policy());
+    const int64_t V = one.config().vocab_size;
+    std::vector<std::vector<int32_t>> seqs(3);
+    const int64_t lens[3] = {9, 12, 14}, cut[3] = {5, 9, 1};
+    for (int i = 0; i < 3; ++i)
+      for (int64_t p = 0; p < lens[i]; ++p) seqs[size_t(i)].push_back(int32_t((7 + 31 * p + 101 * i) % (V - 1) + 1));
+    std::vector<std::vector<float>> solo;  // per sequence: the logits of every position
+    for (const auto& q : seqs) solo.push_back(one.forward(q, 0, int64_t(q.size())));
+    const int bs = 4, max_blocks = 4;
+    std::vector<int32_t> tables(3 * max_blocks);
+    for (int i = 0; i < 3; ++i)
+      for (int k = 0; k < max_blocks; ++k) tables[size_t(i * max_blocks + k)] = 3 * k + i;
+    for (int world : {2, 4}) {
+      TpModel tp(model, world, f32_policy());
+      tp.use_paged(12, bs);
+      for (int step = 0; step < 2; ++step) {
+        std::vector<int32_t> ids, row_start{0}, pos0, logit_rows;
+        for (int i = 0; i < 3; ++i) {
+          const int64_t a = step == 0 ? 0 : cut[i], b = step == 0 ? cut[i] : lens[i];
+          for (int64_t p = a; p < b; ++p) ids.push_back(seqs[size_t(i)][size_t(p)]);
+          pos0.push_back(int32_t(a));
+          row_start.push_back(int32_t(ids.size()));
+          logit_rows.push_back(row_start.back() - 1);
+        }
+        const std::vector<float> got = tp.forward_paged(ids, row_start, pos0, tables, max_blocks, logit_rows);
+        for (int i = 0; i < 3; ++i) {
+          const int64_t p = (step == 0 ? cut[i] : lens[i]) - 1;
+          expect_close(std::vector<float>(got.begin() + i * V, got.begin() + (i + 1) * V),
+                       std::vector<float>(solo[size_t(i)].begin() + p * V, solo[size_t(i)].begin() + (p + 1) * V),
+                       cat(model, " paged tp", world, " step", step, " seq", i));
+        }
+      }
+    }
   }
 }
 
