@@ -139,6 +139,9 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
   const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
   const bool sharded = tp_.sharded();
+  if (sharded && shard_.comm->device() != be_.device())
+    fail("tensor parallel: rank ", tp.rank, "'s communicator reduces ", shard_.comm->device() == Device::CPU ? "host" : "device",
+         " buffers but its backend is ", be_.name());
   moe_cfg_.moe.expert_intermediate = tp_.expert_inter.n;
   moe_cfg_.moe.shared_intermediate = tp_.shared_inter.n;
   const int total = cfg.n_layers + 2;

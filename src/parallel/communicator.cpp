@@ -13,6 +13,7 @@ class InProcessGroup::Comm final : public Communicator {
   Comm(InProcessGroup& g, int rank) : g_(g), rank_(rank) {}
   int rank() const override { return rank_; }
   int world() const override { return g_.world_; }
+  Device device() const override { return Device::CPU; }  // host memory
 
   // Each rank sums its share of the elements over all ranks in rank order into the scratch; once
   // every share is summed, each rank copies the whole sum into its buffer.

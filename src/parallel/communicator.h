@@ -30,6 +30,8 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world() const = 0;
+  // Where the buffers it reduces live: the device of the backends it serves.
+  virtual Device device() const = 0;
   // In place over buf.rows * buf.cols contiguous elements; the same shape on every rank.
   virtual void all_reduce_sum(Act buf) = 0;
   // local [rows, c_r] on rank r; out [rows, c_0 + ... + c_{world-1}], the same rows on every rank.
