@@ -40,15 +40,16 @@ class TpModel {
   static constexpr int64_t kCtx = 256, kMaxRows = 256;
 
   // `model`: a fixture's name, or a folder's path
-  // `threads`: each rank's CPU backend threads (one pool that the ranks share)
-  TpModel(const std::string& model, int world, const WeightPolicy& wp, int threads = 1)
+  // `threads`: each rank's CPU backend threads (one pool that the ranks share); `compute`: F32, or
+  // BF16 (bf16 weights, 4-bit ones repacked into bf16 panels; f32 math)
+  TpModel(const std::string& model, int world, const WeightPolicy& wp, int threads = 1, DType compute = DType::F32)
       : world_(world), ranks_(size_t(world)) {
     const std::string dir = model.find('/') == std::string::npos ? model_dir(model) : model;
     cfg_ = load_model_config(dir);
     arch_ = resolve_arch(cfg_);
     store_ = WeightStore::open_dir(dir);
     if (world > 1) group_ = std::make_unique<InProcessGroup>(world);
-    for (Rank& k : ranks_) k.be = make_cpu_backend({DType::F32, threads});  // here: the pool is sized before the threads
+    for (Rank& k : ranks_) k.be = make_cpu_backend({compute, threads});  // here: the pool is sized before the threads
     on_ranks([&](int r) {
       Rank& k = ranks_[size_t(r)];
       const TpShard s{r, world, group_ ? &group_->comm(r) : nullptr};
@@ -431,6 +432,20 @@ TEST(TensorParallelPaged, BatchedStepMatchesUnshardedSolo) {
         }
       }
     }
+  }
+}
+
+// Compute bf16 (the CPU default): dense weights held in bf16 and 4-bit weights in bf16 panels, cut
+// the same way; TP=2 equals TP=1 of the same compute dtype.
+TEST(TensorParallelBf16, Tp2MatchesUnsharded) {
+  const auto toks = Golden("gemma3-qknorm-window").i32("tokens_2");
+  const int64_t T = int64_t(toks.size());
+  WeightPolicy dense = f32_policy(), nf4 = quant_policy(QuantType::NF4, true);
+  dense.dense_store = nf4.dense_store = DType::BF16;
+  for (const WeightPolicy& wp : {dense, nf4}) {
+    TpModel one("gemma3-qknorm-window", 1, wp, 1, DType::BF16), two("gemma3-qknorm-window", 2, wp, 1, DType::BF16);
+    expect_close(two.forward(toks, 0, T), one.forward(toks, 0, T),
+                 cat("gemma3 bf16 ", quant_type_name(wp.quant), " tp2"));
   }
 }
 
