@@ -262,6 +262,10 @@ struct QuantCase {
   bool double_quant;
 };
 
+void PrintTo(const QuantCase& c, std::ostream* os) {
+  *os << c.model << " " << quant_type_name(c.type) << (c.double_quant ? " double quant" : "");
+}
+
 class TensorParallelQuant : public ::testing::TestWithParam<QuantCase> {};
 
 TEST_P(TensorParallelQuant, Tp2MatchesUnsharded) {
