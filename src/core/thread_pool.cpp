@@ -70,6 +70,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
+  // a second caller while a job is out (ranks of a tensor-parallel group on threads of one
+  // process) runs its range alone
+  if (busy_.exchange(true, std::memory_order_acquire)) {
+    fn(0, n);
+    return;
+  }
   const int64_t chunk = (n + chunks - 1) / chunks;
   job_ = &fn;
   job_n_ = n;
@@ -92,6 +98,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
     caller_asleep_.store(false);
   }
   job_ = nullptr;
+  busy_.store(false, std::memory_order_release);
 }
 
 namespace {

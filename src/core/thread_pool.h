@@ -21,7 +21,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over [0, n) split into about size() contiguous chunks of at least
-  // `grain` items; blocks until all are done. The calling thread takes part.
+  // `grain` items; blocks until all are done. The calling thread takes part. Safe to call from
+  // several threads at once: while one call's job is out, the others run fn(0, n) themselves.
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
@@ -41,6 +42,7 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};     // workers blocked on cv_start_
   std::atomic<bool> caller_asleep_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> busy_{false};  // a job is out
 };
 
 // The process-wide pool. set_num_threads() before first use to choose its size (0 = all cores).

@@ -6,6 +6,7 @@
 #include "io/safetensors.h"
 #include "model/rope.h"
 #include "model/weight_loader.h"
+#include "parallel/communicator.h"
 
 namespace nf4flash {
 
@@ -14,11 +15,19 @@ std::string layer_name(int i, const char* suffix) { return cat("model.layers.", 
 }  // namespace
 
 // Gemma's norms scale by (1 + w), computed in f32 as transformers does: the sum is stored.
-std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const std::string& name, int64_t n) {
-  const TensorInfo& t = store.get(name);
-  if (t.numel() != n) fail(t.file, ": tensor ", name, " has shape ", t.shape_str(), ", expected [", n, "]");
+std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const std::string& name, int64_t n,
+                                               const TpRange* part) {
+  const TensorInfo& whole = store.get(name);
+  if (whole.numel() != n) fail(whole.file, ": tensor ", name, " has shape ", whole.shape_str(), ", expected [", n, "]");
+  TensorInfo t = whole;
+  if (part) {  // a bias of a column-parallel linear: this rank's entries
+    t.shape = {part->n};
+    t.data = whole.data + size_t(part->begin) * dtype_size(whole.dtype);
+    t.nbytes = size_t(part->n) * dtype_size(whole.dtype);
+  }
   std::unique_ptr<Weight> w;
   if (arch_.gemma && name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0) {
+    NF4FLASH_CHECK(!part, "a norm weight is never sharded");
     std::vector<float> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[size_t(i)] = 1.0f + host_load(t.data, t.dtype, i);
     TensorInfo plus = t;
@@ -33,12 +42,30 @@ std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const s
   return w;
 }
 
-std::unique_ptr<Weight> Decoder::optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want) {
+std::unique_ptr<Weight> Decoder::optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want,
+                                                 const TpRange* part) {
   if (!want) {
     if (store.find(name)) fail(store.source(), ": unexpected tensor ", name, " for architecture ", arch_.name);
     return nullptr;
   }
-  return vector_weight(store, name, n);
+  return vector_weight(store, name, n, part);
+}
+
+WeightCut Decoder::rows_cut(TpRange r, int64_t unit) const {
+  return tp_.sharded() ? WeightCut::rows(r.begin * unit, r.n * unit) : WeightCut{};
+}
+
+WeightCut Decoder::cols_cut(TpRange r, int64_t unit) const {
+  return tp_.sharded() ? WeightCut::cols(r.begin * unit, r.n * unit) : WeightCut{};
+}
+
+void Decoder::all_reduce(Act a) {
+  if (tp_.sharded()) shard_.comm->all_reduce_sum(a);
+}
+
+void Decoder::zero(Act a) {
+  if (zeros_.size() < a.bytes()) zeros_.assign(a.bytes(), 0);
+  be_.upload(a.data, zeros_.data(), a.bytes());
 }
 
 void Decoder::count_linear(const Weight& w) {
@@ -52,8 +79,9 @@ void Decoder::count_linear(const Weight& w) {
 }
 
 std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
-                                               int64_t cols, const WeightPolicy& p, bool allow_quant) {
-  auto w = load_linear_weight(be_, store, name, rows, cols, p, allow_quant);
+                                               int64_t cols, const WeightPolicy& p, bool allow_quant,
+                                               const WeightCut& cut) {
+  auto w = load_linear_weight(be_, store, name, rows, cols, p, allow_quant, cut);
   count_linear(*w);
   return w;
 }
@@ -61,46 +89,66 @@ std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const s
 std::vector<std::unique_ptr<Weight>> Decoder::fused_weight(const WeightStore& store, const std::string& name,
                                                           const std::vector<int64_t>& part_rows, int64_t cols,
                                                           const WeightPolicy& p) {
-  auto ws = load_fused_linear(be_, store, name, part_rows, cols, p);
+  // this rank's rows of each part: the same range of units (heads or intermediate rows) of each
+  std::vector<WeightCut> cuts;
+  if (tp_.sharded()) {
+    const int64_t hd = cfg_.head_dim;
+    if (part_rows.size() == 3)  // q, k, v
+      cuts = {rows_cut(tp_.q_heads, hd), rows_cut(tp_.kv_heads, hd), rows_cut(tp_.kv_heads, hd)};
+    else  // gate, up
+      cuts = {rows_cut(tp_.inter), rows_cut(tp_.inter)};
+  }
+  auto ws = load_fused_linear(be_, store, name, part_rows, cols, p, cuts);
   for (const auto& w : ws) count_linear(*w);
   return ws;
 }
 
 // The experts stay 4-bit like any linear (transformers + bitsandbytes quantize them too); the
-// router and the shared expert's gate stay dense.
+// router and the shared expert's gate stay dense. Sharded: every expert (and the shared one) split
+// by its intermediate rows like a dense MLP; the router and the shared expert's gate replicated.
 std::unique_ptr<MoeWeights> Decoder::moe_weights(const WeightStore& store, int layer, const WeightPolicy& p) {
   const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts, I = cfg_.moe.expert_intermediate;
   const bool mixtral = arch_.moe == ArchFlags::Moe::Mixtral;
   const std::string base = mixtral ? "block_sparse_moe." : "mlp.";
   auto m = std::make_unique<MoeWeights>();
-  m->router = linear_weight(store, layer_name(layer, (base + "gate.weight").c_str()), E, H, p, false);
+  m->router = linear_weight(store, layer_name(layer, (base + "gate.weight").c_str()), E, H, p, false, {});
+  const WeightCut in_rows = rows_cut(tp_.expert_inter), in_cols = cols_cut(tp_.expert_inter);
   for (int64_t e = 0; e < E; ++e) {
     const std::string pre = cat(base, "experts.", e, ".");
     ExpertWeights x;
-    x.gate = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w1" : "gate_proj") + ".weight").c_str()), I, H, p, true);
-    x.up = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w3" : "up_proj") + ".weight").c_str()), I, H, p, true);
-    x.down = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w2" : "down_proj") + ".weight").c_str()), H, I, p, true);
+    x.gate = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w1" : "gate_proj") + ".weight").c_str()), I, H, p, true, in_rows);
+    x.up = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w3" : "up_proj") + ".weight").c_str()), I, H, p, true, in_rows);
+    x.down = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w2" : "down_proj") + ".weight").c_str()), H, I, p, true, in_cols);
     m->experts.push_back(std::move(x));
   }
   if (const int64_t S = cfg_.moe.shared_intermediate; S > 0) {
-    m->shared.gate = linear_weight(store, layer_name(layer, "mlp.shared_expert.gate_proj.weight"), S, H, p, true);
-    m->shared.up = linear_weight(store, layer_name(layer, "mlp.shared_expert.up_proj.weight"), S, H, p, true);
-    m->shared.down = linear_weight(store, layer_name(layer, "mlp.shared_expert.down_proj.weight"), H, S, p, true);
-    m->shared_gate = linear_weight(store, layer_name(layer, "mlp.shared_expert_gate.weight"), 1, H, p, false);
+    const WeightCut s_rows = rows_cut(tp_.shared_inter), s_cols = cols_cut(tp_.shared_inter);
+    m->shared.gate = linear_weight(store, layer_name(layer, "mlp.shared_expert.gate_proj.weight"), S, H, p, true, s_rows);
+    m->shared.up = linear_weight(store, layer_name(layer, "mlp.shared_expert.up_proj.weight"), S, H, p, true, s_rows);
+    m->shared.down = linear_weight(store, layer_name(layer, "mlp.shared_expert.down_proj.weight"), H, S, p, true, s_cols);
+    m->shared_gate = linear_weight(store, layer_name(layer, "mlp.shared_expert_gate.weight"), 1, H, p, false, {});
   }
   return m;
 }
 
 Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
-                 const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress)
-    : cfg_(cfg), arch_(arch), be_(backend), max_rows_(max_rows), policy_store_(policy.dense_store) {
+                 const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress,
+                 const TpShard& tp)
+    : cfg_(cfg), arch_(arch), shard_(tp), tp_(nf4flash::tp_layout(cfg, tp)), moe_cfg_(cfg), be_(backend),
+      max_rows_(max_rows), policy_store_(policy.dense_store) {
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
   const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
+  const bool sharded = tp_.sharded();
+  if (sharded && shard_.comm->device() != be_.device())
+    fail("tensor parallel: rank ", tp.rank, "'s communicator reduces ", shard_.comm->device() == Device::CPU ? "host" : "device",
+         " buffers but its backend is ", be_.name());
+  moe_cfg_.moe.expert_intermediate = tp_.expert_inter.n;
+  moe_cfg_.moe.shared_intermediate = tp_.shared_inter.n;
   const int total = cfg.n_layers + 2;
   if (arch.moe != ArchFlags::Moe::None) {
     if (be_.device() != Device::CPU)
       fail(cfg.source, ": mixture-of-experts models (", arch.name, ") run on the CPU backend only so far (use --device cpu)");
-    moe_block_ = std::make_unique<MoeBlock>(be_, cfg_);
+    moe_block_ = std::make_unique<MoeBlock>(be_, moe_cfg_);
   }
   int done = 0;
   auto tick = [&] { if (progress) progress(++done, total); };
@@ -109,8 +157,9 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     const TensorInfo& e = store.get("model.embed_tokens.weight");
     if (e.shape.size() != 2 || e.shape[0] != V || e.shape[1] != H)
       fail(e.file, ": model.embed_tokens.weight has shape ", e.shape_str(), ", expected [", V, ", ", H, "]");
-    // a tied table is the lm_head too, unless --quant-lm-head makes a 4-bit copy of it for that
-    embed_ = be_.upload_embedding(e, policy.dense_store, cfg.tie_embeddings && !policy.quant_lm_head);
+    // a tied table is the lm_head too, unless --quant-lm-head makes a 4-bit copy of it for that or
+    // the ranks split it by vocabulary for that (each rank looks up every id in the whole table)
+    embed_ = be_.upload_embedding(e, policy.dense_store, cfg.tie_embeddings && !policy.quant_lm_head && !sharded);
     stats_.weight_bytes += embed_->resident_bytes();
   }
   tick();
@@ -125,24 +174,37 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     } else {
       L.mlp_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
     }
-    if (arch.fused_qkv) {
-      auto w = fused_weight(store, layer_name(i, "self_attn.qkv_proj.weight"),
-                            {int64_t{nh} * hd, int64_t{nkv} * hd, int64_t{nkv} * hd}, H, policy);
-      L.wq = std::move(w[0]);
-      L.wk = std::move(w[1]);
-      L.wv = std::move(w[2]);
-    } else {
-      L.wq = linear_weight(store, layer_name(i, "self_attn.q_proj.weight"), int64_t{nh} * hd, H, policy, true);
-      L.wk = linear_weight(store, layer_name(i, "self_attn.k_proj.weight"), int64_t{nkv} * hd, H, policy, true);
-      L.wv = linear_weight(store, layer_name(i, "self_attn.v_proj.weight"), int64_t{nkv} * hd, H, policy, true);
+    // this rank's q heads and kv heads (all of them unsharded; a rank may hold no q heads when
+    // there are fewer than ranks: it then has no attention weights), its intermediate rows
+    const TpRange q_rows{tp_.q_heads.begin * hd, tp_.q_heads.n * hd}, kv_rows{tp_.kv_heads.begin * hd, tp_.kv_heads.n * hd};
+    const TpRange* q_part = sharded ? &q_rows : nullptr;
+    const TpRange* kv_part = sharded ? &kv_rows : nullptr;
+    const TpRange* i_part = sharded ? &tp_.inter : nullptr;
+    const bool bias_here = !sharded || tp_.bias_rank();  // the o_proj/down biases: added once
+    if (tp_.q_heads.n > 0) {
+      if (arch.fused_qkv) {
+        auto w = fused_weight(store, layer_name(i, "self_attn.qkv_proj.weight"),
+                              {int64_t{nh} * hd, int64_t{nkv} * hd, int64_t{nkv} * hd}, H, policy);
+        L.wq = std::move(w[0]);
+        L.wk = std::move(w[1]);
+        L.wv = std::move(w[2]);
+      } else {
+        L.wq = linear_weight(store, layer_name(i, "self_attn.q_proj.weight"), int64_t{nh} * hd, H, policy, true,
+                             rows_cut(tp_.q_heads, hd));
+        L.wk = linear_weight(store, layer_name(i, "self_attn.k_proj.weight"), int64_t{nkv} * hd, H, policy, true,
+                             rows_cut(tp_.kv_heads, hd));
+        L.wv = linear_weight(store, layer_name(i, "self_attn.v_proj.weight"), int64_t{nkv} * hd, H, policy, true,
+                             rows_cut(tp_.kv_heads, hd));
+      }
+      L.wo = linear_weight(store, layer_name(i, "self_attn.o_proj.weight"), H, int64_t{nh} * hd, policy, true,
+                           cols_cut(tp_.q_heads, hd));
+      L.bq = optional_vector(store, layer_name(i, "self_attn.q_proj.bias"), int64_t{nh} * hd, arch.q_bias, q_part);
+      L.bk = optional_vector(store, layer_name(i, "self_attn.k_proj.bias"), int64_t{nkv} * hd, arch.k_bias, kv_part);
+      L.bv = optional_vector(store, layer_name(i, "self_attn.v_proj.bias"), int64_t{nkv} * hd, arch.v_bias, kv_part);
+      if (bias_here) L.bo = optional_vector(store, layer_name(i, "self_attn.o_proj.bias"), H, arch.o_bias);
+      L.q_norm = optional_vector(store, layer_name(i, "self_attn.q_norm.weight"), hd, arch.qk_norm);
+      L.k_norm = optional_vector(store, layer_name(i, "self_attn.k_norm.weight"), hd, arch.qk_norm);
     }
-    L.wo = linear_weight(store, layer_name(i, "self_attn.o_proj.weight"), H, int64_t{nh} * hd, policy, true);
-    L.bq = optional_vector(store, layer_name(i, "self_attn.q_proj.bias"), int64_t{nh} * hd, arch.q_bias);
-    L.bk = optional_vector(store, layer_name(i, "self_attn.k_proj.bias"), int64_t{nkv} * hd, arch.k_bias);
-    L.bv = optional_vector(store, layer_name(i, "self_attn.v_proj.bias"), int64_t{nkv} * hd, arch.v_bias);
-    L.bo = optional_vector(store, layer_name(i, "self_attn.o_proj.bias"), H, arch.o_bias);
-    L.q_norm = optional_vector(store, layer_name(i, "self_attn.q_norm.weight"), hd, arch.qk_norm);
-    L.k_norm = optional_vector(store, layer_name(i, "self_attn.k_norm.weight"), hd, arch.qk_norm);
     if (arch.moe != ArchFlags::Moe::None && cfg.moe.sparse(i)) {
       L.moe = moe_weights(store, i, policy);
     } else if (arch.fused_gate_up) {
@@ -150,24 +212,26 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
       L.gate = std::move(w[0]);
       L.up = std::move(w[1]);
     } else {
-      L.gate = linear_weight(store, layer_name(i, "mlp.gate_proj.weight"), I, H, policy, true);
-      L.up = linear_weight(store, layer_name(i, "mlp.up_proj.weight"), I, H, policy, true);
+      L.gate = linear_weight(store, layer_name(i, "mlp.gate_proj.weight"), I, H, policy, true, rows_cut(tp_.inter));
+      L.up = linear_weight(store, layer_name(i, "mlp.up_proj.weight"), I, H, policy, true, rows_cut(tp_.inter));
     }
-    if (!L.moe) L.down = linear_weight(store, layer_name(i, "mlp.down_proj.weight"), H, I, policy, true);
-    L.b_gate = optional_vector(store, layer_name(i, "mlp.gate_proj.bias"), I, arch.mlp_bias);
-    L.b_up = optional_vector(store, layer_name(i, "mlp.up_proj.bias"), I, arch.mlp_bias);
-    L.b_down = optional_vector(store, layer_name(i, "mlp.down_proj.bias"), H, arch.mlp_bias);
+    if (!L.moe) L.down = linear_weight(store, layer_name(i, "mlp.down_proj.weight"), H, I, policy, true, cols_cut(tp_.inter));
+    L.b_gate = optional_vector(store, layer_name(i, "mlp.gate_proj.bias"), I, arch.mlp_bias, i_part);
+    L.b_up = optional_vector(store, layer_name(i, "mlp.up_proj.bias"), I, arch.mlp_bias, i_part);
+    if (bias_here) L.b_down = optional_vector(store, layer_name(i, "mlp.down_proj.bias"), H, arch.mlp_bias);
     tick();
   }
   final_norm_ = vector_weight(store, "model.norm.weight", H);
   {
     // --quant-lm-head: the output projection quantized like the other linears, from lm_head.weight
     // or, when tied, from the embedding table (which stays dense for the lookups); a dense lm_head
-    // of a pre-quantized checkpoint (bitsandbytes keeps it so) is quantized on load.
+    // of a pre-quantized checkpoint (bitsandbytes keeps it so) is quantized on load. Sharded: this
+    // rank's vocabulary rows, of the tied table too.
     const char* head = cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     WeightPolicy hp = policy;
     if (policy.quant_lm_head && store.get(head).dtype != DType::U8) hp.prequantized = false;
-    if (!cfg.tie_embeddings || policy.quant_lm_head) lm_head_ = linear_weight(store, head, V, H, hp, policy.quant_lm_head);
+    if (!cfg.tie_embeddings || policy.quant_lm_head || sharded)
+      lm_head_ = linear_weight(store, head, V, H, hp, policy.quant_lm_head, rows_cut(tp_.vocab));
   }
   tick();
 
@@ -195,8 +259,8 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     rope_.long_after = cfg.rope.original_max_positions;
     rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
   }
-  attn_.n_heads = nh;
-  attn_.n_kv_heads = nkv;
+  attn_.n_heads = static_cast<int>(tp_.q_heads.n);
+  attn_.n_kv_heads = static_cast<int>(tp_.kv_heads.n);
   attn_.head_dim = hd;
   attn_.scale = 1.0f / std::sqrt(static_cast<float>(cfg.query_pre_attn_scalar > 0 ? cfg.query_pre_attn_scalar : hd));
   attn_.softcap = static_cast<float>(cfg.attn_softcap);
@@ -233,8 +297,8 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
 // the region's later views on kWsAlign-element boundaries, so it carries two alignments of slack.
 // The region holds the gate product only for row counts whose linear_swiglu needs it (gu_elems).
 Decoder::WsLayout Decoder::ws_layout() const {
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, hd = cfg_.head_dim;
-  const int64_t nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const int64_t H = cfg_.hidden_size, I = tp_.inter.n, hd = cfg_.head_dim;
+  const int64_t nh = tp_.q_heads.n, nkv = tp_.kv_heads.n;
   WsLayout l;
   l.xn_cols = std::max(H, nh * hd);
   l.gu_cols = std::max(2 * I, nh * hd + 2 * nkv * hd);
@@ -243,8 +307,8 @@ Decoder::WsLayout Decoder::ws_layout() const {
 }
 
 int64_t Decoder::gu_elems(int64_t rows) const {
-  const int64_t I = cfg_.intermediate_size;
-  const int64_t qkv = int64_t{cfg_.n_heads} * cfg_.head_dim + 2 * int64_t{cfg_.n_kv_heads} * cfg_.head_dim;
+  const int64_t I = tp_.inter.n;
+  const int64_t qkv = (tp_.q_heads.n + 2 * tp_.kv_heads.n) * cfg_.head_dim;
   return std::max(rows * std::max(I, qkv), 2 * std::min(rows, gtmp_rows_) * I) + 2 * kWsAlign;
 }
 
@@ -272,7 +336,8 @@ void Decoder::ensure_workspace(int64_t rows) {
 }
 
 std::string Decoder::linear_path(int64_t rows) const {
-  return be_.linear_path(*layers_.at(0).wq, rows);
+  const LayerWeights& L = layers_.at(0);
+  return be_.linear_path(L.wq ? *L.wq : lm_head(), rows);
 }
 
 void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits,
@@ -280,8 +345,8 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   NF4FLASH_CHECK(T >= 1 && T <= max_rows_, "forward: ", T, " rows exceed the workspace of ", max_rows_);
   NF4FLASH_CHECK(n_logits >= 1 && n_logits <= T, "forward: n_logits out of range");
   ensure_workspace(T);
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int hd = cfg_.head_dim, nh = cfg_.n_heads, nkv = cfg_.n_kv_heads;
+  const int64_t H = cfg_.hidden_size, I = tp_.inter.n;
+  const int hd = cfg_.head_dim, nh = static_cast<int>(tp_.q_heads.n), nkv = static_cast<int>(tp_.kv_heads.n);
   const DType adt = be_.act_dtype();
   // views of the workspace (ensure_workspace): att reuses xn's buffer, q/k/v the gate/up region
   const size_t es = dtype_size(adt);
@@ -304,9 +369,10 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   // weights and the CPU: each sublayer's output o is added to the residual x by the next norm
   // (add_rms_norm: one pass). The 4-bit decode step on CUDA, where the backend folds the norm into
   // the GEMV (fuses_norm_linear): the o and down GEMVs add their output to x in their epilogue and
-  // the next GEMV normalizes x in its prologue, two launches per layer fewer.
-  // (not Gemma: its sublayer outputs are normed before the residual add, and its MLP is GeGLU)
-  const bool fused = !moe_block_ && !arch_.gemma && be_.fuses_norm_linear(*layers_[0].wq, T) &&
+  // the next GEMV normalizes x in its prologue, two launches per layer fewer. Sharded, the first
+  // order: o and down are summed over the ranks before the residual add. Not Gemma: its sublayer
+  // outputs are normed before the residual add, and its MLP is GeGLU.
+  const bool fused = !tp_.sharded() && !moe_block_ && !arch_.gemma && be_.fuses_norm_linear(*layers_[0].wq, T) &&
                      be_.fuses_norm_linear(*layers_[0].gate, T);
   auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* o) {
     o[0] = {L.wq.get(), L.bq.get(), q};
@@ -324,16 +390,18 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     } else {
       if (i == 0) be_.rms_norm(x, *L.attn_norm, eps, xn);
       else be_.add_rms_norm(x, o, *L.attn_norm, eps, xn);
-      be_.linear_multi(xn, qkv, 3);
+      if (nh > 0) be_.linear_multi(xn, qkv, 3);
     }
-    if (arch_.qk_norm) {
-      be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
-      be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
+    if (nh > 0) {
+      if (arch_.qk_norm) {
+        be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
+        be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
+      }
+      AttnParams ap = attn_;
+      const bool sliding = cfg_.sliding_layers.size() > size_t(i) && cfg_.sliding_layers[size_t(i)];
+      if (sliding) ap.window = cfg_.sliding_window;
+      be_.rope_kv_attention(i, q, k, v, att, sliding && cfg_.has_local_rope ? rope_local_ : rope_, ap, s);
     }
-    AttnParams ap = attn_;
-    const bool sliding = cfg_.sliding_layers.size() > size_t(i) && cfg_.sliding_layers[size_t(i)];
-    if (sliding) ap.window = cfg_.sliding_window;
-    be_.rope_kv_attention(i, q, k, v, att, sliding && cfg_.has_local_rope ? rope_local_ : rope_, ap, s);
     if (fused) {
       // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
       be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
@@ -346,7 +414,9 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
         be_.rms_norm_linear_multi(x, *N.attn_norm, eps, xn, next, 3);
       }
     } else {
-      be_.linear(att, *L.wo, L.bo.get(), o);
+      if (nh > 0) be_.linear(att, *L.wo, L.bo.get(), o);
+      else zero(o);
+      all_reduce(o);
       if (L.post_attn_norm) be_.rms_norm(o, *L.post_attn_norm, eps, o);
       be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
       if (L.moe) {
@@ -361,6 +431,7 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
         be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
         be_.linear(u, *L.down, L.b_down.get(), o);
       }
+      all_reduce(o);
       if (L.post_mlp_norm) be_.rms_norm(o, *L.post_mlp_norm, eps, o);
     }
   }
@@ -377,7 +448,19 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
     if (fused) be_.rms_norm(last, *final_norm_, eps, last_n);
     else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
   }
-  be_.linear(last_n, lm_head(), nullptr, logits);
+  if (tp_.sharded()) {
+    // this rank's vocabulary columns, then every rank's side by side
+    const size_t bytes = size_t(n_logits * tp_.vocab.n) * 4;
+    if (!b_logits_ || b_logits_->bytes() < bytes) {
+      b_logits_ = be_.alloc(bytes);
+      ++ws_epoch_;  // a captured step holds the old buffer's address
+    }
+    const Act mine{b_logits_->data(), DType::F32, n_logits, tp_.vocab.n};
+    be_.linear(last_n, lm_head(), nullptr, mine);
+    shard_.comm->all_gather_cols(mine, logits);
+  } else {
+    be_.linear(last_n, lm_head(), nullptr, logits);
+  }
   if (cfg_.final_softcap > 0) be_.softcap(logits, static_cast<float>(cfg_.final_softcap));
 }
 

@@ -9,6 +9,10 @@
 //   logits = lm_head(rms(x)) for the last `n_logits` rows, or the rows logit_rows names (F32)
 // With StepState::paged the T rows belong to several sequences (a batched step over the paged
 // KV cache); each row is computed as its sequence alone would compute it.
+// Tensor parallel (TpShard world > 1, see model/tp_layout.h): the decoder holds one rank's shard,
+// every rank runs forward() on the same ids at once, and the ranks' partial o_proj and down
+// outputs are summed through the communicator; logits are gathered, so every rank returns all of
+// them. The rank's backend holds the KV cache of its kv heads only (kv_heads()).
 #pragma once
 #include <functional>
 #include <memory>
@@ -19,10 +23,12 @@
 #include "io/hf_config.h"
 #include "model/arch.h"
 #include "model/moe.h"
+#include "model/tp_layout.h"
 
 namespace nf4flash {
 
 class WeightStore;
+struct WeightCut;
 
 struct WeightPolicy {
   QuantType quant = QuantType::None;  // quantize dense linear weights on load to this type
@@ -49,10 +55,11 @@ struct DecoderStats {
 
 class Decoder {
  public:
-  // Loads all weights of `store` onto `backend`. `progress(done, total)` may be null.
+  // Loads all weights of `store` onto `backend` (this rank's shard of them when tp.world > 1).
+  // `progress(done, total)` may be null.
   Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
           const WeightPolicy& policy, int64_t max_rows,
-          const std::function<void(int, int)>& progress = nullptr);
+          const std::function<void(int, int)>& progress = nullptr, const TpShard& tp = {});
 
   // ids: backend memory, T entries (T <= max_rows). logits: F32 [n_logits, vocab] backend memory,
   // receiving the logits of the last n_logits rows, or of the rows logit_rows names.
@@ -64,9 +71,13 @@ class Decoder {
   const ModelConfig& config() const { return cfg_; }
   const ArchFlags& arch() const { return arch_; }
   const DecoderStats& stats() const { return stats_; }
+  const TpLayout& tp_layout() const { return tp_; }
+  // The kv heads this rank's KV cache holds (kv_allocate's n_kv_heads): all of them unsharded.
+  int kv_heads() const { return static_cast<int>(tp_.kv_heads.n); }
   int64_t max_rows() const { return max_rows_; }
   // The activation workspace grows with the longest forward so far (from min(max_rows, 512) rows
-  // up to max_rows); its epoch changes when it is reallocated (captured graphs hold its addresses).
+  // up to max_rows); its epoch changes when it is reallocated (captured graphs hold its addresses),
+  // the sharded decoder's buffer of its vocabulary columns of the logits included.
   int64_t workspace_rows() const { return ws_rows_; }
   int64_t workspace_epoch() const { return ws_epoch_; }
   size_t workspace_bytes(int64_t rows) const;
@@ -92,12 +103,23 @@ class Decoder {
                                                     const std::vector<int64_t>& part_rows, int64_t cols,
                                                     const WeightPolicy& p);
   std::unique_ptr<Weight> linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
-                                        int64_t cols, const WeightPolicy& p, bool allow_quant);
-  std::unique_ptr<Weight> vector_weight(const WeightStore& store, const std::string& name, int64_t n);
-  std::unique_ptr<Weight> optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want);
+                                        int64_t cols, const WeightPolicy& p, bool allow_quant, const WeightCut& cut);
+  // A vector of n entries, or entries [part.begin, part.end()) of it
+  std::unique_ptr<Weight> vector_weight(const WeightStore& store, const std::string& name, int64_t n,
+                                        const TpRange* part = nullptr);
+  std::unique_ptr<Weight> optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want,
+                                          const TpRange* part = nullptr);
+  // The cuts of this rank's shard (none unsharded): rows or columns [r.begin * unit, r.end() * unit)
+  WeightCut rows_cut(TpRange r, int64_t unit = 1) const;
+  WeightCut cols_cut(TpRange r, int64_t unit = 1) const;
+  void all_reduce(Act a);  // sums a sublayer's partial output over the ranks (nothing unsharded)
+  void zero(Act a);        // a rank holding no q heads adds zeros to the attention's sum
 
   ModelConfig cfg_;
   ArchFlags arch_;
+  TpShard shard_;
+  TpLayout tp_;
+  ModelConfig moe_cfg_;  // cfg_ with this rank's expert widths, for moe_block_
   Backend& be_;
   int64_t max_rows_;
   int64_t ws_rows_ = 0, ws_epoch_ = 0;
@@ -116,6 +138,8 @@ class Decoder {
   DType policy_store_ = DType::F32;
   // workspace
   std::unique_ptr<Buffer> b_x_, b_xn_, b_o_, b_gu_;  // views in forward(); see ws_row_elems
+  std::unique_ptr<Buffer> b_logits_;                  // sharded: this rank's vocabulary columns
+  std::vector<uint8_t> zeros_;
 };
 
 }  // namespace nf4flash

@@ -1,6 +1,6 @@
 // ThreadPool: every index of every job is run exactly once, whether the workers are spinning
 // (jobs back to back) or asleep (a pause longer than the spin between jobs), and pools of several
-// sizes start and stop cleanly.
+// sizes start and stop cleanly; several threads may call one pool at once.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -49,4 +49,13 @@ TEST(ThreadPool, PoolsStartAndStop) {
     ThreadPool pool(1 + i % 5);
     if (i % 2) run_jobs(pool, 3, std::chrono::microseconds(0));
   }
+}
+
+// Several threads driving jobs through one pool at once (tensor-parallel ranks of one process):
+// every job of every thread still runs each index exactly once.
+TEST(ThreadPool, ConcurrentCallersRunEveryIndexOnce) {
+  ThreadPool pool(3);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c) callers.emplace_back([&] { run_jobs(pool, 2000, std::chrono::microseconds(0)); });
+  for (auto& t : callers) t.join();
 }
