@@ -72,6 +72,15 @@ const Case kCases[] = {
     {"qwen2-bias", "nf4", false},              {"qwen2-bias", "nf4", true},
     {"qwen2-bias", "fp4", false},              {"qwen2-bias", "fp4", true},
     {"llama2-tok-hd64", "nf4", false},
+    // the families beyond Llama/Qwen2: goldens from transformers on the weights as the bitsandbytes
+    // checkpoint `nf4flash quantize` writes dequantizes them (scripts/make-quant-goldens.py)
+    {"gemma2-hd256-softcap", "nf4", false},    {"gemma2-hd256-softcap", "fp4", false},
+    {"gemma3-qknorm-window", "nf4", false},    {"gemma3-qknorm-window", "fp4", false},
+    {"phi3-longrope-hd96", "nf4", false},      {"phi3-longrope-hd96", "fp4", false},
+    {"llama-rope-yarn", "nf4", false},         {"llama-rope-yarn", "fp4", false},
+    {"llama-rope-dynamic", "nf4", false},      {"llama-rope-dynamic", "fp4", false},
+    {"mistral-hd32", "nf4", false},            {"mistral-hd32", "fp4", false},
+    {"llama-hd80", "nf4", false},              {"llama-hd80", "fp4", false},
 };
 
 INSTANTIATE_TEST_SUITE_P(Models, QuantConformance, ::testing::ValuesIn(kCases), [](const auto& info) {

@@ -268,7 +268,8 @@ TEST(GpuModelGreedy, CpuOnlyFamiliesOnCudaAreAClearError) {
 // norms, local RoPE on its sliding layers), Phi-3 (head_dim 96, fused projections, LongRoPE past
 // its original context), YaRN, and head_dim 32 and 80: f32 compute with sdpa and eager (within
 // 1e-3), bf16 with flash, sdpa and eager (within twice transformers' own bf16-vs-f32 distance);
-// decode steps against the prefill's logits; NF4 (double quant) on the GPU against the CPU's.
+// decode steps against the prefill's logits; NF4 (double quant) and FP4 against their goldens
+// (scripts/make-quant-goldens.py), and NF4 on the GPU against the CPU's.
 const char* const kFamilyModels[] = {"gemma2-hd256-softcap", "gemma3-qknorm-window", "phi3-longrope-hd96",
                                      "llama-rope-yarn", "mistral-hd32", "llama-hd80"};
 
@@ -291,6 +292,14 @@ TEST(GpuFamilies, DecodeStepMatchesPrefillLogits) {
   for (const char* model : kFamilyModels) {
     expect_decode_matches_prefill({model, "f32", "", QuantChoice::Auto, false, ComputeDType::F32});
     expect_decode_matches_prefill({model, "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16});
+  }
+}
+
+TEST(GpuFamilies, Nf4Fp4MatchGoldens) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (const char* model : kFamilyModels) {
+    expect_score_matches_goldens({model, "nf4", "", QuantChoice::NF4, true, ComputeDType::BF16});
+    expect_score_matches_goldens({model, "fp4", "", QuantChoice::FP4, false, ComputeDType::BF16});
   }
 }
 
