@@ -75,8 +75,12 @@ struct TempDirGuard {
 
 bool is_bnb_linear_weight_name(const std::string& name, bool quant_lm_head) {
   if (quant_lm_head && name == "lm_head.weight") return true;
+  // every nn.Linear of the decoder layers: attention, the dense MLP, Qwen2-MoE's shared expert and
+  // its gate. Mixture-of-experts experts and routers are not nn.Linear in transformers 5 (fused 3-D
+  // expert parameters, TopKRouter modules): bitsandbytes leaves them in the source dtype.
   static const std::regex re(
-      R"(model\.layers\.[0-9]+\.(self_attn\.(q|k|v|o|qkv)_proj|mlp\.(gate|up|down|gate_up)_proj)\.weight)");
+      R"(model\.layers\.[0-9]+\.(self_attn\.(q|k|v|o|qkv)_proj|mlp\.(gate|up|down|gate_up)_proj|)"
+      R"(mlp\.shared_expert\.(gate|up|down)_proj|mlp\.shared_expert_gate)\.weight)");
   return std::regex_match(name, re);
 }
 

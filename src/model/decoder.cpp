@@ -103,8 +103,11 @@ std::vector<std::unique_ptr<Weight>> Decoder::fused_weight(const WeightStore& st
   return ws;
 }
 
-// The experts stay 4-bit like any linear (transformers + bitsandbytes quantize them too); the
-// router and the shared expert's gate stay dense. Sharded: every expert (and the shared one) split
+// With --quant the experts are quantized on load like any linear (a 4-bit decode step then reads
+// only the selected experts' codes), and so is the shared expert's gate (an nn.Linear, 4-bit under
+// bitsandbytes); the router stays dense. A pre-quantized folder loads as
+// transformers 5 + bitsandbytes write it: experts and router dense (not nn.Linear there), the
+// shared expert and its gate 4-bit. Sharded: every expert (and the shared one) split
 // by its intermediate rows like a dense MLP; the router and the shared expert's gate replicated.
 std::unique_ptr<MoeWeights> Decoder::moe_weights(const WeightStore& store, int layer, const WeightPolicy& p) {
   const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts, I = cfg_.moe.expert_intermediate;
@@ -126,7 +129,7 @@ std::unique_ptr<MoeWeights> Decoder::moe_weights(const WeightStore& store, int l
     m->shared.gate = linear_weight(store, layer_name(layer, "mlp.shared_expert.gate_proj.weight"), S, H, p, true, s_rows);
     m->shared.up = linear_weight(store, layer_name(layer, "mlp.shared_expert.up_proj.weight"), S, H, p, true, s_rows);
     m->shared.down = linear_weight(store, layer_name(layer, "mlp.shared_expert.down_proj.weight"), H, S, p, true, s_cols);
-    m->shared_gate = linear_weight(store, layer_name(layer, "mlp.shared_expert_gate.weight"), 1, H, p, false, {});
+    m->shared_gate = linear_weight(store, layer_name(layer, "mlp.shared_expert_gate.weight"), 1, H, p, true, {});
   }
   return m;
 }

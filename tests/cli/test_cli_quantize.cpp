@@ -437,3 +437,48 @@ TEST(QuantizeCmd, FusedProjectionsRoundTrip) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "position " << i;
 }
+
+// Mixtures of experts as transformers 5 + bitsandbytes write them: the attention projections,
+// Qwen2-MoE's shared expert and its gate 4-bit (nn.Linear), the experts and the routers in the
+// source dtype (fused 3-D expert parameters and TopKRouter modules are not nn.Linear). The folder
+// loads as it is, its experts dense: its logits move from the f32 golden by the 4-bit attention's
+// error only.
+TEST(QuantizeCmd, MixtureOfExpertsAsTransformersWritesThem) {
+  for (const char* model : {"mixtral-moe", "qwen2moe-shared", "qwen3moe-topk"}) {
+    SCOPED_TRACE(model);
+    TempDir td("nf4flash_quantize");
+    const std::string base = test::model_dir(model);
+    const std::string out = td / "out";
+    const CliResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) + " --quant nf4 --double-quant");
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto written = WeightStore::open_dir(out);
+    int n4 = 0, n_dense_expert = 0;
+    for (const std::string& n : written->names()) {
+      if (n.find(".quant_state.") != std::string::npos || n.ends_with(".absmax")) continue;  // (u8 with double quant)
+      if (written->get(n).dtype != DType::U8) {
+        if (n.find(".experts.") != std::string::npos) ++n_dense_expert;
+        continue;
+      }
+      ++n4;
+      EXPECT_EQ(n.find(".experts."), std::string::npos) << n << " is 4-bit";
+      EXPECT_FALSE(n.ends_with("mlp.gate.weight") || n.ends_with("block_sparse_moe.gate.weight")) << n << " is 4-bit";
+    }
+    EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.0.self_attn.q_proj.weight"));
+    EXPECT_GT(n_dense_expert, 0);
+    const bool shared = std::string(model) == "qwen2moe-shared";
+    EXPECT_EQ(n4, 2 * (4 + (shared ? 4 : 0)));  // 2 layers: q/k/v/o (+ shared gate/up/down and its gate)
+    if (shared) EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.1.mlp.shared_expert_gate.weight"));
+    LoadOptions o;
+    o.model_dir = out;
+    o.device = DeviceChoice::CPU;
+    o.load_tokenizer = false;
+    auto e = Engine::load(o);
+    EXPECT_EQ(e->report().quant, "nf4");
+    EXPECT_TRUE(e->report().prequantized);
+    const test::Golden g(model);
+    const ScoreResult s = e->score(g.i32("tokens_1"), false, true);
+    const double d = test::rel_l2(test::flatten(s.logits, s.logits.size() - 4), g.f32("logits_f32_1"));
+    EXPECT_GT(d, 0.005);  // 4-bit attention moves them
+    EXPECT_LT(d, 0.3);
+  }
+}
