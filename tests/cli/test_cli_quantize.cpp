@@ -438,6 +438,41 @@ TEST(QuantizeCmd, FusedProjectionsRoundTrip) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "position " << i;
 }
 
+// Gemma 2 and 3 ((1 + w) norms kept dense, GeGLU projections 4-bit) and head_dim 80: the written
+// folder loads back to exactly the logits of quantizing the base folder on load, NF4 with double
+// quant and FP4.
+TEST(QuantizeCmd, GemmaAndHeadDim80RoundTrip) {
+  for (const char* model : {"gemma2-hd256-softcap", "gemma3-qknorm-window", "llama-hd80"}) {
+    for (const bool nf4 : {true, false}) {
+      SCOPED_TRACE(cat(model, nf4 ? " nf4" : " fp4"));
+      TempDir td("nf4flash_quantize");
+      const std::string base = test::model_dir(model);
+      const std::string out = td / "out";
+      const CliResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) +
+                                  (nf4 ? " --quant nf4 --double-quant" : " --quant fp4"));
+      ASSERT_EQ(r.code, 0) << r.err;
+      auto written = WeightStore::open_dir(out);
+      EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.1.mlp.gate_proj.weight"));
+      EXPECT_FALSE(is_bnb_quantized(*written, "model.layers.1.input_layernorm.weight"));
+      LoadOptions pre;
+      pre.model_dir = out;
+      LoadOptions qol;
+      qol.model_dir = base;
+      qol.quant = nf4 ? QuantChoice::NF4 : QuantChoice::FP4;
+      qol.double_quant = nf4;
+      auto score512 = [](LoadOptions o) {
+        o.device = DeviceChoice::CPU;
+        o.load_tokenizer = false;
+        return Engine::load(o)->score({1, 17, 300, 42, 99, 7, 64, 511, 3, 250, 81, 2, 90, 444}).next_token_logprobs;
+      };
+      const std::vector<float> a = score512(pre), b = score512(qol);
+      ASSERT_EQ(a.size(), 13u);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "position " << i;
+    }
+  }
+}
+
 // Mixtures of experts as transformers 5 + bitsandbytes write them: the attention projections,
 // Qwen2-MoE's shared expert and its gate 4-bit (nn.Linear), the experts and the routers in the
 // source dtype (fused 3-D expert parameters and TopKRouter modules are not nn.Linear). The folder
