@@ -30,6 +30,30 @@ namespace nf4flash::test {
 inline std::string fixture(const std::string& rel) { return std::string(NF4FLASH_FIXTURES_DIR) + "/" + rel; }
 inline std::string model_dir(const std::string& name) { return fixture("models/" + name); }
 
+// Every conformance model of tests/fixtures (those with f32 and bf16 goldens).
+inline constexpr const char* kConformanceModels[] = {
+    "llama-gqa-hd64",     "llama3-hd128-ropescaled", "qwen2-bias",           "llama2-tok-hd64",
+    "phi3-longrope-hd96", "mixtral-moe",             "qwen2moe-shared",      "qwen3moe-topk",
+    "gemma2-hd256-softcap", "gemma3-qknorm-window",  "llama-rope-yarn",      "llama-rope-dynamic",
+    "mistral-hd32",       "llama-hd80"};
+
+// The rows of one step over several sequences (PagedSeqs' layout): sequence i contributes its
+// tokens [from[i], to[i]), starting at position from[i]; its last row gives logits.
+struct PagedStepRows {
+  std::vector<int32_t> ids, row_start{0}, pos0, logit_rows;
+};
+inline PagedStepRows paged_step_rows(const std::vector<std::vector<int32_t>>& seqs, const int64_t* from,
+                                     const int64_t* to) {
+  PagedStepRows r;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int64_t p = from[i]; p < to[i]; ++p) r.ids.push_back(seqs[i][size_t(p)]);
+    r.pos0.push_back(int32_t(from[i]));
+    r.row_start.push_back(int32_t(r.ids.size()));
+    r.logit_rows.push_back(r.row_start.back() - 1);
+  }
+  return r;
+}
+
 // A fixture model on the CPU backend with `ctx_size` tokens of KV cache and no tokenizer.
 inline std::unique_ptr<Engine> load_cpu_engine(const std::string& model, QuantChoice quant, int64_t ctx_size) {
   LoadOptions o;

@@ -409,25 +409,30 @@ TEST(QuantizeCmd, F32SourceQuantizesLikeBf16) {
   EXPECT_NE(std::string(reinterpret_cast<const char*>(qs.data), qs.nbytes).find("\"dtype\": \"float32\""), std::string::npos);
 }
 
-// Phi-3's fused qkv_proj and gate_up_proj are quantized whole (as bitsandbytes quantizes the fused
-// Linear), and the folder loads back cut into q/k/v and gate/up: exactly the logits of quantizing
-// the base folder on load.
-TEST(QuantizeCmd, FusedProjectionsRoundTrip) {
+namespace {
+
+// `quantize` of a fixture (NF4 with double quant, or FP4): the names in `quantized` are written
+// 4-bit, those in `dense` are not, and the folder loads back to exactly the log-probs of
+// quantizing the base folder on load.
+void expect_written_equals_on_load(const std::string& model, bool nf4, const std::vector<std::string>& quantized,
+                                   const std::vector<std::string>& dense) {
+  SCOPED_TRACE(model + (nf4 ? " nf4" : " fp4"));
   TempDir td("nf4flash_quantize");
-  const std::string base = test::model_dir("phi3-longrope-hd96");
+  const std::string base = test::model_dir(model);
   const std::string out = td / "out";
-  const CliResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) + " --quant nf4 --double-quant");
+  const CliResult r =
+      run_cli("quantize --model " + q(base) + " --out " + q(out) + (nf4 ? " --quant nf4 --double-quant" : " --quant fp4"));
   ASSERT_EQ(r.code, 0) << r.err;
   auto written = WeightStore::open_dir(out);
-  EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.0.self_attn.qkv_proj.weight"));
-  EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.1.mlp.gate_up_proj.weight"));
+  for (const std::string& n : quantized) EXPECT_TRUE(is_bnb_quantized(*written, n)) << n;
+  for (const std::string& n : dense) EXPECT_FALSE(is_bnb_quantized(*written, n)) << n;
   LoadOptions pre;
   pre.model_dir = out;
   LoadOptions qol;
   qol.model_dir = base;
-  qol.quant = QuantChoice::NF4;
-  qol.double_quant = true;
-  auto score512 = [](LoadOptions o) {  // this model's vocabulary is 512
+  qol.quant = nf4 ? QuantChoice::NF4 : QuantChoice::FP4;
+  qol.double_quant = nf4;
+  auto score512 = [](LoadOptions o) {  // these models' vocabularies are 512
     o.device = DeviceChoice::CPU;
     o.load_tokenizer = false;
     return Engine::load(o)->score({1, 17, 300, 42, 99, 7, 64, 511, 3, 250, 81, 2, 90, 444}).next_token_logprobs;
@@ -438,39 +443,22 @@ TEST(QuantizeCmd, FusedProjectionsRoundTrip) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "position " << i;
 }
 
-// Gemma 2 and 3 ((1 + w) norms kept dense, GeGLU projections 4-bit) and head_dim 80: the written
-// folder loads back to exactly the logits of quantizing the base folder on load, NF4 with double
+}  // namespace
+
+// Phi-3's fused qkv_proj and gate_up_proj are quantized whole (as bitsandbytes quantizes the fused
+// Linear), and the folder loads back cut into q/k/v and gate/up.
+TEST(QuantizeCmd, FusedProjectionsRoundTrip) {
+  expect_written_equals_on_load("phi3-longrope-hd96", true,
+                                {"model.layers.0.self_attn.qkv_proj.weight", "model.layers.1.mlp.gate_up_proj.weight"}, {});
+}
+
+// Gemma 2 and 3 ((1 + w) norms kept dense, GeGLU projections 4-bit) and head_dim 80, NF4 with double
 // quant and FP4.
 TEST(QuantizeCmd, GemmaAndHeadDim80RoundTrip) {
-  for (const char* model : {"gemma2-hd256-softcap", "gemma3-qknorm-window", "llama-hd80"}) {
-    for (const bool nf4 : {true, false}) {
-      SCOPED_TRACE(cat(model, nf4 ? " nf4" : " fp4"));
-      TempDir td("nf4flash_quantize");
-      const std::string base = test::model_dir(model);
-      const std::string out = td / "out";
-      const CliResult r = run_cli("quantize --model " + q(base) + " --out " + q(out) +
-                                  (nf4 ? " --quant nf4 --double-quant" : " --quant fp4"));
-      ASSERT_EQ(r.code, 0) << r.err;
-      auto written = WeightStore::open_dir(out);
-      EXPECT_TRUE(is_bnb_quantized(*written, "model.layers.1.mlp.gate_proj.weight"));
-      EXPECT_FALSE(is_bnb_quantized(*written, "model.layers.1.input_layernorm.weight"));
-      LoadOptions pre;
-      pre.model_dir = out;
-      LoadOptions qol;
-      qol.model_dir = base;
-      qol.quant = nf4 ? QuantChoice::NF4 : QuantChoice::FP4;
-      qol.double_quant = nf4;
-      auto score512 = [](LoadOptions o) {
-        o.device = DeviceChoice::CPU;
-        o.load_tokenizer = false;
-        return Engine::load(o)->score({1, 17, 300, 42, 99, 7, 64, 511, 3, 250, 81, 2, 90, 444}).next_token_logprobs;
-      };
-      const std::vector<float> a = score512(pre), b = score512(qol);
-      ASSERT_EQ(a.size(), 13u);
-      ASSERT_EQ(a.size(), b.size());
-      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(std::memcmp(&a[i], &b[i], 4), 0) << "position " << i;
-    }
-  }
+  for (const char* model : {"gemma2-hd256-softcap", "gemma3-qknorm-window", "llama-hd80"})
+    for (const bool nf4 : {true, false})
+      expect_written_equals_on_load(model, nf4, {"model.layers.1.mlp.gate_proj.weight"},
+                                    {"model.layers.1.input_layernorm.weight"});
 }
 
 // Mixtures of experts as transformers 5 + bitsandbytes write them: the attention projections,

@@ -12,9 +12,7 @@ using namespace nf4flash::test;
 
 namespace {
 
-const char* kModels[] = {"llama-gqa-hd64", "llama3-hd128-ropescaled", "qwen2-bias", "llama2-tok-hd64",
-                          "phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk",
-                          "gemma2-hd256-softcap", "gemma3-qknorm-window", "llama-rope-yarn", "llama-rope-dynamic"};
+
 
 std::unique_ptr<Engine> load_cpu(const std::string& dir, ComputeDType c, QuantChoice q = QuantChoice::Auto, bool dq = false) {
   LoadOptions o;
@@ -78,7 +76,7 @@ TEST_P(CpuConformance, GreedyContinuationMatchesGenerate) {
   EXPECT_EQ(r.tokens, want) << name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CpuConformance, ::testing::ValuesIn(kModels),
+INSTANTIATE_TEST_SUITE_P(Models, CpuConformance, ::testing::ValuesIn(kConformanceModels),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (auto& c : s) if (c == '-') c = '_';

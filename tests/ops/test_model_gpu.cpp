@@ -215,6 +215,27 @@ TEST(GpuModelGreedy, PipelinedDecodeEqualsSynchronous) {
   }
 }
 
+// The same model loaded on the GPU (bf16 compute) and on the CPU (`cpu_compute`) with options `o`:
+// the three golden sequences' logits within the bf16 tolerance of each other (twice transformers'
+// own bf16-vs-f32 distance).
+void expect_gpu_close_to_cpu(LoadOptions o, ComputeDType cpu_compute, const std::string& golden) {
+  Golden g(golden);
+  o.ctx_size = 512;
+  o.load_tokenizer = false;
+  o.compute = ComputeDType::BF16;
+  o.device = DeviceChoice::CUDA;
+  auto gpu = Engine::load(o);
+  o.device = DeviceChoice::CPU;
+  o.compute = cpu_compute;
+  auto cpu = Engine::load(o);
+  for (int i = 0; i < 3; ++i) {
+    const auto toks = g.i32(cat("tokens_", i));
+    const ScoreResult a = gpu->score(toks, false, true), b = cpu->score(toks, false, true);
+    const double tol = 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
+    EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), tol) << golden << " seq " << i;
+  }
+}
+
 }  // namespace
 
 // --quant-lm-head on a model with tied embeddings: the 4-bit copy of the table is the output
@@ -222,25 +243,12 @@ TEST(GpuModelGreedy, PipelinedDecodeEqualsSynchronous) {
 // CUDA). Both land as close to the CPU's logits as the 4-bit layers' own bf16 tolerance.
 TEST(GpuModelGreedy, QuantLmHeadOnTiedEmbeddingsMatchesCpu) {
   NF4FLASH_REQUIRE_CUDA();
-  Golden g("llama3-hd128-ropescaled");
   LoadOptions o;
   o.model_dir = model_dir("llama3-hd128-ropescaled");
   o.quant = QuantChoice::NF4;
   o.double_quant = true;
   o.quant_lm_head = true;
-  o.ctx_size = 512;
-  o.load_tokenizer = false;
-  o.compute = ComputeDType::BF16;
-  o.device = DeviceChoice::CUDA;
-  auto gpu = Engine::load(o);
-  o.device = DeviceChoice::CPU;
-  auto cpu = Engine::load(o);
-  for (int i = 0; i < 3; ++i) {
-    const auto toks = g.i32(cat("tokens_", i));
-    const ScoreResult a = gpu->score(toks, false, true), b = cpu->score(toks, false, true);
-    const double tol = 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
-    EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), tol) << "seq " << i;
-  }
+  expect_gpu_close_to_cpu(o, ComputeDType::BF16, "llama3-hd128-ropescaled");
 }
 
 // Mixtures of experts and dynamic NTK RoPE run on the CPU backend only so far: loading them on
@@ -306,24 +314,10 @@ TEST(GpuFamilies, Nf4Fp4MatchGoldens) {
 TEST(GpuFamilies, Nf4MatchesCpu) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* model : kFamilyModels) {
-    Golden g(model);
     LoadOptions o;
     o.model_dir = model_dir(model);
     o.quant = QuantChoice::NF4;
     o.double_quant = true;
-    o.ctx_size = 512;
-    o.load_tokenizer = false;
-    o.compute = ComputeDType::BF16;
-    o.device = DeviceChoice::CUDA;
-    auto gpu = Engine::load(o);
-    o.device = DeviceChoice::CPU;
-    o.compute = ComputeDType::F32;
-    auto cpu = Engine::load(o);
-    for (int i = 0; i < 3; ++i) {
-      const auto toks = g.i32(cat("tokens_", i));
-      const ScoreResult a = gpu->score(toks, false, true), b = cpu->score(toks, false, true);
-      const double tol = 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
-      EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), tol) << model << " seq " << i;
-    }
+    expect_gpu_close_to_cpu(o, ComputeDType::F32, model);
   }
 }

@@ -49,16 +49,12 @@ void expect_paged_equals_solo(const std::string& model, QuantChoice quant) {
   auto tb = ints(be, tables);
   // two steps: (positions of each sequence) [0,5) [0,9) [0,1), then [5,9) [9,12) [1,14)
   const int64_t cut[3] = {5, 9, 1};
+  const int64_t zero[3] = {0, 0, 0};
   for (int step = 0; step < 2; ++step) {
-    std::vector<int32_t> ids, row_start{0}, pos0, logit_rows;
-    for (int i = 0; i < 3; ++i) {
-      const int64_t a = step == 0 ? 0 : cut[i], b = step == 0 ? cut[i] : lens[i];
-      for (int64_t p = a; p < b; ++p) ids.push_back(seqs[size_t(i)][size_t(p)]);
-      pos0.push_back(int32_t(a));
-      row_start.push_back(int32_t(ids.size()));
-      logit_rows.push_back(row_start.back() - 1);  // each sequence's last row
-    }
-    auto idb = ints(be, ids), rsb = ints(be, row_start), p0b = ints(be, pos0), lrb = ints(be, logit_rows);
+    // each sequence's last row gives logits
+    const test::PagedStepRows r = test::paged_step_rows(seqs, step == 0 ? zero : cut, step == 0 ? cut : lens);
+    const std::vector<int32_t>& ids = r.ids;
+    auto idb = ints(be, ids), rsb = ints(be, r.row_start), p0b = ints(be, r.pos0), lrb = ints(be, r.logit_rows);
     PagedSeqs ps;
     ps.n_seqs = 3;
     ps.row_start = static_cast<const int32_t*>(rsb->data());

@@ -30,9 +30,7 @@ using namespace nf4flash::test;
 
 namespace {
 
-const char* kModels[] = {"llama-gqa-hd64", "llama3-hd128-ropescaled", "qwen2-bias", "llama2-tok-hd64",
-                          "phi3-longrope-hd96", "mixtral-moe", "qwen2moe-shared", "qwen3moe-topk",
-                          "gemma2-hd256-softcap", "gemma3-qknorm-window", "llama-rope-yarn", "llama-rope-dynamic"};
+
 
 // One decoder per rank, each on its own CPU backend (1 thread), driven together.
 class TpModel {
@@ -247,7 +245,7 @@ TEST_P(TensorParallel, F32ShardsMatchUnsharded) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TensorParallel, ::testing::ValuesIn(kModels), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallel, ::testing::ValuesIn(kConformanceModels), [](const auto& info) {
   std::string s = info.param;
   for (auto& c : s) if (c == '-') c = '_';
   return s;
@@ -418,16 +416,10 @@ TEST(TensorParallelPaged, BatchedStepMatchesUnshardedSolo) {
     for (int world : {2, 4}) {
       TpModel tp(model, world, f32_policy());
       tp.use_paged(12, bs);
+      const int64_t zero[3] = {0, 0, 0};
       for (int step = 0; step < 2; ++step) {
-        std::vector<int32_t> ids, row_start{0}, pos0, logit_rows;
-        for (int i = 0; i < 3; ++i) {
-          const int64_t a = step == 0 ? 0 : cut[i], b = step == 0 ? cut[i] : lens[i];
-          for (int64_t p = a; p < b; ++p) ids.push_back(seqs[size_t(i)][size_t(p)]);
-          pos0.push_back(int32_t(a));
-          row_start.push_back(int32_t(ids.size()));
-          logit_rows.push_back(row_start.back() - 1);
-        }
-        const std::vector<float> got = tp.forward_paged(ids, row_start, pos0, tables, max_blocks, logit_rows);
+        const PagedStepRows r = paged_step_rows(seqs, step == 0 ? zero : cut, step == 0 ? cut : lens);
+        const std::vector<float> got = tp.forward_paged(r.ids, r.row_start, r.pos0, tables, max_blocks, r.logit_rows);
         for (int i = 0; i < 3; ++i) {
           const int64_t p = (step == 0 ? cut[i] : lens[i]) - 1;
           expect_close(std::vector<float>(got.begin() + i * V, got.begin() + (i + 1) * V),

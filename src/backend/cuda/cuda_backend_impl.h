@@ -84,17 +84,11 @@ class CudaBackend : public Backend {
                        act_, stream_);
   }
   void silu_mul(Act gate, Act up, Act out) override {
-    check_act(gate, "silu_mul");
-    check_act(up, "silu_mul");
-    check_act(out, "silu_mul");
-    NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "silu_mul: size mismatch");
+    check_gated(gate, up, out, "silu_mul");
     cuda::silu_mul(gate.data, up.data, out.data, gate.numel(), act_, stream_);
   }
   void gelu_tanh_mul(Act gate, Act up, Act out) override {
-    check_act(gate, "gelu_tanh_mul");
-    check_act(up, "gelu_tanh_mul");
-    check_act(out, "gelu_tanh_mul");
-    NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), "gelu_tanh_mul: size mismatch");
+    check_gated(gate, up, out, "gelu_tanh_mul");
     cuda::gelu_tanh_mul(gate.data, up.data, out.data, gate.numel(), act_, stream_);
   }
   // x in the compute dtype, or F32 (the logits)
@@ -165,6 +159,13 @@ class CudaBackend : public Backend {
   void check_act(const Act& a, const char* what) const {
     NF4FLASH_CHECK(a.dtype == act_, what, ": activation dtype ", dtype_name(a.dtype), " != backend compute dtype ",
                    dtype_name(act_));
+  }
+  // a gated activation's operands: the compute dtype, one size
+  void check_gated(const Act& gate, const Act& up, const Act& out, const char* what) const {
+    check_act(gate, what);
+    check_act(up, what);
+    check_act(out, what);
+    NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), what, ": size mismatch");
   }
   void reserve_scratch(int64_t numel) {
     const size_t need = size_t(numel) * dtype_size(act_);
