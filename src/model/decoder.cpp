@@ -10,54 +10,27 @@
 
 namespace nf4flash {
 
-namespace {
-std::string layer_name(int i, const char* suffix) { return cat("model.layers.", i, ".", suffix); }
-}  // namespace
+// The offload backend's share: its layers' workspace, RoPE tables, MoE block and the mirrors of a
+// step's device arrays (positions, block tables).
+struct Decoder::Offload {
+  Offload(Backend& b, int f) : be(b), first(f) {}
+  Backend& be;
+  int first;  // layers [first, n_layers)
+  int64_t gtmp_rows = 0, gu_cap = 0;
+  std::unique_ptr<Buffer> x, xn, o, gu;
+  std::unique_ptr<Buffer> inv_freq, inv_freq_long, inv_freq_local;
+  RopeParams rope, rope_local;
+  std::unique_ptr<MoeBlock> moe;
+  std::unique_ptr<Buffer> pos0, row_start, seq_pos0, tables;
+  size_t tables_cap = 0, seqs_cap = 0;
+  PagedSeqs paged;
+  std::vector<uint8_t> host;  // the hidden state crossing between the backends
+  std::vector<int32_t> ints;
+};
 
-// Gemma's norms scale by (1 + w), computed in f32 as transformers does: the sum is stored.
-std::unique_ptr<Weight> Decoder::vector_weight(const WeightStore& store, const std::string& name, int64_t n,
-                                               const TpRange* part) {
-  const TensorInfo& whole = store.get(name);
-  if (whole.numel() != n) fail(whole.file, ": tensor ", name, " has shape ", whole.shape_str(), ", expected [", n, "]");
-  TensorInfo t = whole;
-  if (part) {  // a bias of a column-parallel linear: this rank's entries
-    t.shape = {part->n};
-    t.data = whole.data + size_t(part->begin) * dtype_size(whole.dtype);
-    t.nbytes = size_t(part->n) * dtype_size(whole.dtype);
-  }
-  std::unique_ptr<Weight> w;
-  if (arch_.gemma && name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0) {
-    NF4FLASH_CHECK(!part, "a norm weight is never sharded");
-    std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = 1.0f + host_load(t.data, t.dtype, i);
-    TensorInfo plus = t;
-    plus.dtype = DType::F32;
-    plus.data = reinterpret_cast<const uint8_t*>(v.data());
-    plus.nbytes = v.size() * 4;
-    w = be_.upload_dense(plus, policy_store_);
-  } else {
-    w = be_.upload_dense(t, policy_store_);
-  }
-  stats_.weight_bytes += w->resident_bytes();
-  return w;
-}
+Decoder::~Decoder() = default;
 
-std::unique_ptr<Weight> Decoder::optional_vector(const WeightStore& store, const std::string& name, int64_t n, bool want,
-                                                 const TpRange* part) {
-  if (!want) {
-    if (store.find(name)) fail(store.source(), ": unexpected tensor ", name, " for architecture ", arch_.name);
-    return nullptr;
-  }
-  return vector_weight(store, name, n, part);
-}
-
-WeightCut Decoder::rows_cut(TpRange r, int64_t unit) const {
-  return tp_.sharded() ? WeightCut::rows(r.begin * unit, r.n * unit) : WeightCut{};
-}
-
-WeightCut Decoder::cols_cut(TpRange r, int64_t unit) const {
-  return tp_.sharded() ? WeightCut::cols(r.begin * unit, r.n * unit) : WeightCut{};
-}
+int Decoder::offload_first_layer() const { return off_ ? off_->first : cfg_.n_layers; }
 
 void Decoder::all_reduce(Act a) {
   if (tp_.sharded()) shard_.comm->all_reduce_sum(a);
@@ -68,77 +41,19 @@ void Decoder::zero(Act a) {
   be_.upload(a.data, zeros_.data(), a.bytes());
 }
 
-void Decoder::count_linear(const Weight& w) {
-  stats_.weight_bytes += w.resident_bytes();
-  if (w.kind() == Weight::Kind::Quant4) {
-    stats_.quant4_bytes += w.resident_bytes();
-    ++stats_.n_quant4;
-  } else {
-    ++stats_.n_dense_linear;
-  }
-}
-
-std::unique_ptr<Weight> Decoder::linear_weight(const WeightStore& store, const std::string& name, int64_t rows,
-                                               int64_t cols, const WeightPolicy& p, bool allow_quant,
-                                               const WeightCut& cut) {
-  auto w = load_linear_weight(be_, store, name, rows, cols, p, allow_quant, cut);
-  count_linear(*w);
-  return w;
-}
-
-std::vector<std::unique_ptr<Weight>> Decoder::fused_weight(const WeightStore& store, const std::string& name,
-                                                          const std::vector<int64_t>& part_rows, int64_t cols,
-                                                          const WeightPolicy& p) {
-  // this rank's rows of each part: the same range of units (heads or intermediate rows) of each
-  std::vector<WeightCut> cuts;
-  if (tp_.sharded()) {
-    const int64_t hd = cfg_.head_dim;
-    if (part_rows.size() == 3)  // q, k, v
-      cuts = {rows_cut(tp_.q_heads, hd), rows_cut(tp_.kv_heads, hd), rows_cut(tp_.kv_heads, hd)};
-    else  // gate, up
-      cuts = {rows_cut(tp_.inter), rows_cut(tp_.inter)};
-  }
-  auto ws = load_fused_linear(be_, store, name, part_rows, cols, p, cuts);
-  for (const auto& w : ws) count_linear(*w);
-  return ws;
-}
-
-// With --quant the experts are quantized on load like any linear (a 4-bit decode step then reads
-// only the selected experts' codes), and so is the shared expert's gate (an nn.Linear, 4-bit under
-// bitsandbytes); the router stays dense. A pre-quantized folder loads as
-// transformers 5 + bitsandbytes write it: experts and router dense (not nn.Linear there), the
-// shared expert and its gate 4-bit. Sharded: every expert (and the shared one) split
-// by its intermediate rows like a dense MLP; the router and the shared expert's gate replicated.
-std::unique_ptr<MoeWeights> Decoder::moe_weights(const WeightStore& store, int layer, const WeightPolicy& p) {
-  const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts, I = cfg_.moe.expert_intermediate;
-  const bool mixtral = arch_.moe == ArchFlags::Moe::Mixtral;
-  const std::string base = mixtral ? "block_sparse_moe." : "mlp.";
-  auto m = std::make_unique<MoeWeights>();
-  m->router = linear_weight(store, layer_name(layer, (base + "gate.weight").c_str()), E, H, p, false, {});
-  const WeightCut in_rows = rows_cut(tp_.expert_inter), in_cols = cols_cut(tp_.expert_inter);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string pre = cat(base, "experts.", e, ".");
-    ExpertWeights x;
-    x.gate = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w1" : "gate_proj") + ".weight").c_str()), I, H, p, true, in_rows);
-    x.up = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w3" : "up_proj") + ".weight").c_str()), I, H, p, true, in_rows);
-    x.down = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w2" : "down_proj") + ".weight").c_str()), H, I, p, true, in_cols);
-    m->experts.push_back(std::move(x));
-  }
-  if (const int64_t S = cfg_.moe.shared_intermediate; S > 0) {
-    const WeightCut s_rows = rows_cut(tp_.shared_inter), s_cols = cols_cut(tp_.shared_inter);
-    m->shared.gate = linear_weight(store, layer_name(layer, "mlp.shared_expert.gate_proj.weight"), S, H, p, true, s_rows);
-    m->shared.up = linear_weight(store, layer_name(layer, "mlp.shared_expert.up_proj.weight"), S, H, p, true, s_rows);
-    m->shared.down = linear_weight(store, layer_name(layer, "mlp.shared_expert.down_proj.weight"), H, S, p, true, s_cols);
-    m->shared_gate = linear_weight(store, layer_name(layer, "mlp.shared_expert_gate.weight"), 1, H, p, true, {});
-  }
-  return m;
-}
-
 Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
                  const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress,
-                 const TpShard& tp)
+                 const TpShard& tp, const OffloadSplit& offload)
     : cfg_(cfg), arch_(arch), shard_(tp), tp_(nf4flash::tp_layout(cfg, tp)), moe_cfg_(cfg), be_(backend),
       max_rows_(max_rows), policy_store_(policy.dense_store) {
+  cur_ = &be_;
+  if (offload.backend && offload.first_layer < cfg.n_layers) {
+    if (offload.first_layer < 0)
+      fail("offload: first offloaded layer ", offload.first_layer, " out of range (0..", cfg.n_layers, ")");
+    if (tp.world > 1) fail("offload: layers on a second backend are not combined with tensor parallel");
+    if (offload.backend == &be_) fail("offload: the offload backend is the primary backend");
+    off_ = std::make_unique<Offload>(*offload.backend, offload.first_layer);
+  }
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, V = cfg.vocab_size;
   const int hd = cfg.head_dim, nh = cfg.n_heads, nkv = cfg.n_kv_heads;
   const bool sharded = tp_.sharded();
@@ -149,9 +64,10 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   moe_cfg_.moe.shared_intermediate = tp_.shared_inter.n;
   const int total = cfg.n_layers + 2;
   if (arch.moe != ArchFlags::Moe::None) {
-    if (be_.device() != Device::CPU)
+    if (be_.device() != Device::CPU || (off_ && off_->be.device() != Device::CPU))
       fail(cfg.source, ": mixture-of-experts models (", arch.name, ") run on the CPU backend only so far (use --device cpu)");
     moe_block_ = std::make_unique<MoeBlock>(be_, moe_cfg_);
+    if (off_) off_->moe = std::make_unique<MoeBlock>(off_->be, moe_cfg_);
   }
   int done = 0;
   auto tick = [&] { if (progress) progress(++done, total); };
@@ -169,6 +85,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   layers_.resize(cfg.n_layers);
   for (int i = 0; i < cfg.n_layers; ++i) {
     LayerWeights& L = layers_[i];
+    cur_ = off_ && i >= off_->first ? &off_->be : &be_;
     L.attn_norm = vector_weight(store, layer_name(i, "input_layernorm.weight"), H);
     if (arch.gemma) {  // post_attention_layernorm normalizes the attention output there
       L.post_attn_norm = vector_weight(store, layer_name(i, "post_attention_layernorm.weight"), H);
@@ -224,6 +141,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     if (bias_here) L.b_down = optional_vector(store, layer_name(i, "mlp.down_proj.bias"), H, arch.mlp_bias);
     tick();
   }
+  cur_ = &be_;
   final_norm_ = vector_weight(store, "model.norm.weight", H);
   {
     // --quant-lm-head: the output projection quantized like the other linears, from lm_head.weight
@@ -238,13 +156,17 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   }
   tick();
 
-  // RoPE frequencies and attention parameters
+  // RoPE frequencies (a copy on each backend) and attention parameters
+  auto table = [](Backend& b, const std::vector<float>& v) {
+    auto buf = b.alloc(v.size() * 4);
+    b.upload(buf->data(), v.data(), v.size() * 4);
+    return buf;
+  };
   const std::vector<float> inv = rope_inv_freq(cfg.rope, hd);
-  inv_freq_buf_ = be_.alloc(inv.size() * 4);
-  be_.upload(inv_freq_buf_->data(), inv.data(), inv.size() * 4);
+  inv_freq_buf_ = table(be_, inv);
   rope_.head_dim = hd;
   rope_.inv_freq = static_cast<const float*>(inv_freq_buf_->data());
-  if (cfg.rope.type == "dynamic" && be_.device() != Device::CPU)
+  if (cfg.rope.type == "dynamic" && (be_.device() != Device::CPU || (off_ && off_->be.device() != Device::CPU)))
     fail(cfg.source, ": dynamic NTK rope scaling runs on the CPU backend only so far (use --device cpu)");
   if (cfg.rope.type == "yarn") rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
   if (cfg.rope.type == "dynamic") {
@@ -256,8 +178,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   }
   if (cfg.rope.type == "longrope") {
     const std::vector<float> lng = rope_inv_freq_long(cfg.rope, hd);
-    inv_freq_long_buf_ = be_.alloc(lng.size() * 4);
-    be_.upload(inv_freq_long_buf_->data(), lng.data(), lng.size() * 4);
+    inv_freq_long_buf_ = table(be_, lng);
     rope_.inv_freq_long = static_cast<const float*>(inv_freq_long_buf_->data());
     rope_.long_after = cfg.rope.original_max_positions;
     rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
@@ -273,25 +194,45 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   if (be_.act_dtype() == DType::F16) embed_scale_ = round_f16(embed_scale_);
   if (cfg.has_local_rope) {  // Gemma 3's sliding layers
     const std::vector<float> loc = rope_inv_freq(cfg.local_rope, hd);
-    inv_freq_local_buf_ = be_.alloc(loc.size() * 4);
-    be_.upload(inv_freq_local_buf_->data(), loc.data(), loc.size() * 4);
+    inv_freq_local_buf_ = table(be_, loc);
     rope_local_ = rope_;
     rope_local_.inv_freq = static_cast<const float*>(inv_freq_local_buf_->data());
   }
-
-  // the largest row count whose linear_swiglu needs the gate buffer (asked once, from the top: every
-  // count above it was asked and needs none; counts below get the buffer whether they need it or
-  // not), then the workspace for the first forwards (grown on demand up to max_rows)
-  if (arch_.gemma) gtmp_rows_ = max_rows_;  // GeGLU is gate, up, then gelu_tanh_mul: always both products
-  for (int64_t T = max_rows_; T >= 1 && !gtmp_rows_; --T) {
-    for (const LayerWeights& L : layers_) {
-      if (L.gate && be_.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) {
-        gtmp_rows_ = T;
-        break;
-      }
+  if (off_) {  // the same parameters over the offload backend's copies of the tables
+    Offload& f = *off_;
+    f.inv_freq = table(f.be, inv);
+    f.rope = rope_;
+    f.rope.inv_freq = static_cast<const float*>(f.inv_freq->data());
+    if (rope_.inv_freq_long) {
+      f.inv_freq_long = table(f.be, rope_inv_freq_long(cfg.rope, hd));
+      f.rope.inv_freq_long = static_cast<const float*>(f.inv_freq_long->data());
+    }
+    if (cfg.has_local_rope) {
+      f.inv_freq_local = table(f.be, rope_inv_freq(cfg.local_rope, hd));
+      f.rope_local = f.rope;
+      f.rope_local.inv_freq = static_cast<const float*>(f.inv_freq_local->data());
     }
   }
+
+  // the largest row counts whose linear_swiglu needs the gate buffer (per backend), then the
+  // workspace for the first forwards (grown on demand up to max_rows)
+  const int split = offload_first_layer();
+  gtmp_rows_ = gate_tmp_rows(be_, 0, split);
+  if (off_) off_->gtmp_rows = gate_tmp_rows(off_->be, split, cfg.n_layers);
   ensure_workspace(std::min<int64_t>(max_rows, 512));
+}
+
+// Asked once per row count, from the top: every count above the result was asked and needs none;
+// counts below get the buffer whether they need it or not. Gemma's GeGLU is gate, up, then
+// gelu_tanh_mul: always both products.
+int64_t Decoder::gate_tmp_rows(Backend& b, int i0, int i1) const {
+  if (arch_.gemma) return max_rows_;
+  for (int64_t T = max_rows_; T >= 1; --T)
+    for (int i = i0; i < i1; ++i) {
+      const LayerWeights& L = layers_[size_t(i)];
+      if (L.gate && b.linear_swiglu_needs_tmp(*L.gate, *L.up, T, L.b_gate || L.b_up)) return T;
+    }
+  return 0;
 }
 
 // The activation workspace, in elements per row: x, o, the normed x (which the attention output
@@ -309,10 +250,15 @@ Decoder::WsLayout Decoder::ws_layout() const {
   return l;
 }
 
+namespace {
+int64_t gu_elems_of(int64_t rows, int64_t I, int64_t qkv, int64_t gtmp_rows, int64_t align) {
+  return std::max(rows * std::max(I, qkv), 2 * std::min(rows, gtmp_rows) * I) + 2 * align;
+}
+}  // namespace
+
 int64_t Decoder::gu_elems(int64_t rows) const {
-  const int64_t I = tp_.inter.n;
   const int64_t qkv = (tp_.q_heads.n + 2 * tp_.kv_heads.n) * cfg_.head_dim;
-  return std::max(rows * std::max(I, qkv), 2 * std::min(rows, gtmp_rows_) * I) + 2 * kWsAlign;
+  return gu_elems_of(rows, tp_.inter.n, qkv, gtmp_rows_, kWsAlign);
 }
 
 size_t Decoder::workspace_bytes(int64_t rows) const {
@@ -325,22 +271,192 @@ void Decoder::ensure_workspace(int64_t rows) {
   const int64_t H = cfg_.hidden_size;
   const WsLayout l = ws_layout();
   const int64_t R64 = std::min(max_rows_, std::max(rows, 2 * ws_rows_));
-  // the old buffers go first, so growing never holds both
-  for (auto* b : {&b_x_, &b_xn_, &b_o_, &b_gu_}) b->reset();
-  const size_t es = dtype_size(be_.act_dtype());
   const size_t R = static_cast<size_t>(R64);
-  b_x_ = be_.alloc(R * H * es);
-  b_xn_ = be_.alloc(R * size_t(l.xn_cols) * es);
-  b_o_ = be_.alloc(R * H * es);
-  b_gu_ = be_.alloc(size_t(gu_elems(R64)) * es);
-  gu_cap_ = gu_elems(R64);
+  const int64_t qkv = (tp_.q_heads.n + 2 * tp_.kv_heads.n) * cfg_.head_dim;
+  auto alloc = [&](Backend& b, int64_t gtmp, std::unique_ptr<Buffer>* bufs[4], int64_t& gu_cap) {
+    for (int i = 0; i < 4; ++i) bufs[i]->reset();  // the old buffers go first: growing never holds both
+    const size_t es = dtype_size(b.act_dtype());
+    gu_cap = gu_elems_of(R64, tp_.inter.n, qkv, gtmp, kWsAlign);
+    *bufs[0] = b.alloc(R * H * es);
+    *bufs[1] = b.alloc(R * size_t(l.xn_cols) * es);
+    *bufs[2] = b.alloc(R * H * es);
+    *bufs[3] = b.alloc(size_t(gu_cap) * es);
+  };
+  std::unique_ptr<Buffer>* mine[4] = {&b_x_, &b_xn_, &b_o_, &b_gu_};
+  alloc(be_, gtmp_rows_, mine, gu_cap_);
+  if (off_) {
+    std::unique_ptr<Buffer>* theirs[4] = {&off_->x, &off_->xn, &off_->o, &off_->gu};
+    alloc(off_->be, off_->gtmp_rows, theirs, off_->gu_cap);
+  }
   ws_rows_ = R64;
   ++ws_epoch_;
 }
 
 std::string Decoder::linear_path(int64_t rows) const {
   const LayerWeights& L = layers_.at(0);
-  return be_.linear_path(L.wq ? *L.wq : lm_head(), rows);
+  return (off_ && off_->first == 0 ? off_->be : be_).linear_path(L.wq ? *L.wq : lm_head(), rows);
+}
+
+void Decoder::kv_allocate(const KVCacheDesc& d) {
+  NF4FLASH_CHECK(d.n_layers == cfg_.n_layers, "kv_allocate: ", d.n_layers, " layers for a model of ", cfg_.n_layers);
+  KVCacheDesc mine = d;
+  mine.n_layers = offload_first_layer();
+  be_.kv_allocate(mine);
+  if (off_) {
+    KVCacheDesc theirs = d;
+    theirs.n_layers = cfg_.n_layers - off_->first;
+    if (off_->be.device() == Device::CPU) theirs.dtype = DType::F32;  // the CPU backend's cache
+    off_->be.kv_allocate(theirs);
+  }
+}
+
+void Decoder::kv_allocate_paged(const KVCacheDesc& d, int64_t n_blocks, int block_size) {
+  NF4FLASH_CHECK(d.n_layers == cfg_.n_layers, "kv_allocate_paged: ", d.n_layers, " layers for a model of ", cfg_.n_layers);
+  KVCacheDesc mine = d;
+  mine.n_layers = offload_first_layer();
+  be_.kv_allocate_paged(mine, n_blocks, block_size);
+  if (off_) {
+    KVCacheDesc theirs = d;
+    theirs.n_layers = cfg_.n_layers - off_->first;
+    if (off_->be.device() == Device::CPU) theirs.dtype = DType::F32;
+    off_->be.kv_allocate_paged(theirs, n_blocks, block_size);
+  }
+}
+
+Decoder::Views Decoder::views(DType adt, Buffer& bx, Buffer& bxn, Buffer& bo, Buffer& bgu, int64_t gu_cap,
+                              int64_t T, bool gtmp) const {
+  const int64_t H = cfg_.hidden_size, I = tp_.inter.n, hd = cfg_.head_dim;
+  const int64_t QD = tp_.q_heads.n * hd, KD = tp_.kv_heads.n * hd;
+  const size_t es = dtype_size(adt);
+  auto view = [&](Buffer& b, int64_t elem_off, int64_t cols) {
+    return Act{static_cast<char*>(b.data()) + size_t(elem_off) * es, adt, T, cols};
+  };
+  auto al = [](int64_t e) { return (e + kWsAlign - 1) / kWsAlign * kWsAlign; };
+  Views v;
+  // att reuses xn's buffer, q/k/v the gate/up region
+  v.x = view(bx, 0, H), v.xn = view(bxn, 0, H), v.o = view(bo, 0, H), v.att = view(bxn, 0, QD);
+  v.q = view(bgu, 0, QD), v.k = view(bgu, al(T * QD), KD), v.v = view(bgu, al(T * QD) + al(T * KD), KD);
+  // gate product, then the SwiGLU output; without the gate buffer (long prompt chunks, see
+  // swiglu_tmp) the output starts the region
+  v.g = gtmp ? view(bgu, 0, I) : Act{nullptr, adt, T, I};
+  v.u = view(bgu, gtmp ? al(T * I) : 0, I);
+  NF4FLASH_CHECK((gtmp ? al(T * I) : 0) + T * I <= gu_cap, "forward: the workspace's gate/up region is too small");
+  return v;
+}
+
+void Decoder::run_layers(const LayerRun& r, const Views& v, int i0, int i1, const StepState& s, bool fused) {
+  Backend& b = *r.be;
+  const int hd = cfg_.head_dim, nh = static_cast<int>(tp_.q_heads.n);
+  const float eps = static_cast<float>(cfg_.rms_eps);
+  const Act &x = v.x, &xn = v.xn, &o = v.o, &att = v.att, &g = v.g, &u = v.u;
+  auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* out) {
+    out[0] = {L.wq.get(), L.bq.get(), v.q};
+    out[1] = {L.wk.get(), L.bk.get(), v.k};
+    out[2] = {L.wv.get(), L.bv.get(), v.v};
+  };
+  for (int i = i0; i < i1; ++i) {
+    const LayerWeights& L = layers_[size_t(i)];
+    Backend::LinearOut qkv[3];
+    qkv_of(L, qkv);
+    if (fused) {
+      if (i == i0) b.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);  // later: the previous layer's end
+    } else {
+      if (i == i0) b.rms_norm(x, *L.attn_norm, eps, xn);
+      else b.add_rms_norm(x, o, *L.attn_norm, eps, xn);
+      if (nh > 0) b.linear_multi(xn, qkv, 3);
+    }
+    if (nh > 0) {
+      if (arch_.qk_norm) {
+        b.rms_norm(v.q.reshaped(hd), *L.q_norm, eps, v.q.reshaped(hd));
+        b.rms_norm(v.k.reshaped(hd), *L.k_norm, eps, v.k.reshaped(hd));
+      }
+      AttnParams ap = attn_;
+      const bool sliding = cfg_.sliding_layers.size() > size_t(i) && cfg_.sliding_layers[size_t(i)];
+      if (sliding) ap.window = cfg_.sliding_window;
+      b.rope_kv_attention(i - r.kv_base, v.q, v.k, v.v, att, sliding && cfg_.has_local_rope ? *r.rope_local : *r.rope,
+                          ap, s);
+    }
+    if (fused) {
+      // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
+      b.linear_residual(att, *L.wo, L.bo.get(), o, x);
+      b.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+      b.linear_residual(u, *L.down, L.b_down.get(), o, x);
+      if (i + 1 < i1) {
+        Backend::LinearOut next[3];
+        qkv_of(layers_[size_t(i) + 1], next);
+        b.rms_norm_linear_multi(x, *layers_[size_t(i) + 1].attn_norm, eps, xn, next, 3);
+      }
+    } else {
+      if (nh > 0) b.linear(att, *L.wo, L.bo.get(), o);
+      else zero(o);
+      all_reduce(o);
+      if (L.post_attn_norm) b.rms_norm(o, *L.post_attn_norm, eps, o);
+      b.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
+      if (L.moe) {
+        r.moe->forward(xn, *L.moe, o);
+      } else if (arch_.gemma) {
+        NF4FLASH_CHECK(g.data, "forward: GeGLU needs the gate buffer");
+        b.linear(xn, *L.gate, L.b_gate.get(), g);
+        b.linear(xn, *L.up, L.b_up.get(), u);
+        b.gelu_tanh_mul(g, u, u);
+        b.linear(u, *L.down, L.b_down.get(), o);
+      } else {
+        b.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+        b.linear(u, *L.down, L.b_down.get(), o);
+      }
+      all_reduce(o);
+      if (L.post_mlp_norm) b.rms_norm(o, *L.post_mlp_norm, eps, o);
+    }
+  }
+}
+
+namespace {
+// src [T, cols] on backend `from` into dst (the same shape) on backend `to`, through host memory,
+// converted between the two compute dtypes (bf16/f16 to f32 exactly; f32 to 16 bits rounded to
+// nearest even).
+void move_rows(Backend& from, const Act& src, Backend& to, const Act& dst, std::vector<uint8_t>& host) {
+  NF4FLASH_CHECK(src.rows == dst.rows && src.cols == dst.cols, "offload: hidden state shapes differ");
+  host.resize(std::max(src.bytes(), dst.bytes()) + src.bytes());
+  from.download(host.data(), src.data, src.bytes());
+  if (src.dtype == dst.dtype) {
+    to.upload(dst.data, host.data(), dst.bytes());
+    return;
+  }
+  uint8_t* conv = host.data() + src.bytes();
+  for (int64_t i = 0; i < src.numel(); ++i) host_store(conv, dst.dtype, i, host_load(host.data(), src.dtype, i));
+  to.upload(dst.data, conv, dst.bytes());
+}
+}  // namespace
+
+// The step's device arrays (position, or a paged step's rows, positions and block tables) copied
+// to the offload backend; host arrays shared.
+StepState Decoder::mirror_step(const StepState& s) {
+  Offload& f = *off_;
+  auto put = [&](std::unique_ptr<Buffer>& buf, size_t& cap, const int32_t* src, size_t n) {
+    f.ints.resize(std::max<size_t>(n, 1));
+    be_.download(f.ints.data(), src, n * 4);
+    if (!buf || cap < n) {
+      buf = f.be.alloc(std::max<size_t>(n, 1) * 4);
+      cap = n;
+    }
+    f.be.upload(buf->data(), f.ints.data(), n * 4);
+    return static_cast<const int32_t*>(buf->data());
+  };
+  StepState t = s;
+  if (s.paged) {
+    const PagedSeqs& p = *s.paged;
+    size_t cap_rs = f.seqs_cap, cap_p0 = f.seqs_cap;
+    f.paged = p;
+    f.paged.row_start = put(f.row_start, cap_rs, p.row_start, size_t(p.n_seqs) + 1);
+    f.paged.pos0 = put(f.seq_pos0, cap_p0, p.pos0, size_t(p.n_seqs));
+    f.seqs_cap = std::min(cap_rs, cap_p0);
+    f.paged.block_tables = put(f.tables, f.tables_cap, p.block_tables, size_t(p.n_seqs) * size_t(p.max_blocks));
+    t.paged = &f.paged;
+  } else {
+    size_t one = f.pos0 ? 1 : 0;
+    t.pos0 = const_cast<int32_t*>(put(f.pos0, one, s.pos0, 1));
+  }
+  return t;
 }
 
 void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act logits, int64_t n_logits,
@@ -348,107 +464,47 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   NF4FLASH_CHECK(T >= 1 && T <= max_rows_, "forward: ", T, " rows exceed the workspace of ", max_rows_);
   NF4FLASH_CHECK(n_logits >= 1 && n_logits <= T, "forward: n_logits out of range");
   ensure_workspace(T);
-  const int64_t H = cfg_.hidden_size, I = tp_.inter.n;
-  const int hd = cfg_.head_dim, nh = static_cast<int>(tp_.q_heads.n), nkv = static_cast<int>(tp_.kv_heads.n);
-  const DType adt = be_.act_dtype();
-  // views of the workspace (ensure_workspace): att reuses xn's buffer, q/k/v the gate/up region
-  const size_t es = dtype_size(adt);
-  auto view = [&](const std::unique_ptr<Buffer>& b, int64_t elem_off, int64_t cols) {
-    return Act{static_cast<char*>(b->data()) + size_t(elem_off) * es, adt, T, cols};
-  };
-  const int64_t QD = int64_t{nh} * hd, KD = int64_t{nkv} * hd;
-  Act x = view(b_x_, 0, H), xn = view(b_xn_, 0, H), o = view(b_o_, 0, H);
-  Act att = view(b_xn_, 0, QD);
-  auto al = [](int64_t e) { return (e + kWsAlign - 1) / kWsAlign * kWsAlign; };
-  Act q = view(b_gu_, 0, QD), k = view(b_gu_, al(T * QD), KD), v = view(b_gu_, al(T * QD) + al(T * KD), KD);
-  // gate product, then the SwiGLU output; without the gate buffer (long prompt chunks, see
-  // swiglu_tmp) the output starts the region
-  const bool gtmp = swiglu_tmp(T);
-  Act g = gtmp ? view(b_gu_, 0, I) : Act{nullptr, adt, T, I}, u = view(b_gu_, gtmp ? al(T * I) : 0, I);
-  NF4FLASH_CHECK((gtmp ? al(T * I) : 0) + T * I <= gu_cap_, "forward: the workspace's gate/up region is too small");
   const float eps = static_cast<float>(cfg_.rms_eps);
+  const Views v = views(be_.act_dtype(), *b_x_, *b_xn_, *b_o_, *b_gu_, gu_cap_, T, swiglu_tmp(T));
+  const Act &x = v.x, &xn = v.xn, &o = v.o;
 
   // Two orders of the same arithmetic, each the measured default where it runs. Prompts, dense
   // weights and the CPU: each sublayer's output o is added to the residual x by the next norm
   // (add_rms_norm: one pass). The 4-bit decode step on CUDA, where the backend folds the norm into
   // the GEMV (fuses_norm_linear): the o and down GEMVs add their output to x in their epilogue and
-  // the next GEMV normalizes x in its prologue, two launches per layer fewer. Sharded, the first
-  // order: o and down are summed over the ranks before the residual add. Not Gemma: its sublayer
-  // outputs are normed before the residual add, and its MLP is GeGLU.
-  const bool fused = !tp_.sharded() && !moe_block_ && !arch_.gemma && be_.fuses_norm_linear(*layers_[0].wq, T) &&
-                     be_.fuses_norm_linear(*layers_[0].gate, T);
-  auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* o) {
-    o[0] = {L.wq.get(), L.bq.get(), q};
-    o[1] = {L.wk.get(), L.bk.get(), k};
-    o[2] = {L.wv.get(), L.bv.get(), v};
-  };
+  // the next GEMV normalizes x in its prologue, two launches per layer fewer. Sharded or offloaded,
+  // the first order: o and down are summed over the ranks before the residual add, and the hidden
+  // state crosses backends whole. Not Gemma: its sublayer outputs are normed before the residual
+  // add, and its MLP is GeGLU.
+  const bool fused = !tp_.sharded() && !off_ && !moe_block_ && !arch_.gemma &&
+                     be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
   be_.embed(*embed_, ids, x);
   if (arch_.gemma) be_.scale(x, embed_scale_);
-  for (int i = 0; i < cfg_.n_layers; ++i) {
-    const LayerWeights& L = layers_[i];
-    Backend::LinearOut qkv[3];
-    qkv_of(L, qkv);
-    if (fused) {
-      if (i == 0) be_.rms_norm_linear_multi(x, *L.attn_norm, eps, xn, qkv, 3);  // later: the previous layer's end
-    } else {
-      if (i == 0) be_.rms_norm(x, *L.attn_norm, eps, xn);
-      else be_.add_rms_norm(x, o, *L.attn_norm, eps, xn);
-      if (nh > 0) be_.linear_multi(xn, qkv, 3);
-    }
-    if (nh > 0) {
-      if (arch_.qk_norm) {
-        be_.rms_norm(q.reshaped(hd), *L.q_norm, eps, q.reshaped(hd));
-        be_.rms_norm(k.reshaped(hd), *L.k_norm, eps, k.reshaped(hd));
-      }
-      AttnParams ap = attn_;
-      const bool sliding = cfg_.sliding_layers.size() > size_t(i) && cfg_.sliding_layers[size_t(i)];
-      if (sliding) ap.window = cfg_.sliding_window;
-      be_.rope_kv_attention(i, q, k, v, att, sliding && cfg_.has_local_rope ? rope_local_ : rope_, ap, s);
-    }
-    if (fused) {
-      // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
-      be_.linear_residual(att, *L.wo, L.bo.get(), o, x);
-      be_.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
-      be_.linear_residual(u, *L.down, L.b_down.get(), o, x);
-      if (i + 1 < cfg_.n_layers) {
-        const LayerWeights& N = layers_[i + 1];
-        Backend::LinearOut next[3];
-        qkv_of(N, next);
-        be_.rms_norm_linear_multi(x, *N.attn_norm, eps, xn, next, 3);
-      }
-    } else {
-      if (nh > 0) be_.linear(att, *L.wo, L.bo.get(), o);
-      else zero(o);
-      all_reduce(o);
-      if (L.post_attn_norm) be_.rms_norm(o, *L.post_attn_norm, eps, o);
-      be_.add_rms_norm(x, o, *L.mlp_norm, eps, xn);
-      if (L.moe) {
-        moe_block_->forward(xn, *L.moe, o);
-      } else if (arch_.gemma) {
-        NF4FLASH_CHECK(g.data, "forward: GeGLU needs the gate buffer");
-        be_.linear(xn, *L.gate, L.b_gate.get(), g);
-        be_.linear(xn, *L.up, L.b_up.get(), u);
-        be_.gelu_tanh_mul(g, u, u);
-        be_.linear(u, *L.down, L.b_down.get(), o);
-      } else {
-        be_.linear_swiglu(xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
-        be_.linear(u, *L.down, L.b_down.get(), o);
-      }
-      all_reduce(o);
-      if (L.post_mlp_norm) be_.rms_norm(o, *L.post_mlp_norm, eps, o);
-    }
+  const int split = offload_first_layer();
+  run_layers({&be_, &rope_, &rope_local_, moe_block_.get(), 0}, v, 0, split, s, fused);
+  bool o_pending = !fused && split > 0;  // the last sublayer's output, not yet added to x
+  if (off_) {
+    // the hidden state whole to the offload backend, its layers, and back
+    Offload& f = *off_;
+    if (o_pending) be_.add(x, o, x);
+    const Views w = views(f.be.act_dtype(), *f.x, *f.xn, *f.o, *f.gu, f.gu_cap, T, T <= f.gtmp_rows);
+    move_rows(be_, x, f.be, w.x, f.host);
+    run_layers({&f.be, &f.rope, &f.rope_local, f.moe.get(), f.first}, w, f.first, cfg_.n_layers, mirror_step(s), false);
+    f.be.add(w.x, w.o, w.x);
+    move_rows(f.be, w.x, be_, x, f.host);
+    o_pending = false;
   }
   Act last_n = xn.slice_rows(0, n_logits);
   if (logit_rows) {
     // the rows that give logits, gathered (after the last residual add) into o's first rows
-    if (!fused) be_.add(x, o, x);
+    if (o_pending) be_.add(x, o, x);
     Act picked = o.slice_rows(0, n_logits);
     be_.gather_rows(x, logit_rows, picked);
     be_.rms_norm(picked, *final_norm_, eps, last_n);
   } else {
     // only the rows that give logits need the last residual add and the final norm
     Act last = x.slice_rows(T - n_logits, n_logits);
-    if (fused) be_.rms_norm(last, *final_norm_, eps, last_n);
+    if (!o_pending) be_.rms_norm(last, *final_norm_, eps, last_n);
     else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
   }
   if (tp_.sharded()) {

@@ -13,6 +13,11 @@
 // every rank runs forward() on the same ids at once, and the ranks' partial o_proj and down
 // outputs are summed through the communicator; logits are gathered, so every rank returns all of
 // them. The rank's backend holds the KV cache of its kv heads only (kv_heads()).
+// Offload (OffloadSplit): layers [first_layer, n_layers) and their KV cache live on a second
+// backend (the host's CPU backend when the primary is a GPU); the embeddings, the layers before
+// them, the final norm and lm_head on the primary. A forward moves the hidden state [T, hidden] to
+// that backend and back once each (through host memory, in each backend's compute dtype), and the
+// step's positions and block tables with it; every row is computed as on one backend.
 #pragma once
 #include <functional>
 #include <memory>
@@ -48,9 +53,17 @@ struct LayerWeights {
 };
 
 struct DecoderStats {
-  size_t weight_bytes = 0;       // resident on the backend
+  size_t weight_bytes = 0;       // resident on the backends
   size_t quant4_bytes = 0;       // of which 4-bit linear weights
+  size_t offloaded_bytes = 0;    // of which on the offload backend
   int n_quant4 = 0, n_dense_linear = 0;
+};
+
+// Layers [first_layer, n_layers) on `backend`; none when backend is null (or first_layer is
+// n_layers). first_layer 0 puts every layer there.
+struct OffloadSplit {
+  Backend* backend = nullptr;
+  int first_layer = 0;
 };
 
 class Decoder {
@@ -59,7 +72,9 @@ class Decoder {
   // `progress(done, total)` may be null.
   Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
           const WeightPolicy& policy, int64_t max_rows,
-          const std::function<void(int, int)>& progress = nullptr, const TpShard& tp = {});
+          const std::function<void(int, int)>& progress = nullptr, const TpShard& tp = {},
+          const OffloadSplit& offload = {});
+  ~Decoder();
 
   // ids: backend memory, T entries (T <= max_rows). logits: F32 [n_logits, vocab] backend memory,
   // receiving the logits of the last n_logits rows, or of the rows logit_rows names.
@@ -74,6 +89,12 @@ class Decoder {
   const TpLayout& tp_layout() const { return tp_; }
   // The kv heads this rank's KV cache holds (kv_allocate's n_kv_heads): all of them unsharded.
   int kv_heads() const { return static_cast<int>(tp_.kv_heads.n); }
+  // The KV cache of every layer on the backend that runs it (d.n_layers in all: the offloaded
+  // ones on the offload backend, the others on the primary), contiguous or paged.
+  void kv_allocate(const KVCacheDesc& d);
+  void kv_allocate_paged(const KVCacheDesc& d, int64_t n_blocks, int block_size);
+  // The first offloaded layer (n_layers: none).
+  int offload_first_layer() const;
   int64_t max_rows() const { return max_rows_; }
   // The activation workspace grows with the longest forward so far (from min(max_rows, 512) rows
   // up to max_rows); its epoch changes when it is reallocated (captured graphs hold its addresses),
@@ -114,6 +135,31 @@ class Decoder {
   WeightCut cols_cut(TpRange r, int64_t unit = 1) const;
   void all_reduce(Act a);  // sums a sublayer's partial output over the ranks (nothing unsharded)
   void zero(Act a);        // a rank holding no q heads adds zeros to the attention's sum
+  static std::string layer_name(int i, const char* suffix);
+
+  // The activations of one forward on one backend (views of its workspace, see ws_layout).
+  struct Views {
+    Act x, xn, o, att, q, k, v, g, u;
+  };
+  // gtmp: linear_swiglu over T rows takes the gate buffer (swiglu_tmp)
+  Views views(DType adt, Buffer& x, Buffer& xn, Buffer& o, Buffer& gu, int64_t gu_cap, int64_t T, bool gtmp) const;
+  // Layers [i0, i1) on backend b; the residual x is whole at i0 (its norm has no pending add).
+  // KV layer i of the model is layer i - kv_base of b's cache. Returns with the last sublayer's
+  // output o still to be added to x unless fused.
+  struct LayerRun {
+    Backend* be;
+    const RopeParams* rope;
+    const RopeParams* rope_local;
+    MoeBlock* moe;
+    int kv_base;
+  };
+  void run_layers(const LayerRun& r, const Views& v, int i0, int i1, const StepState& s, bool fused);
+  // The largest row count whose linear_swiglu needs the gate buffer, for layers [i0, i1) on b.
+  int64_t gate_tmp_rows(Backend& b, int i0, int i1) const;
+  StepState mirror_step(const StepState& s);  // the step's device arrays on the offload backend
+  struct Offload;
+  std::unique_ptr<Offload> off_;
+  Backend* cur_ = nullptr;  // the backend the weights being loaded go to
 
   ModelConfig cfg_;
   ArchFlags arch_;
