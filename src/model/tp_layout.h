@@ -12,7 +12,8 @@
 // and after down (or the MoE block) the ranks' partial outputs are all-reduced (summed); the
 // o_proj/down biases are added by the last rank alone (it always holds heads and intermediate rows).
 // Dense weights cut anywhere; 4-bit weights are quantized whole (or read pre-quantized) and cut on
-// the bitsandbytes block boundaries (weight_shard.h), refused where a cut falls inside a block.
+// the bitsandbytes block boundaries (quant4_rows, quant4_cols in weight_loader.h), refused where a
+// cut falls inside a block.
 #pragma once
 #include <cstdint>
 #include <string>
