@@ -38,7 +38,7 @@ class EngineAdapter final : public BenchEngine {
   std::string configure(AttnChoice attn, int graphs, bool use_cache) override {
     Engine::Impl& im = e_->internals();
     const AttnImpl impl = to_impl(attn);
-    // Same check (and message) as the engine's load; Auto is checked too (e.g. head_dim 96 on CUDA).
+    // Same check (and message) as the engine's load; Auto is checked too (e.g. head_dim 48 on CUDA).
     const std::string why = im.be->attn_unsupported_reason(impl, im.cfg.head_dim);
     if (!why.empty()) return why;
     if (graphs == 1 && !im.be->graphs_supported())
