@@ -21,8 +21,11 @@ struct Decoder::Offload {
   std::unique_ptr<Buffer> inv_freq, inv_freq_long, inv_freq_local;
   RopeParams rope, rope_local;
   std::unique_ptr<MoeBlock> moe;
-  std::unique_ptr<Buffer> pos0, row_start, seq_pos0, tables;
-  size_t tables_cap = 0, seqs_cap = 0;
+  struct Mirror {  // a step's device array, copied here
+    std::unique_ptr<Buffer> buf;
+    size_t cap = 0;  // int32 entries
+  };
+  Mirror pos0, row_start, seq_pos0, tables;
   PagedSeqs paged;
   std::vector<uint8_t> host;  // the hidden state crossing between the backends
   std::vector<int32_t> ints;
@@ -176,8 +179,9 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
       std::copy(t.begin(), t.end(), out);
     };
   }
-  if (cfg.rope.type == "longrope") {
-    const std::vector<float> lng = rope_inv_freq_long(cfg.rope, hd);
+  const std::vector<float> lng = cfg.rope.type == "longrope" ? rope_inv_freq_long(cfg.rope, hd) : std::vector<float>{};
+  const std::vector<float> loc = cfg.has_local_rope ? rope_inv_freq(cfg.local_rope, hd) : std::vector<float>{};
+  if (!lng.empty()) {
     inv_freq_long_buf_ = table(be_, lng);
     rope_.inv_freq_long = static_cast<const float*>(inv_freq_long_buf_->data());
     rope_.long_after = cfg.rope.original_max_positions;
@@ -192,8 +196,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   embed_scale_ = static_cast<float>(std::sqrt(static_cast<double>(H)));
   if (be_.act_dtype() == DType::BF16) embed_scale_ = round_bf16(embed_scale_);
   if (be_.act_dtype() == DType::F16) embed_scale_ = round_f16(embed_scale_);
-  if (cfg.has_local_rope) {  // Gemma 3's sliding layers
-    const std::vector<float> loc = rope_inv_freq(cfg.local_rope, hd);
+  if (!loc.empty()) {  // Gemma 3's sliding layers
     inv_freq_local_buf_ = table(be_, loc);
     rope_local_ = rope_;
     rope_local_.inv_freq = static_cast<const float*>(inv_freq_local_buf_->data());
@@ -203,12 +206,12 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     f.inv_freq = table(f.be, inv);
     f.rope = rope_;
     f.rope.inv_freq = static_cast<const float*>(f.inv_freq->data());
-    if (rope_.inv_freq_long) {
-      f.inv_freq_long = table(f.be, rope_inv_freq_long(cfg.rope, hd));
+    if (!lng.empty()) {
+      f.inv_freq_long = table(f.be, lng);
       f.rope.inv_freq_long = static_cast<const float*>(f.inv_freq_long->data());
     }
-    if (cfg.has_local_rope) {
-      f.inv_freq_local = table(f.be, rope_inv_freq(cfg.local_rope, hd));
+    if (!loc.empty()) {
+      f.inv_freq_local = table(f.be, loc);
       f.rope_local = f.rope;
       f.rope_local.inv_freq = static_cast<const float*>(f.inv_freq_local->data());
     }
@@ -297,30 +300,26 @@ std::string Decoder::linear_path(int64_t rows) const {
   return (off_ && off_->first == 0 ? off_->be : be_).linear_path(L.wq ? *L.wq : lm_head(), rows);
 }
 
-void Decoder::kv_allocate(const KVCacheDesc& d) {
+// d (all layers) as the primary's share and the offload backend's (whose CPU cache is f32).
+std::pair<KVCacheDesc, KVCacheDesc> Decoder::kv_split(const KVCacheDesc& d) const {
   NF4FLASH_CHECK(d.n_layers == cfg_.n_layers, "kv_allocate: ", d.n_layers, " layers for a model of ", cfg_.n_layers);
-  KVCacheDesc mine = d;
+  KVCacheDesc mine = d, theirs = d;
   mine.n_layers = offload_first_layer();
+  theirs.n_layers = cfg_.n_layers - mine.n_layers;
+  if (off_ && off_->be.device() == Device::CPU) theirs.dtype = DType::F32;
+  return {mine, theirs};
+}
+
+void Decoder::kv_allocate(const KVCacheDesc& d) {
+  const auto [mine, theirs] = kv_split(d);
   be_.kv_allocate(mine);
-  if (off_) {
-    KVCacheDesc theirs = d;
-    theirs.n_layers = cfg_.n_layers - off_->first;
-    if (off_->be.device() == Device::CPU) theirs.dtype = DType::F32;  // the CPU backend's cache
-    off_->be.kv_allocate(theirs);
-  }
+  if (off_) off_->be.kv_allocate(theirs);
 }
 
 void Decoder::kv_allocate_paged(const KVCacheDesc& d, int64_t n_blocks, int block_size) {
-  NF4FLASH_CHECK(d.n_layers == cfg_.n_layers, "kv_allocate_paged: ", d.n_layers, " layers for a model of ", cfg_.n_layers);
-  KVCacheDesc mine = d;
-  mine.n_layers = offload_first_layer();
+  const auto [mine, theirs] = kv_split(d);
   be_.kv_allocate_paged(mine, n_blocks, block_size);
-  if (off_) {
-    KVCacheDesc theirs = d;
-    theirs.n_layers = cfg_.n_layers - off_->first;
-    if (off_->be.device() == Device::CPU) theirs.dtype = DType::F32;
-    off_->be.kv_allocate_paged(theirs, n_blocks, block_size);
-  }
+  if (off_) off_->be.kv_allocate_paged(theirs, n_blocks, block_size);
 }
 
 Decoder::Views Decoder::views(DType adt, Buffer& bx, Buffer& bxn, Buffer& bo, Buffer& bgu, int64_t gu_cap,
@@ -432,29 +431,26 @@ void move_rows(Backend& from, const Act& src, Backend& to, const Act& dst, std::
 // to the offload backend; host arrays shared.
 StepState Decoder::mirror_step(const StepState& s) {
   Offload& f = *off_;
-  auto put = [&](std::unique_ptr<Buffer>& buf, size_t& cap, const int32_t* src, size_t n) {
+  auto put = [&](Offload::Mirror& m, const int32_t* src, size_t n) {
     f.ints.resize(std::max<size_t>(n, 1));
     be_.download(f.ints.data(), src, n * 4);
-    if (!buf || cap < n) {
-      buf = f.be.alloc(std::max<size_t>(n, 1) * 4);
-      cap = n;
+    if (m.cap < n || !m.buf) {
+      m.buf = f.be.alloc(std::max<size_t>(n, 1) * 4);
+      m.cap = n;
     }
-    f.be.upload(buf->data(), f.ints.data(), n * 4);
-    return static_cast<const int32_t*>(buf->data());
+    f.be.upload(m.buf->data(), f.ints.data(), n * 4);
+    return static_cast<int32_t*>(m.buf->data());
   };
   StepState t = s;
   if (s.paged) {
     const PagedSeqs& p = *s.paged;
-    size_t cap_rs = f.seqs_cap, cap_p0 = f.seqs_cap;
     f.paged = p;
-    f.paged.row_start = put(f.row_start, cap_rs, p.row_start, size_t(p.n_seqs) + 1);
-    f.paged.pos0 = put(f.seq_pos0, cap_p0, p.pos0, size_t(p.n_seqs));
-    f.seqs_cap = std::min(cap_rs, cap_p0);
-    f.paged.block_tables = put(f.tables, f.tables_cap, p.block_tables, size_t(p.n_seqs) * size_t(p.max_blocks));
+    f.paged.row_start = put(f.row_start, p.row_start, size_t(p.n_seqs) + 1);
+    f.paged.pos0 = put(f.seq_pos0, p.pos0, size_t(p.n_seqs));
+    f.paged.block_tables = put(f.tables, p.block_tables, size_t(p.n_seqs) * size_t(p.max_blocks));
     t.paged = &f.paged;
   } else {
-    size_t one = f.pos0 ? 1 : 0;
-    t.pos0 = const_cast<int32_t*>(put(f.pos0, one, s.pos0, 1));
+    t.pos0 = put(f.pos0, s.pos0, 1);
   }
   return t;
 }

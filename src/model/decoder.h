@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -157,6 +158,7 @@ class Decoder {
   // The largest row count whose linear_swiglu needs the gate buffer, for layers [i0, i1) on b.
   int64_t gate_tmp_rows(Backend& b, int i0, int i1) const;
   StepState mirror_step(const StepState& s);  // the step's device arrays on the offload backend
+  std::pair<KVCacheDesc, KVCacheDesc> kv_split(const KVCacheDesc& d) const;
   struct Offload;
   std::unique_ptr<Offload> off_;
   Backend* cur_ = nullptr;  // the backend the weights being loaded go to

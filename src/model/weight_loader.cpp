@@ -94,18 +94,26 @@ std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store
 // Rows [row0, row0 + n) of a 4-bit weight as a weight of their own, blocks not crossing the cut.
 // Double-quant absmax is expanded to its f32 values (exact: the same arithmetic as dequantizing),
 // since a cut need not fall on a nested block.
+namespace {
+// A cut's tensor: q's type, code book and blocksize at [rows, cols], no data yet (absmax f32).
+Quant4Tensor cut_of(const Quant4Tensor& q, int64_t rows, int64_t cols) {
+  Quant4Tensor out;
+  out.type = q.type;
+  out.rows = rows;
+  out.cols = cols;
+  out.blocksize = q.blocksize;
+  out.orig_dtype = q.orig_dtype;
+  out.code = q.code;
+  return out;
+}
+}  // namespace
+
 Quant4Tensor quant4_rows(const Quant4Tensor& q, int64_t row0, int64_t n) {
   const int64_t b0 = row0 * q.cols, b1 = (row0 + n) * q.cols;
   if (q.cols % 2 || b0 % q.blocksize || b1 % q.blocksize)
     fail("4-bit weight [", q.rows, ", ", q.cols, "] with blocksize ", q.blocksize, ": rows ", row0, "..",
          row0 + n, " do not start and end on a block");
-  Quant4Tensor out;
-  out.type = q.type;
-  out.rows = n;
-  out.cols = q.cols;
-  out.blocksize = q.blocksize;
-  out.orig_dtype = q.orig_dtype;
-  out.code = q.code;
+  Quant4Tensor out = cut_of(q, n, q.cols);
   out.packed.assign(q.packed.begin() + b0 / 2, q.packed.begin() + b1 / 2);
   for (int64_t b = b0 / q.blocksize; b < b1 / q.blocksize; ++b) out.absmax.push_back(q.block_absmax(b));
   return out;
@@ -116,13 +124,7 @@ Quant4Tensor quant4_cols(const Quant4Tensor& q, int64_t col0, int64_t n) {
   if (q.cols % bs || col0 % bs || n % bs || col0 < 0 || n <= 0 || col0 + n > q.cols)
     fail("4-bit weight [", q.rows, ", ", q.cols, "] with blocksize ", bs, ": columns ", col0, "..", col0 + n - 1,
          " do not start and end on a block");
-  Quant4Tensor out;
-  out.type = q.type;
-  out.rows = q.rows;
-  out.cols = n;
-  out.blocksize = q.blocksize;
-  out.orig_dtype = q.orig_dtype;
-  out.code = q.code;
+  Quant4Tensor out = cut_of(q, q.rows, n);
   out.packed.reserve(size_t(q.rows * n / 2));
   out.absmax.reserve(size_t(q.rows * n / bs));
   for (int64_t r = 0; r < q.rows; ++r) {

@@ -123,6 +123,12 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cuda
 // The same for a kernel given by address with its argument array (cudaLaunchKernel's form).
 void launch_k_ptr(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st, void** args);
 
+// The first key a query of context length L sees: L - window under a sliding window, else 0
+// (every attention kernel's window).
+__host__ __device__ __forceinline__ int attn_first_key(int L, int window) {
+  return window > 0 && L > window ? L - window : 0;
+}
+
 }  // namespace nf4flash::cuda
 
 // Runtime dtype -> C++ type, exactly once per op: `F(T{})` is instantiated for the three

@@ -99,10 +99,7 @@ struct DecodeBlock {
   int kvh, h0, nh, t, split, L, chunk, s0, s1, nact, seq;
   __device__ bool active() const { return s0 < L; }
 };
-// The first key a query of context length L sees: L - window under a sliding window, else 0.
-__host__ __device__ __forceinline__ int decode_first_key(int L, int window) {
-  return window > 0 && L > window ? L - window : 0;
-}
+
 // The context length of query row t: pos0 + t + 1, or over a paged step its sequence's position + 1
 // (0: a row of a sequence with more than a.paged_max_rows rows, which another kernel computes).
 template <bool PAGED>
@@ -125,7 +122,7 @@ __device__ __forceinline__ DecodeBlock decode_block(const AttnArgs& a, int nspli
   b.t = blockIdx.z, b.split = blockIdx.y;
   b.seq = 0;
   b.L = decode_row_len<PAGED>(a, b.t, &b.seq);
-  const int lo = decode_first_key(b.L, a.window);  // the splits share the visible keys [lo, L)
+  const int lo = attn_first_key(b.L, a.window);  // the splits share the visible keys [lo, L)
   b.chunk = decode_chunk(b.L - lo, nsplit);
   b.s0 = lo + b.split * b.chunk, b.s1 = min(b.L, b.s0 + b.chunk);
   b.nact = decode_nact(b.L - lo, nsplit, b.chunk);
@@ -153,7 +150,7 @@ struct SplitPartials {
 };
 template <bool PAGED = false>
 __device__ __forceinline__ SplitPartials split_partials(const AttnArgs& a, int nsplit, int T, int t, int h) {
-  const int L = decode_row_len<PAGED>(a, t), n = L - decode_first_key(L, a.window);
+  const int L = decode_row_len<PAGED>(a, t), n = L - attn_first_key(L, a.window);
   SplitPartials p;
   p.ml = a.workspace;
   p.acc = a.workspace + int64_t(T) * a.n_heads * nsplit * 2;
@@ -354,7 +351,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
   }
   const int kv_end = pos0 + min(t0 + BQ, a.T);  // exclusive
   // sliding window: the block's first row sees nothing before its first key (tiles of BK from there)
-  const int kv_begin = decode_first_key(pos0 + t0 + 1, a.window) / BK * BK;
+  const int kv_begin = attn_first_key(pos0 + t0 + 1, a.window) / BK * BK;
   const TK* kc = static_cast<const TK*>(a.k_cache) + int64_t(kvh) * a.capacity * HD;
   const TK* vc = static_cast<const TK*>(a.v_cache) + int64_t(kvh) * a.capacity * HD;
   for (int kb = kv_begin; kb < kv_end; kb += BK) {
@@ -375,7 +372,7 @@ __global__ void __launch_bounds__(128) attn_prefill_kernel(const AttnArgs a) {
 #pragma unroll 16
       for (int d = 0; d < HD; ++d) s = fmaf(Qs[r][d], Ks[lane][d], s);
       if (capped) s = a.softcap * tanhf(s / a.softcap) * kLog2e;
-      const bool valid = kb + lane <= qpos && kb + lane >= decode_first_key(qpos + 1, a.window);
+      const bool valid = kb + lane <= qpos && kb + lane >= attn_first_key(qpos + 1, a.window);
       s = valid ? s : -INFINITY;
       const float mn = fmaxf(m[i], warp_max(s));
       if (mn == -INFINITY) continue;

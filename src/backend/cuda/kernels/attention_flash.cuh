@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1) attn_flash_kernel(const Attn
   const int n_tiles = (kv_end + BK - 1) / BK;
   const int W = a.window;
   // sliding window: tiles before the one holding the block's first row's first key are not read
-  const int j0 = (W > 0 && pos0 + t0 + 1 > W ? pos0 + t0 + 1 - W : 0) / BK;
+  const int j0 = attn_first_key(pos0 + t0 + 1, W) / BK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, c = lane & 3;
 

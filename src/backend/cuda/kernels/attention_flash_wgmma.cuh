@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kFlashWgThreads, 1)
   const int kv_end = pos0 + t0 + rows;  // exclusive
   // sliding window: the tiles read start at the one holding the block's first row's first key
   const int W = a.window;
-  const int j0 = (W > 0 && pos0 + t0 + 1 > W ? pos0 + t0 + 1 - W : 0) / BK;
+  const int j0 = attn_first_key(pos0 + t0 + 1, W) / BK;
   const int n_tiles = (kv_end + BK - 1) / BK - j0;  // tile j of the loops is KV tile j0 + j
 
   if (tid == 0) {

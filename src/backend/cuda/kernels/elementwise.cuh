@@ -180,21 +180,25 @@ __device__ __forceinline__ void rope_angle(int64_t pos, const float* inv_freq, i
 }
 // A row's position and its frequency table: row t of the step, or of its sequence when paged; the
 // long table (longrope) when the row's forward ends past long_after positions.
+// seq: the row's sequence when paged (0 otherwise).
 struct RopeRow {
   int64_t pos;
   const float* inv_freq;
+  int seq;
 };
 __device__ __forceinline__ RopeRow rope_row(const RopeArgs& a, int64_t t) {
   int64_t pos, end;
+  int seq = 0;
   if (a.paged.tables) {
     const PagedRow r = paged_row(a.paged, int(t));
     pos = r.pos;
+    seq = r.seq;
     end = int64_t(a.paged.pos0[r.seq]) + r.n_rows;
   } else {
     pos = a.pos0[0] + t;
     end = a.pos0[0] + a.T;
   }
-  return RopeRow{pos, a.inv_freq_long && end > a.long_after ? a.inv_freq_long : a.inv_freq};
+  return RopeRow{pos, a.inv_freq_long && end > a.long_after ? a.inv_freq_long : a.inv_freq, seq};
 }
 
 template <typename TA>
@@ -326,12 +330,8 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
   const bool paged = kv.paged.tables != nullptr;
   for (int64_t t = blockIdx.y; t < r.T; t += gridDim.y) {
     // the position (the angle) and the cache position it is written to (its block slot when paged)
-    const RopeRow rr = rope_row(r, t);
-    int64_t pos = rr.pos, slot = pos;
-    if (paged) {
-      const PagedRow pr = paged_row(kv.paged, int(t));
-      slot = paged_slot(kv.paged, pr.seq, pr.pos);
-    }
+    const RopeRow rr = rope_row(r, t);  // (rope and cache share the step's rows: one lookup)
+    const int64_t pos = rr.pos, slot = paged ? paged_slot(kv.paged, rr.seq, int(pos)) : pos;
     const bool cached = slot >= 0 && slot < kv.capacity;  // the runtime bounds positions by the capacity
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_r + n_v; i += gridDim.x * blockDim.x) {
       if (i < n_r) {
