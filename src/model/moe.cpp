@@ -24,9 +24,7 @@ void MoeBlock::ensure(int64_t rows) {
 
 void MoeBlock::expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys) {
   const Act g{g_->data(), be_.act_dtype(), xs.rows, inter}, u{u_->data(), be_.act_dtype(), xs.rows, inter};
-  be_.linear(xs, *e.gate, nullptr, g);
-  be_.linear(xs, *e.up, nullptr, u);
-  be_.silu_mul(g, u, u);
+  be_.linear_swiglu(xs, *e.gate, nullptr, *e.up, nullptr, g, u);
   be_.linear(u, *e.down, nullptr, ys);
 }
 
