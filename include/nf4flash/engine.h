@@ -36,6 +36,11 @@ struct EngineReport {
   bool decode_pipelined = false; // decode steps queued ahead of the host (with the KV cache)
   size_t weight_bytes = 0;       // resident weights
   size_t kv_bytes = 0;
+  int n_layers = 0;
+  int gpu_layers = 0;            // layers on the GPU (the first ones); n_layers - gpu_layers offloaded
+  std::string offload_device;    // "cpu" when layers are offloaded, else ""
+  size_t offloaded_bytes = 0;    // of weight_bytes, on the offload device
+  size_t kv_offloaded_bytes = 0; // of kv_bytes, on the offload device
   int64_t ctx_size = 0;
   int64_t ubatch = 0;            // prompt rows per prefill chunk
   double load_ms = 0;             // config, weights and backend setup
@@ -102,6 +107,8 @@ class Engine {
 
   struct Impl;
   Impl& internals() { return *impl_; }  // for bench/doctor and tests (src/runtime/engine_impl.h)
+  // An engine over internals built by build_engine (src/runtime/engine_impl.h).
+  static std::unique_ptr<Engine> from_internals(std::unique_ptr<Impl> impl);
 
  private:
   explicit Engine(std::unique_ptr<Impl> impl);

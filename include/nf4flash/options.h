@@ -11,6 +11,9 @@ enum class QuantChoice : uint8_t { Auto, None, NF4, FP4 };      // Auto: what th
 enum class ComputeDType : uint8_t { Auto, F32, BF16, F16 };     // Auto: bf16 (CPU and CUDA)
 enum class AttnChoice : uint8_t { Auto, Flash, Sdpa, Eager };
 
+// LoadOptions::gpu_layers: every layer on the GPU, or as many as --max-vram holds.
+constexpr int kAllLayers = -1, kAutoLayers = -2;
+
 struct LoadOptions {
   std::string model_dir;
   DeviceChoice device = DeviceChoice::Auto;
@@ -26,6 +29,11 @@ struct LoadOptions {
   int64_t ctx_size = 0;    // 0: the model's max positions, capped by free memory
   int threads = 0;         // CPU threads, 0 = all cores
   int64_t ubatch = 0;      // prompt tokens per prefill chunk; 0: auto (see resolve_ubatch in runtime/plan.h)
+  // Placement on CUDA: layers [0, gpu_layers) and their KV cache on the GPU, the rest on the CPU
+  // backend (kAllLayers: none offloaded; kAutoLayers: as many as max_vram holds; 0: the whole
+  // model on the CPU backend). The embeddings, final norm and lm_head stay on the GPU.
+  int gpu_layers = kAllLayers;
+  size_t max_vram = 0;     // bytes the GPU part may take (weights, KV, workspace); 0: free memory less a margin
   bool load_tokenizer = true;
   // Engine::load_preset: the tokenizer (tokenizer.json, tokenizer_config.json's chat template) of this
   // folder, for serving a synthetic model with a real tokenizer; empty: none.

@@ -43,6 +43,8 @@ class EngineAdapter final : public BenchEngine {
     if (!why.empty()) return why;
     if (graphs == 1 && !im.be->graphs_supported())
       return cat("--graphs on: the ", im.report.device, " backend has no step graphs (CUDA graphs need --device cuda; use --graphs off or auto)");
+    if (graphs == 1 && im.offloaded())
+      return "--graphs on: the decode step crosses to the CPU backend for the offloaded layers (use --graphs off or auto)";
     if (impl != im.dec->attn_impl()) {
       im.dec->set_attn_impl(impl);
       im.graph_id = -1;  // a captured decode step holds the previous attention kernel
@@ -54,7 +56,7 @@ class EngineAdapter final : public BenchEngine {
       im.report.attn = im.be->device() == Device::CPU ? "cpu-eager" : im.be->attn_path(ran);
     }
     im.opts.graphs = graphs != 0;
-    im.report.graphs = im.opts.graphs && im.be->graphs_supported();
+    im.report.graphs = im.graphs_on();
     im.opts.use_cache = use_cache;
     im.report.use_cache = use_cache;
     return "";

@@ -35,7 +35,7 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
   if (o.n_blocks <= 0 && im.be->free_memory() > 0) {
     // the default pool: every slot's whole context, capped by the device memory left once the
     // contiguous cache is freed, less a reserve for the activation workspace, prompt-chunk gathers
-    // and logits
+    // and logits (the primary's layers: offloaded ones keep their blocks in host memory)
     const KVCacheDesc& d = im.be->kv_desc();
     const size_t block_bytes = size_t(2) * d.n_layers * d.n_kv_heads * o.block_size * d.head_dim * dtype_size(d.dtype);
     const size_t avail = im.be->free_memory() + im.be->kv_bytes();
@@ -45,7 +45,7 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
     n_blocks = std::min<int64_t>(n_blocks, int64_t((avail - reserve) / block_bytes));
   }
   pool_ = std::make_unique<KvBlockPool>(n_blocks, o.block_size);
-  im.be->kv_allocate_paged(im.be->kv_desc(), n_blocks, o.block_size);  // Error naming the backend without it
+  im.dec->kv_allocate_paged(im.kv, n_blocks, o.block_size);  // Error naming the backend without it
   im.kv_tokens.clear();
   kv_ = std::make_unique<PoolAdmission>(*pool_);
   sched_ = std::make_unique<Scheduler>(c, *kv_);
@@ -54,9 +54,7 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
 // The engine's single-sequence calls use the contiguous cache again afterwards.
 BatchRunner::~BatchRunner() {
   Engine::Impl& im = engine_.internals();
-  KVCacheDesc d = im.be->kv_desc();
-  d.capacity = im.ctx;
-  im.be->kv_allocate(d);
+  im.dec->kv_allocate(im.kv);
 }
 
 SubmitResult BatchRunner::submit(BatchRequest r) {

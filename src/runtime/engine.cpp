@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <unistd.h>
 
 #include "core/error.h"
 #include "quant/quant4.h"
 #include "runtime/engine_impl.h"
+#include "runtime/placement.h"
 #include "runtime/plan.h"
 #include "sampling/sampler.h"
 
@@ -67,7 +69,7 @@ void Engine::Impl::decode_step(int32_t token, int64_t pos) {
 void Engine::Impl::run_step(int64_t pos) {
   NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
   Act lg = logits_act(1).slice_rows(0, 1);
-  if (opts.graphs && be->graphs_supported()) {
+  if (graphs_on()) {
     // the captured step holds the workspace's and the KV cache's addresses: recapture when either moved
     if (graph_id >= 0 && (graph_ws_epoch != dec->workspace_epoch() || graph_kv_epoch != be->kv_epoch())) graph_id = -1;
     if (graph_id < 0) {
@@ -96,15 +98,51 @@ void Engine::Impl::queue_step(int64_t pos, const SamplingParams& p, float unifor
                  "pipelined decode: the ", be->name(), " backend cannot sample on the device (NF4FLASH_DECODE_PIPELINE=0)");
 }
 
+namespace {
+// --gpu-layers / --max-vram: the split of the model's layers between the GPU backend `gpu` and
+// the CPU backend, with the context its KV cache is planned for.
+Placement resolve_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, const Backend& gpu) {
+  const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(cfg.max_positions, kPlacedDefaultCtx);
+  size_t budget = o.max_vram;
+  std::string budget_text = cat("--max-vram ", o.max_vram, " bytes");
+  if (budget == 0) {
+    const size_t free_b = gpu.free_memory();  // 0: not known (no limit)
+    budget = free_b == 0 ? 0 : free_b > kFreeMemoryMargin ? free_b - kFreeMemoryMargin : 1;
+    budget_text = cat("the GPU's free memory less 1 GiB (", budget >> 20, " MiB)");
+  }
+  return place_layers(model_bytes(cfg, plan, o), ctx, o.gpu_layers, budget, budget_text);
+}
+}  // namespace
+
 std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
-                                           const std::string& model_name, const ProgressFn& progress) {
+                                           const std::string& model_name, const ProgressFn& progress,
+                                           const PrimaryBackendFactory& make_primary) {
   const auto t0 = Clock::now();
   auto im = std::make_unique<Engine::Impl>();
   im->opts = opts;
   im->arch = resolve_arch(cfg);
-  const Plan plan = make_plan(opts, cfg);
-  im->be = plan.device == Device::CUDA ? make_cuda_backend({plan.compute, 0, opts.tf32, std::nullopt})
-                                       : make_cpu_backend({plan.compute, opts.threads});
+  Plan plan = make_plan(opts, cfg);
+  const bool gpu_primary = plan.device == Device::CUDA || make_primary;
+  const bool placing = opts.gpu_layers != kAllLayers || opts.max_vram > 0;
+  if (placing && !gpu_primary && (opts.gpu_layers != 0 || opts.max_vram > 0))
+    fail("--gpu-layers / --max-vram place layers on a GPU, but the model runs on the CPU backend (--device cpu, or no "
+         "CUDA device found)");
+  if (make_primary) im->be = make_primary(plan);
+  else if (plan.device == Device::CUDA) im->be = make_cuda_backend({plan.compute, 0, opts.tf32, std::nullopt});
+  std::optional<Placement> placed;
+  if (placing && gpu_primary) {
+    placed = resolve_placement(opts, cfg, plan, *im->be);
+    if (placed->gpu_layers == 0) {
+      plan.device = Device::CPU;  // no layer on the GPU: the CPU backend runs the whole model
+      im->be.reset();
+    } else if (placed->offloaded()) {
+      if (plan.compute == DType::F16)
+        fail("--gpu-layers ", placed->gpu_layers, " with --compute-dtype f16: the CPU backend's layers store bf16 or f32 "
+             "weights (use --compute-dtype bf16)");
+      im->host_be = make_cpu_backend({plan.compute, opts.threads});
+    }
+  }
+  if (!im->be) im->be = make_cpu_backend({plan.compute, opts.threads});
   // Attention: an explicit request must be servable (else an error, never a fallback); auto
   // takes the first implementation the backend serves, in the order flash, sdpa, eager.
   AttnImpl attn = plan.attn;
@@ -126,16 +164,11 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   im->cfg = cfg;
   im->store = std::move(store);
 
-  WeightPolicy wp;
-  wp.quant = plan.quant;
-  wp.double_quant = plan.double_quant;
-  wp.blocksize = opts.blocksize;
-  wp.quant_lm_head = opts.quant_lm_head;
-  wp.prequantized = plan.prequantized;
-  wp.dense_store = plan.device == Device::CPU ? (plan.compute == DType::F32 ? DType::F32 : DType::BF16) : plan.compute;
+  const WeightPolicy wp = weight_policy(plan, opts);
   const int64_t max_rows = resolve_ubatch(opts.ubatch, plan.device);
   auto prog = [&](int done, int total) { if (progress) progress("loading weights", done, total); };
-  im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog);
+  const OffloadSplit split{im->host_be.get(), placed ? placed->gpu_layers : cfg.n_layers};
+  im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog, TpShard{}, split);
   im->dec->set_attn_impl(attn);
 
   // context size: requested, else the model's maximum capped by what memory allows
@@ -153,7 +186,9 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
     const long pages = sysconf(_SC_AVPHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     if (pages > 0 && psz > 0) free_mem = static_cast<size_t>(pages) * psz;
   }
-  if (free_mem > 0) {
+  if (placed) {
+    ctx = placed->ctx;  // the plan holds its KV cache (place_layers checked it against the budget)
+  } else if (free_mem > 0) {
     const int64_t fit = static_cast<int64_t>(free_mem * 0.8 / per_token);
     if (opts.ctx_size > 0 && fit < opts.ctx_size)
       fail("--ctx-size ", opts.ctx_size, " needs ", opts.ctx_size * per_token >> 20, " MiB of KV cache but only ",
@@ -162,14 +197,16 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   }
   NF4FLASH_CHECK(ctx >= 1, "no memory left for the KV cache");
   im->ctx = ctx;
-  im->be->kv_allocate({cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ctx, plan.compute});
+  im->kv = {cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ctx, plan.compute};
+  im->dec->kv_allocate(im->kv);
 
   im->ids_buf = im->be->alloc(static_cast<size_t>(max_rows) * 4);
   im->pos_buf = im->be->alloc(4);
   im->hist_buf = im->be->alloc(static_cast<size_t>(ctx) * 4);
   im->hist_cnt_buf = im->be->alloc(4);
   im->state.pos0 = static_cast<int32_t*>(im->pos_buf->data());
-  im->pipeline = resolve_decode_pipeline(*im->be);
+  // offloaded, every step waits for the CPU backend's layers: nothing to queue ahead
+  im->pipeline = !im->offloaded() && resolve_decode_pipeline(*im->be);
 
   EngineReport& r = im->report;
   r.model = model_name;
@@ -184,10 +221,17 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.linear_decode = im->dec->linear_path(1);
   r.linear_prefill = im->dec->linear_path(max_rows);
   r.use_cache = opts.use_cache;
-  r.graphs = opts.graphs && im->be->graphs_supported();
+  r.graphs = im->graphs_on();
   r.decode_pipelined = im->pipeline;
   r.weight_bytes = im->dec->stats().weight_bytes;
-  r.kv_bytes = im->be->kv_bytes();
+  r.kv_bytes = im->be->kv_bytes() + (im->host_be ? im->host_be->kv_bytes() : 0);
+  r.n_layers = cfg.n_layers;
+  r.gpu_layers = plan.device == Device::CUDA || (make_primary && !(placed && placed->gpu_layers == 0))
+                     ? im->dec->offload_first_layer()
+                     : 0;
+  r.offload_device = im->offloaded() ? "cpu" : "";
+  r.offloaded_bytes = im->dec->stats().offloaded_bytes;
+  r.kv_offloaded_bytes = im->host_be ? im->host_be->kv_bytes() : 0;
   r.ctx_size = ctx;
   r.ubatch = max_rows;
   r.checkpoint_bytes = im->store->total_bytes();
@@ -196,6 +240,9 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+std::unique_ptr<Engine> Engine::from_internals(std::unique_ptr<Impl> impl) {
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
 Engine::~Engine() = default;
 
 std::unique_ptr<Engine> Engine::load(const LoadOptions& opts, const ProgressFn& progress) {

@@ -10,6 +10,7 @@
 #include "model/arch.h"
 #include "model/decoder.h"
 #include "nf4flash/engine.h"
+#include "runtime/plan.h"
 
 namespace nf4flash {
 
@@ -20,12 +21,14 @@ struct Engine::Impl {
   ArchFlags arch;
   std::unique_ptr<WeightStore> store;
   std::unique_ptr<Backend> be;
+  std::unique_ptr<Backend> host_be;  // the offloaded layers' CPU backend (--gpu-layers), or null
   std::unique_ptr<Decoder> dec;
   std::shared_ptr<Tokenizer> tok;
   std::shared_ptr<ChatTemplate> chat;
   std::string chat_error;
   EngineReport report;
   int64_t ctx = 0;
+  KVCacheDesc kv;  // the whole model's KV cache (Decoder::kv_allocate splits it between the backends)
 
   // device buffers
   std::unique_ptr<Buffer> ids_buf, pos_buf, hist_buf, hist_cnt_buf, logits_buf;  // hist: ctx ids and their count
@@ -56,6 +59,10 @@ struct Engine::Impl {
   // in hist_buf / hist_cnt_buf, appended to on the device).
   bool pipeline = false;
   bool pipelined() const { return pipeline && opts.use_cache; }
+  // The decode step replays a CUDA graph: asked for, and the step never leaves the GPU (with
+  // offloaded layers it crosses to the CPU backend and back).
+  bool offloaded() const { return host_be != nullptr; }
+  bool graphs_on() const { return opts.graphs && be->graphs_supported() && !offloaded(); }
   // Queues run_step(pos) and the sampling of its logits into ids_buf / pos_buf (the next step's
   // input), the history (with the penalty) and host slot `slot`, read by be->sampled(slot).
   void queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot);
@@ -66,8 +73,13 @@ struct Engine::Impl {
 // Attaches tokenizer.json (+ tokenizer_config.json) of model_dir when present.
 void load_tokenizer_into(Engine::Impl& im, const std::string& model_dir);
 
+// The backend that plays the GPU's part in a placement (tests: a CPU backend, so that
+// --gpu-layers splits run without a GPU); null: the plan's device.
+using PrimaryBackendFactory = std::function<std::unique_ptr<Backend>(const Plan&)>;
+
 // Resolves options and loads weights from `store` (a folder or a synthetic preset).
 std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
-                                           const std::string& model_name, const ProgressFn& progress);
+                                           const std::string& model_name, const ProgressFn& progress,
+                                           const PrimaryBackendFactory& make_primary = nullptr);
 
 }  // namespace nf4flash

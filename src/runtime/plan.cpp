@@ -79,6 +79,17 @@ Plan make_plan(const LoadOptions& o, const ModelConfig& cfg) {
   return p;
 }
 
+WeightPolicy weight_policy(const Plan& p, const LoadOptions& o) {
+  WeightPolicy wp;
+  wp.quant = p.quant;
+  wp.double_quant = p.double_quant;
+  wp.blocksize = o.blocksize;
+  wp.quant_lm_head = o.quant_lm_head;
+  wp.prequantized = p.prequantized;
+  wp.dense_store = p.device == Device::CPU ? (p.compute == DType::F32 ? DType::F32 : DType::BF16) : p.compute;
+  return wp;
+}
+
 std::optional<bool> decode_pipeline_from_env() {
   const char* v = std::getenv("NF4FLASH_DECODE_PIPELINE");
   if (!v || !*v) return std::nullopt;

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "io/hf_config.h"
+#include "model/decoder.h"
 #include "nf4flash/options.h"
 
 namespace nf4flash {
@@ -19,6 +20,9 @@ struct Plan {
 };
 
 Plan make_plan(const LoadOptions& o, const ModelConfig& cfg);
+// How the plan's weights are stored on its device: 4-bit as planned, dense ones in the compute
+// dtype on CUDA and in f32 or bf16 on the CPU.
+WeightPolicy weight_policy(const Plan& p, const LoadOptions& o);
 
 // Prompt rows per prefill chunk: the option when given, else 4096 on CUDA (the 4-bit prefill path
 // dequantizes every weight once per chunk, so long prompts want few chunks; the activations of

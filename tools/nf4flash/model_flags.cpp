@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "runtime/placement.h"
 
 namespace nf4flash::cli {
 
@@ -26,6 +27,11 @@ void ModelFlags::add(CLI::App& app, bool require_model) {
   app.add_option("--ctx-size,-c", ctx_size, "KV cache capacity in tokens (default: model max, capped by free memory)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
   app.add_option("--ubatch", ubatch, "prompt tokens per prefill chunk (default: 4096 on CUDA, 512 on CPU)")->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  app.add_option("--gpu-layers", gpu_layers,
+                 "N | auto | all: the first N layers on the GPU, the rest on the CPU backend (auto: as many as "
+                 "--max-vram holds; default: all, or auto with --max-vram)");
+  app.add_option("--max-vram", max_vram,
+                 "GPU memory the model may take, e.g. 10GiB (default: free memory less 1 GiB); implies --gpu-layers auto");
   app.add_option("--threads,-t", threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
   app.add_flag("--quiet,-q", quiet, "no progress or summary lines on stderr");
 }
@@ -46,6 +52,8 @@ LoadOptions ModelFlags::to_options() const {
   o.ctx_size = ctx_size;
   o.ubatch = ubatch;
   o.threads = threads;
+  o.max_vram = max_vram.empty() ? 0 : parse_size("--max-vram", max_vram);
+  o.gpu_layers = !gpu_layers.empty() ? parse_gpu_layers(gpu_layers) : o.max_vram > 0 ? kAutoLayers : kAllLayers;
   return o;
 }
 

@@ -14,6 +14,7 @@ struct ModelFlags {
   bool double_quant = false, quant_lm_head = false, no_cache = false, no_graphs = false, quiet = false;
   int blocksize = 64, threads = 0;
   int64_t ctx_size = 0, ubatch = 0;  // ubatch 0: auto (4096 on CUDA, 512 on CPU)
+  std::string gpu_layers, max_vram;  // "": all layers on the GPU, or auto when --max-vram is given
 
   // require_model: --model is mandatory (false for commands that also take --preset).
   void add(CLI::App& app, bool require_model = true);

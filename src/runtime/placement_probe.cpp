@@ -1,0 +1,150 @@
+#include "runtime/placement_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/weight_loader.h"
+
+namespace nf4flash {
+
+namespace {
+
+// One bf16 tensor "probe.weight" of small pseudo-random values, for load_linear_weight.
+class ProbeStore : public WeightStore {
+ public:
+  ProbeStore(int64_t rows, int64_t cols) : data_(size_t(rows * cols)) {
+    source_ = "placement probe";
+    uint32_t s = 0x9e3779b9u;
+    for (uint16_t& v : data_) {
+      s = s * 1664525u + 1013904223u;
+      v = f32_to_bf16((static_cast<float>(s >> 8) / 16777216.0f - 0.5f) * 0.05f);
+    }
+    t_.name = "probe.weight";
+    t_.dtype = DType::BF16;
+    t_.shape = {rows, cols};
+    t_.data = reinterpret_cast<const uint8_t*>(data_.data());
+    t_.nbytes = data_.size() * 2;
+    t_.file = source_;
+  }
+  const TensorInfo* find(const std::string& name) const override { return name == t_.name ? &t_ : nullptr; }
+  std::vector<std::string> names() const override { return {t_.name}; }
+
+ private:
+  std::vector<uint16_t> data_;
+  TensorInfo t_;
+};
+
+// Seconds per call of f, after one untimed call, over `reps` calls (the backend synchronized).
+template <class F>
+double seconds_per(Backend& be, int reps, F&& f) {
+  f();
+  be.sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  be.sync();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+}  // namespace
+
+BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPolicy& p, int64_t prompt_rows) {
+  const int64_t rows = std::max<int64_t>(cfg.intermediate_size, cfg.moe.expert_intermediate);
+  const int64_t cols = cfg.hidden_size;
+  const ProbeStore store(rows, cols);
+  const bool gpu = be.device() == Device::CUDA;
+  const int reps = gpu ? 20 : 3;
+  WeightPolicy dense = p;
+  dense.quant = QuantType::None;
+  auto wq = load_linear_weight(be, store, "probe.weight", rows, cols, p, true);
+  auto wd = p.quant == QuantType::None ? nullptr : load_linear_weight(be, store, "probe.weight", rows, cols, dense, false);
+  const Weight& w_dense = wd ? *wd : *wq;
+
+  const DType adt = be.act_dtype();
+  const int64_t T = std::max<int64_t>(prompt_rows, 1);
+  auto xb = be.alloc(size_t(T * cols) * dtype_size(adt));
+  auto yb = be.alloc(size_t(T * rows) * dtype_size(adt));
+  const std::vector<uint8_t> zeros(xb->bytes(), 0);
+  be.upload(xb->data(), zeros.data(), zeros.size());
+  const Act x1 = xb->as_act(adt, 1, cols), y1 = yb->as_act(adt, 1, rows);
+  const Act xT = xb->as_act(adt, T, cols), yT = yb->as_act(adt, T, rows);
+
+  BackendRates r;
+  r.gemv_bytes_s = wq->resident_bytes() / seconds_per(be, reps, [&] { be.linear(x1, *wq, nullptr, y1); });
+  r.gemv_dense_bytes_s = w_dense.resident_bytes() / seconds_per(be, reps, [&] { be.linear(x1, w_dense, nullptr, y1); });
+  r.gemm_flop_s = 2.0 * double(T) * rows * cols / seconds_per(be, gpu ? 5 : 1, [&] { be.linear(xT, *wq, nullptr, yT); });
+  // a small op: the residual add of one row
+  const Act h = xb->as_act(adt, 1, cols);
+  constexpr int kOps = 200;
+  r.op_s = seconds_per(be, 1, [&] { for (int i = 0; i < kOps; ++i) be.add(h, h, h); }) / kOps;
+  r.op_graph_s = r.op_s;
+  if (be.graphs_supported()) {
+    be.capture_begin();
+    for (int i = 0; i < kOps; ++i) be.add(h, h, h);
+    const int g = be.capture_end();
+    r.op_graph_s = seconds_per(be, 5, [&] { be.replay(g); }) / kOps;
+  }
+  return r;
+}
+
+TransferRate probe_transfer(Backend& gpu, size_t bytes) {
+  std::vector<uint8_t> host(std::max<size_t>(bytes, 4), 1);
+  auto dev = gpu.alloc(host.size());
+  const auto trip = [&](size_t n) {
+    gpu.upload(dev->data(), host.data(), n);
+    gpu.download(host.data(), dev->data(), n);
+  };
+  TransferRate t;
+  t.latency_s = seconds_per(gpu, 50, [&] { trip(4); });
+  const double s = seconds_per(gpu, 10, [&] { trip(host.size()); });
+  t.bytes_s = 2.0 * host.size() / std::max(s - t.latency_s, 1e-9);
+  return t;
+}
+
+PlacementPrediction predict_placement(const Placement& pl, const ModelBytes& m, const ModelConfig& cfg,
+                                      const BackendRates& gpu, const BackendRates& cpu, const TransferRate& link,
+                                      int64_t ctx, int64_t prompt, bool graphs) {
+  PlacementPrediction p;
+  const bool all_cpu = pl.gpu_layers == 0;
+  const BackendRates& head_be = all_cpu ? cpu : gpu;
+  double gpu_s = 0, cpu_s = 0, gpu_flop = 0, cpu_flop = 0;
+  for (int i = 0; i < pl.n_layers; ++i) {
+    const bool on_gpu = i < pl.gpu_layers;
+    const BackendRates& r = on_gpu ? gpu : cpu;
+    const size_t kv = (on_gpu ? m.kv_token_layer : m.kv_token_layer_host) * size_t(ctx);
+    const double s = m.layer[size_t(i)] / r.gemv_bytes_s + kv / r.gemv_dense_bytes_s +
+                     kOpsPerLayer * (on_gpu && graphs ? r.op_graph_s : r.op_s);
+    (on_gpu ? gpu_s : cpu_s) += s;
+    (on_gpu ? gpu_flop : cpu_flop) += 2.0 * double(m.layer_params[size_t(i)]) * double(prompt);
+  }
+  const size_t head = m.head ? m.head : m.embed;
+  const double head_s = head / (m.head_quant4 ? head_be.gemv_bytes_s : head_be.gemv_dense_bytes_s);
+  (all_cpu ? cpu_s : gpu_s) += head_s;
+  double hop_s = 0, hop_prefill_s = 0;
+  if (pl.offloaded() && !all_cpu) {
+    const double row = double(cfg.hidden_size) * 4;  // f32 on the host side
+    hop_s = 2 * (link.latency_s + row / link.bytes_s);
+    hop_prefill_s = 2 * (link.latency_s + row * double(prompt) / link.bytes_s);
+  }
+  p.gpu_ms = gpu_s * 1e3;
+  p.cpu_ms = cpu_s * 1e3;
+  p.hop_ms = hop_s * 1e3;
+  p.decode_ms = p.gpu_ms + p.cpu_ms + p.hop_ms;
+  const double gpu_rate = all_cpu ? cpu.gemm_flop_s : gpu.gemm_flop_s;
+  p.ttft_ms = ((gpu_flop > 0 ? gpu_flop / gpu_rate : 0) + (cpu_flop > 0 ? cpu_flop / cpu.gemm_flop_s : 0) + head_s + hop_prefill_s) * 1e3;
+  return p;
+}
+
+std::string describe_placement(const Placement& pl) {
+  const auto gib = [](size_t b) { return cat(std::round(b / double(1 << 30) * 100) / 100, " GiB"); };
+  if (!pl.offloaded())
+    return cat("all ", pl.n_layers, " layers on the GPU (", gib(pl.gpu_weights), " + KV ", gib(pl.gpu_kv), ")");
+  if (pl.gpu_layers == 0) return cat("all ", pl.n_layers, " layers on the CPU (", gib(pl.cpu_weights), " + KV ", gib(pl.cpu_kv), ")");
+  return cat(pl.gpu_layers, " of ", pl.n_layers, " layers on the GPU (", gib(pl.gpu_weights), " + KV ", gib(pl.gpu_kv), "), ",
+             pl.n_layers - pl.gpu_layers, " on the CPU (", gib(pl.cpu_weights), " + KV ", gib(pl.cpu_kv), ")");
+}
+
+}  // namespace nf4flash
