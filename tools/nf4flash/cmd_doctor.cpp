@@ -20,7 +20,9 @@
 #include "io/hf_config.h"
 #include "model_flags.h"
 #include "runtime/env_settings.h"
+#include "runtime/placement.h"
 #include "runtime/plan.h"
+#include "doctor_placement.h"
 
 namespace nf4flash::cli {
 namespace {
@@ -51,52 +53,27 @@ std::string lower_dtype(DType t) {
   }
 }
 
-// Resident bytes of 4-bit weights with `n` parameters (packed codes + absmax, bitsandbytes layout).
-size_t quant4_bytes(size_t n, int blocksize, bool dq) {
-  const size_t blocks = (n + blocksize - 1) / blocksize;
-  if (!dq) return n / 2 + blocks * 4;
-  return n / 2 + blocks + ((blocks + 255) / 256) * 4 + 256 * 4;  // u8 absmax + f32 nested absmax + code
-}
-
 struct Estimate {
   size_t weight_bytes = 0, dense_weight_bytes = 0, nf4_weight_bytes = 0;
   size_t kv_per_token = 0, workspace_bytes = 0;
 };
 
+// The plan's sizes, and the weights' as dense and as NF4 with double quantization.
 Estimate estimate(const ModelConfig& c, const Plan& p, const LoadOptions& o) {
-  const size_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, L = c.n_layers;
-  const size_t qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
-  // MLP weights: dense layers 3 H I; mixture-of-experts layers every expert's (4-bit like any
-  // linear) plus a dense router (and Qwen2-MoE's shared expert and its gate)
-  size_t mlp = 0, routers = 0;
-  for (int i = 0; i < c.n_layers; ++i) {
-    if (c.moe.sparse(i)) {
-      mlp += size_t(c.moe.n_experts) * 3 * H * c.moe.expert_intermediate + 3 * H * c.moe.shared_intermediate;
-      routers += size_t(c.moe.n_experts) * H + (c.moe.shared_intermediate ? H : 0);
-    } else {
-      mlp += 3 * H * I;
-    }
-  }
-  const size_t linear = L * (H * qd + 2 * H * kvd + qd * H) + mlp;
-  const size_t norms = c.architecture.rfind("Gemma", 0) == 0 ? 4 : 2;  // Gemma: post-attention and post-MLP too
-  const size_t vectors = L * (norms * H + (c.attention_bias ? qd + 2 * kvd : 0)) + H + routers;
-  const size_t embed = V * H, head = c.tie_embeddings ? 0 : V * H;
-  const DType store = p.device == Device::CPU ? (p.compute == DType::F32 ? DType::F32 : DType::BF16) : p.compute;
-  const size_t es = dtype_size(store);
+  const ModelBytes m = model_bytes(c, p, o);
+  Plan dense = p, nf4 = p;
+  dense.quant = QuantType::None;
+  nf4.quant = QuantType::NF4;
+  nf4.double_quant = true;
+  LoadOptions o64 = o;
+  o64.blocksize = 64;
+  o64.quant_lm_head = false;
   Estimate e;
-  e.dense_weight_bytes = (linear + vectors + embed + head) * es;
-  e.nf4_weight_bytes = quant4_bytes(linear, 64, true) + (vectors + embed + head) * es;
-  if (p.quant == QuantType::None) {
-    e.weight_bytes = e.dense_weight_bytes;
-  } else {
-    const bool qhead = o.quant_lm_head && head > 0;
-    e.weight_bytes = quant4_bytes(linear + (qhead ? head : 0), o.blocksize, p.double_quant) +
-                     (vectors + embed + (qhead ? 0 : head)) * es;
-  }
-  const size_t kv_elt = p.device == Device::CPU ? 4 : dtype_size(p.compute);
-  e.kv_per_token = 2 * L * kvd * kv_elt;
-  const size_t rows = static_cast<size_t>(resolve_ubatch(o.ubatch, p.device));
-  e.workspace_bytes = rows * V * 4 + rows * (4 * H + 2 * qd + 2 * I) * dtype_size(p.device == Device::CPU ? DType::F32 : p.compute);
+  e.weight_bytes = m.weights();
+  e.dense_weight_bytes = model_bytes(c, dense, o).weights();
+  e.nf4_weight_bytes = model_bytes(c, nf4, o64).weights();
+  e.kv_per_token = m.kv_token_layer * size_t(c.n_layers);
+  e.workspace_bytes = m.workspace;
   return e;
 }
 
@@ -311,12 +288,23 @@ class Doctor {
 
     // ---- the pitfalls, each with its fix ----
     const char* where = gpu ? "VRAM" : "host RAM";
-    if (!weights_fit) {
+    if (gpu) {
+      // the split of the layers (every one by default), its predicted speed, and what to do when
+      // layers run on the CPU or do not fit
+      const PlacementCheck pc = check_placement(o, cfg, plan, free_b);
+      out_["placement"] = pc.j;
+      placement_text_ = pc.summary;
+      if (pc.error.empty() && pc.j.contains("gpu_bytes")) {  // the placed model fits by construction
+        out_["memory"]["needed_bytes"] = pc.j["gpu_bytes"];
+        out_["memory"]["fits"] = true;
+      }
+      if (!pc.warning.empty()) warn(pc.error.empty() ? "layers_offloaded" : "does_not_fit", pc.warning, pc.fix);
+    } else if (!weights_fit) {
       const std::string fix = plan.quant == QuantType::None && est.nf4_weight_bytes + est.workspace_bytes < free_b
                                   ? "--quant nf4 --double-quant"
                                   : gpu ? "a GPU with more memory, or --device cpu" : "a machine with more memory";
       warn("does_not_fit", cat("the weights need ", format_bytes(est.weight_bytes), " but only ", format_bytes(free_b),
-                               " of ", where, " is free (nf4flash does not offload layers)"), fix);
+                               " of ", where, " is free"), fix);
     } else if (o.ctx_size > 0 && !fits) {
       const int64_t max_ctx = est.kv_per_token ? static_cast<int64_t>((free_b - weight_bytes - est.workspace_bytes) * 0.8 / est.kv_per_token) : 0;
       warn("kv_does_not_fit", cat("weights ", format_bytes(weight_bytes), " + KV cache ", format_bytes(kv_bytes), " at ctx ",
@@ -409,6 +397,7 @@ class Doctor {
                   format_bytes(mem["workspace_bytes_estimate"].get<size_t>()).c_str(),
                   format_bytes(mem["needed_bytes"].get<size_t>()).c_str(), format_bytes(mem["free_bytes"].get<size_t>()).c_str(),
                   mem["where"] == "gpu" ? "VRAM" : "host RAM", mem["fits"].get<bool>() ? "fits" : "DOES NOT FIT");
+      std::printf("%s", placement_text_.c_str());
       if (t["present"].get<bool>())
         std::printf("  tokenizer  %s, encodes on %d threads\n", t["file"].get<std::string>().c_str(), t["threads"].get<int>());
       else
@@ -424,6 +413,7 @@ class Doctor {
   std::vector<GpuInfo> gpus_;
   HostInfo host_;
   json out_ = json::object();
+  std::string placement_text_;  // the placement lines of the plan (CUDA)
   std::vector<Finding> findings_;
 };
 

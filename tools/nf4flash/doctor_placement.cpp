@@ -1,0 +1,142 @@
+#include "doctor_placement.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+
+#include "backend/backend.h"
+#include "bench/bench_report.h"
+#include "core/error.h"
+#include "runtime/placement.h"
+#include "runtime/placement_probe.h"
+
+namespace nf4flash::cli {
+namespace {
+
+using nlohmann::json;
+
+// The prediction's workload: the reference benchmark's -p 512 and decode at context 512.
+constexpr int64_t kPredictCtx = 512, kPredictPrompt = 512;
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+json rates_json(const BackendRates& r) {
+  return {{"gemv_bytes_per_s", r.gemv_bytes_s},
+          {"gemv_dense_bytes_per_s", r.gemv_dense_bytes_s},
+          {"gemm_flop_per_s", r.gemm_flop_s},
+          {"op_s", r.op_s},
+          {"op_graph_s", r.op_graph_s}};
+}
+
+std::string rates_text(const char* who, const char* quant, const BackendRates& r) {
+  return cat(who, " ", quant, " GEMV ", fmt("%.0f", r.gemv_bytes_s / 1e9), " GB/s, dense GEMV ",
+             fmt("%.0f", r.gemv_dense_bytes_s / 1e9), " GB/s, GEMM ", fmt("%.1f", r.gemm_flop_s / 1e12), " TFLOP/s");
+}
+
+}  // namespace
+
+PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_b) {
+  PlacementCheck pc;
+  const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(cfg.max_positions, kPlacedDefaultCtx);
+  const size_t budget = o.max_vram > 0 ? o.max_vram : free_b > kFreeMemoryMargin ? free_b - kFreeMemoryMargin : 1;
+  const std::string btext = o.max_vram > 0 ? cat("--max-vram ", format_bytes(o.max_vram))
+                                           : cat("the GPU's free memory less 1 GiB (", format_bytes(budget), ")");
+  const ModelBytes m = model_bytes(cfg, plan, o);
+  std::optional<Placement> pl;
+  try {
+    pl = place_layers(m, ctx, o.gpu_layers, budget, btext);
+  } catch (const Error& e) {
+    pc.error = e.what();
+    try {  // what auto would do instead
+      pl = place_layers(m, ctx, kAutoLayers, budget, btext);
+    } catch (const Error&) {
+    }
+  }
+
+  auto gpu = make_cuda_backend({plan.compute, 0, o.tf32, std::nullopt});
+  const BackendRates gr = probe_backend(*gpu, cfg, weight_policy(plan, o), kPredictPrompt);
+  BackendRates cr;
+  TransferRate link;
+  const bool offloaded = pl && pl->offloaded();
+  if (offloaded) {
+    Plan cp = plan;
+    cp.device = Device::CPU;
+    auto cpu = make_cpu_backend({plan.compute, o.threads});
+    cr = probe_backend(*cpu, cfg, weight_policy(cp, o), 64);
+    link = probe_transfer(*gpu, size_t(cfg.hidden_size) * 4 * kPredictPrompt);
+  }
+  const char* qname = plan.quant == QuantType::None ? "dense" : plan.quant == QuantType::NF4 ? "nf4" : "fp4";
+  pc.j = {{"requested", gpu_layers_name(o.gpu_layers)},
+          {"n_layers", cfg.n_layers},
+          {"ctx", ctx},
+          {"budget_bytes", budget},
+          {"error", pc.error},
+          {"rates", {{"gpu", rates_json(gr)}}}};
+  std::string measured = rates_text("GPU", qname, gr);
+  if (offloaded) {
+    pc.j["rates"]["cpu"] = rates_json(cr);
+    pc.j["rates"]["link"] = {{"bytes_per_s", link.bytes_s}, {"latency_s", link.latency_s}};
+    measured += cat(" | ", rates_text("CPU", qname, cr), " | host<->GPU ", fmt("%.1f", link.bytes_s / 1e9), " GB/s");
+  }
+  std::optional<PlacementPrediction> pred;
+  if (pl) {
+    pred = predict_placement(*pl, m, cfg, gr, cr, link, kPredictCtx, kPredictPrompt, !offloaded && o.graphs);
+    pc.j["gpu_layers"] = pl->gpu_layers;
+    pc.j["gpu_bytes"] = pl->gpu_total();
+    pc.j["gpu_fixed_bytes"] = pl->gpu_fixed;
+    pc.j["gpu_weight_bytes"] = pl->gpu_weights;
+    pc.j["gpu_kv_bytes"] = pl->gpu_kv;
+    pc.j["cpu_weight_bytes"] = pl->cpu_weights;
+    pc.j["cpu_kv_bytes"] = pl->cpu_kv;
+    pc.j["predicted"] = {{"ctx", kPredictCtx},       {"prompt", kPredictPrompt},       {"decode_tok_s", pred->decode_tok_s()},
+                         {"decode_ms", pred->decode_ms}, {"gpu_ms", pred->gpu_ms},   {"cpu_ms", pred->cpu_ms},
+                         {"hop_ms", pred->hop_ms},       {"ttft_ms", pred->ttft_ms}};
+    pc.summary = cat("  placement  ", pc.error.empty() ? "" : "(auto) ", describe_placement(*pl), "; GPU ",
+                     format_bytes(pl->gpu_total()), " of ", btext, "\n  predicted  decode ", fmt("%.1f", pred->decode_tok_s()),
+                     " tok/s at ctx ", kPredictCtx, " (GPU ", fmt("%.2f", pred->gpu_ms), " ms",
+                     offloaded ? cat(" + CPU ", fmt("%.1f", pred->cpu_ms), " ms + link ", fmt("%.2f", pred->hop_ms), " ms") : "",
+                     " a token), TTFT ", fmt("%.0f", pred->ttft_ms), " ms for ", kPredictPrompt, " tokens\n  measured   ",
+                     measured, "\n");
+  } else {
+    pc.summary = cat("  placement  ", pc.error, "\n  measured   ", measured, "\n");
+  }
+
+  // 4-bit weights when dense ones do not all fit
+  std::string alt;
+  if (plan.quant == QuantType::None && (!pl || offloaded || !pc.error.empty())) {
+    Plan q = plan;
+    q.quant = QuantType::NF4;
+    q.double_quant = true;
+    LoadOptions oq = o;
+    oq.blocksize = 64;
+    const ModelBytes m4 = model_bytes(cfg, q, oq);
+    try {
+      const Placement p4 = place_layers(m4, ctx, kAllLayers, budget, btext);
+      const BackendRates r4 = probe_backend(*gpu, cfg, weight_policy(q, oq), kPredictPrompt);
+      const PlacementPrediction d4 = predict_placement(p4, m4, cfg, r4, cr, link, kPredictCtx, kPredictPrompt, o.graphs);
+      alt = cat("--quant nf4 --double-quant (fits all ", cfg.n_layers, " layers: predicted ", fmt("%.0f", d4.decode_tok_s()),
+                " vs ", pred ? fmt("%.1f", pred->decode_tok_s()) : std::string("no"), " tok/s)");
+      pc.j["nf4_alternative"] = {{"gpu_layers", p4.gpu_layers}, {"decode_tok_s", d4.decode_tok_s()}, {"ttft_ms", d4.ttft_ms}};
+    } catch (const Error&) {
+    }
+  }
+  if (!pc.error.empty()) {
+    pc.warning = pc.error;
+    pc.fix = !alt.empty() ? alt
+             : pl     ? cat("--gpu-layers auto (", pl->gpu_layers, " layers on the GPU: predicted ", fmt("%.1f", pred->decode_tok_s()),
+                            " tok/s)")
+                      : std::string("a smaller --ctx-size, --quant nf4, or a GPU with more memory");
+  } else if (offloaded) {
+    const int cpu_layers = pl->n_layers - pl->gpu_layers;
+    pc.warning = cat(cpu_layers, " of ", pl->n_layers, " layers run on the CPU: predicted decode ", fmt("%.1f", pred->decode_tok_s()),
+                     " tok/s, of which the CPU's layers take ", fmt("%.0f", 100.0 * pred->cpu_ms / pred->decode_ms), "%");
+    pc.fix = !alt.empty() ? alt : "a smaller --ctx-size (its KV cache leaves room for more layers) or a GPU with more memory";
+  }
+  return pc;
+}
+
+}  // namespace nf4flash::cli

@@ -1,0 +1,25 @@
+// doctor's placement section on CUDA: how --gpu-layers / --max-vram (or the default, every
+// layer) splits the model, the rates measured now on this machine, the decode tok/s and TTFT they
+// predict, and the fix when layers are offloaded or the model does not fit.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "io/hf_config.h"
+#include "nf4flash/options.h"
+#include "runtime/plan.h"
+
+namespace nf4flash::cli {
+
+struct PlacementCheck {
+  nlohmann::json j;             // the "placement" object of doctor --json
+  std::string error;            // the split asked for cannot be placed (the engine would refuse it)
+  std::string warning, fix;     // layers offloaded (or not placeable): what it costs and what fixes it
+  std::string summary;          // the lines doctor prints
+};
+
+// Measures the GPU backend's (and, when layers go to the CPU, the CPU backend's and the link's)
+// rates: about a second. free_bytes: the GPU's free memory now.
+PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_bytes);
+
+}  // namespace nf4flash::cli
