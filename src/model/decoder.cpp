@@ -474,35 +474,69 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   // add, and its MLP is GeGLU.
   const bool fused = !tp_.sharded() && !off_ && !moe_block_ && !arch_.gemma &&
                      be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
-  be_.embed(*embed_, ids, x);
-  if (arch_.gemma) be_.scale(x, embed_scale_);
   const int split = offload_first_layer();
-  run_layers({&be_, &rope_, &rope_local_, moe_block_.get(), 0}, v, 0, split, s, fused);
-  bool o_pending = !fused && split > 0;  // the last sublayer's output, not yet added to x
-  if (off_) {
-    // the hidden state whole to the offload backend, its layers, and back
+  bool o_pending = false;  // the last sublayer's output, not yet added to x
+  // the embeddings and the primary's layers
+  auto head = [&](const StepState& st) {
+    be_.embed(*embed_, ids, x);
+    if (arch_.gemma) be_.scale(x, embed_scale_);
+    run_layers({&be_, &rope_, &rope_local_, moe_block_.get(), 0}, v, 0, split, st, fused);
+    o_pending = !fused && split > 0;
+    if (off_ && o_pending) be_.add(x, o, x);  // the hidden state crosses whole
+    if (off_) o_pending = false;
+  };
+  // the offloaded layers: the hidden state to the offload backend, its layers, and back
+  auto offloaded = [&] {
     Offload& f = *off_;
-    if (o_pending) be_.add(x, o, x);
     const Views w = views(f.be.act_dtype(), *f.x, *f.xn, *f.o, *f.gu, f.gu_cap, T, T <= f.gtmp_rows);
     move_rows(be_, x, f.be, w.x, f.host);
     run_layers({&f.be, &f.rope, &f.rope_local, f.moe.get(), f.first}, w, f.first, cfg_.n_layers, mirror_step(s), false);
     f.be.add(w.x, w.o, w.x);
     move_rows(f.be, w.x, be_, x, f.host);
-    o_pending = false;
-  }
+  };
   Act last_n = xn.slice_rows(0, n_logits);
-  if (logit_rows) {
-    // the rows that give logits, gathered (after the last residual add) into o's first rows
-    if (o_pending) be_.add(x, o, x);
-    Act picked = o.slice_rows(0, n_logits);
-    be_.gather_rows(x, logit_rows, picked);
-    be_.rms_norm(picked, *final_norm_, eps, last_n);
-  } else {
-    // only the rows that give logits need the last residual add and the final norm
-    Act last = x.slice_rows(T - n_logits, n_logits);
-    if (!o_pending) be_.rms_norm(last, *final_norm_, eps, last_n);
-    else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
+  // the final norm and lm_head
+  auto tail = [&] {
+    if (logit_rows) {
+      // the rows that give logits, gathered (after the last residual add) into o's first rows
+      if (o_pending) be_.add(x, o, x);
+      Act picked = o.slice_rows(0, n_logits);
+      be_.gather_rows(x, logit_rows, picked);
+      be_.rms_norm(picked, *final_norm_, eps, last_n);
+    } else {
+      // only the rows that give logits need the last residual add and the final norm
+      Act last = x.slice_rows(T - n_logits, n_logits);
+      if (!o_pending) be_.rms_norm(last, *final_norm_, eps, last_n);
+      else be_.add_rms_norm(last, o.slice_rows(T - n_logits, n_logits), *final_norm_, eps, last_n);
+    }
+    lm_head_logits(last_n, logits, n_logits);
+  };
+  if (off_ && step_graphs_ && T == 1 && !logit_rows && !s.paged && be_.graphs_supported()) {
+    // a decode step with layers offloaded: the GPU's parts replay as two graphs (captured once
+    // per workspace, KV cache, buffers and attention path), the offloaded layers run between them
+    const SegmentKey key{ws_epoch_, be_.kv_epoch(), ids, logits.data, s.pos0, attn_.impl};
+    if (!(key == seg_.key)) seg_ = {key, -1, -1};
+    if (seg_.head < 0) {
+      StepState st = s;
+      st.pos0_host = -1;  // replays run at other positions
+      be_.capture_begin();
+      head(st);
+      seg_.head = be_.capture_end();
+      be_.capture_begin();
+      tail();
+      seg_.tail = be_.capture_end();
+    }
+    be_.replay(seg_.head);
+    offloaded();
+    be_.replay(seg_.tail);
+    return;
   }
+  head(s);
+  if (off_) offloaded();
+  tail();
+}
+
+void Decoder::lm_head_logits(Act last_n, Act logits, int64_t n_logits) {
   if (tp_.sharded()) {
     // this rank's vocabulary columns, then every rank's side by side
     const size_t bytes = size_t(n_logits * tp_.vocab.n) * 4;

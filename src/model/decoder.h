@@ -114,6 +114,10 @@ class Decoder {
   static constexpr int64_t kWsAlign = 64;  // elements: workspace views start on 128+-byte boundaries
   AttnImpl attn_impl() const { return attn_.impl; }
   void set_attn_impl(AttnImpl a) { attn_.impl = a; }
+  // With layers offloaded, a decode step (one row) replays the GPU's parts (the embeddings and the
+  // primary's layers; the final norm and lm_head) as two graphs where the backend has them; the
+  // offloaded layers run between the two. Without offload the engine graphs the whole step.
+  void set_step_graphs(bool on) { step_graphs_ = on; }
   // Kernel path names for reporting (rows = 1 for decode, many for prefill).
   std::string linear_path(int64_t rows) const;
   const Weight& lm_head() const { return lm_head_ ? *lm_head_ : *embed_; }
@@ -134,6 +138,7 @@ class Decoder {
   // The cuts of this rank's shard (none unsharded): rows or columns [r.begin * unit, r.end() * unit)
   WeightCut rows_cut(TpRange r, int64_t unit = 1) const;
   WeightCut cols_cut(TpRange r, int64_t unit = 1) const;
+  void lm_head_logits(Act last_n, Act logits, int64_t n_logits);  // (gathered over the ranks) + softcap
   void all_reduce(Act a);  // sums a sublayer's partial output over the ranks (nothing unsharded)
   void zero(Act a);        // a rank holding no q heads adds zeros to the attention's sum
   static std::string layer_name(int i, const char* suffix);
@@ -161,6 +166,18 @@ class Decoder {
   std::pair<KVCacheDesc, KVCacheDesc> kv_split(const KVCacheDesc& d) const;
   struct Offload;
   std::unique_ptr<Offload> off_;
+  // the offloaded decode step's two graphs and what their captures hold
+  struct SegmentKey {
+    int64_t ws_epoch = -1, kv_epoch = -1;
+    const void *ids = nullptr, *logits = nullptr, *pos0 = nullptr;
+    AttnImpl attn = AttnImpl::Auto;
+    bool operator==(const SegmentKey&) const = default;
+  };
+  struct {
+    SegmentKey key;
+    int head = -1, tail = -1;
+  } seg_;
+  bool step_graphs_ = false;
   Backend* cur_ = nullptr;  // the backend the weights being loaded go to
 
   ModelConfig cfg_;

@@ -83,7 +83,9 @@ void Engine::Impl::run_step(int64_t pos) {
     be->replay(graph_id);
   } else {
     state.pos0_host = pos;
+    dec->set_step_graphs(opts.graphs && be->graphs_supported());  // the GPU's parts of an offloaded step
     dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
+    dec->set_step_graphs(false);
   }
 }
 
@@ -221,7 +223,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.linear_decode = im->dec->linear_path(1);
   r.linear_prefill = im->dec->linear_path(max_rows);
   r.use_cache = opts.use_cache;
-  r.graphs = im->graphs_on();
+  r.graphs = opts.graphs && im->be->graphs_supported();  // offloaded: the GPU's parts of a decode step
   r.decode_pipelined = im->pipeline;
   r.weight_bytes = im->dec->stats().weight_bytes;
   r.kv_bytes = im->be->kv_bytes() + (im->host_be ? im->host_be->kv_bytes() : 0);

@@ -59,8 +59,8 @@ struct Engine::Impl {
   // in hist_buf / hist_cnt_buf, appended to on the device).
   bool pipeline = false;
   bool pipelined() const { return pipeline && opts.use_cache; }
-  // The decode step replays a CUDA graph: asked for, and the step never leaves the GPU (with
-  // offloaded layers it crosses to the CPU backend and back).
+  // The whole decode step replays one CUDA graph: asked for, and the step never leaves the GPU
+  // (with offloaded layers it crosses to the CPU backend and back: Decoder::set_step_graphs).
   bool offloaded() const { return host_be != nullptr; }
   bool graphs_on() const { return opts.graphs && be->graphs_supported() && !offloaded(); }
   // Queues run_step(pos) and the sampling of its logits into ids_buf / pos_buf (the next step's

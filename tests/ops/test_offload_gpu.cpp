@@ -1,7 +1,7 @@
 // Layers offloaded from the GPU to the CPU backend (--gpu-layers): on every conformance model
 // CUDA runs, a split at every layer boundary against the model wholly on the GPU: the golden
 // sequences' logits within the bf16 tolerance (twice transformers' own bf16-vs-f32 distance) and
-// the same greedy ids; --gpu-layers 0 is the CPU backend's run exactly; 4-bit weights split too;
+// the same greedy ids, the GPU's parts of a decode step graphed or not; --gpu-layers 0 is the CPU backend's run exactly; 4-bit weights split too;
 // batched requests over a split as each runs alone; a --max-vram below one layer is an error.
 #include <gtest/gtest.h>
 
@@ -58,7 +58,14 @@ void expect_splits_match_gpu(const std::string& model, QuantChoice q) {
       const double tol = 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
       EXPECT_LE(rel_l2(flatten(split->score(g.i32(cat("tokens_", i)), false, true).logits), want[size_t(i)]), tol) << "seq " << i;
     }
-    EXPECT_EQ(split->generate(prompt, gen).tokens, ids);
+    const std::vector<int32_t> split_ids = split->generate(prompt, gen).tokens;
+    EXPECT_EQ(split_ids, ids);
+    if (k == 1) {  // the GPU's parts of each decode step as graphs or op by op: the same kernels
+      EXPECT_TRUE(split->report().graphs);
+      LoadOptions o = options(model, q, k);
+      o.graphs = false;
+      EXPECT_EQ(Engine::load(o)->generate(prompt, gen).tokens, split_ids);
+    }
   }
 }
 
