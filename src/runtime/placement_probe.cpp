@@ -1,11 +1,13 @@
 #include "runtime/placement_probe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "io/safetensors.h"
 #include "model/weight_loader.h"
 
@@ -102,6 +104,35 @@ TransferRate probe_transfer(Backend& gpu, size_t bytes) {
   const double s = seconds_per(gpu, 10, [&] { trip(host.size()); });
   t.bytes_s = 2.0 * host.size() / std::max(s - t.latency_s, 1e-9);
   return t;
+}
+
+double probe_host_read(int threads) {
+  const size_t n = (size_t(1) << 30) / 8;
+  std::vector<uint64_t> buf(n, 1);  // written once: the pages exist before the timing
+  ThreadPool pool(threads > 0 ? threads : num_threads());
+  std::vector<uint64_t> sums(size_t(pool.size()) * 8, 0);
+  std::atomic<int> slot{0};
+  auto read_all = [&] {
+    slot = 0;
+    pool.parallel_for(int64_t(n), int64_t(1) << 20, [&](int64_t b, int64_t e) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (int64_t i = b; i + 3 < e; i += 4) {
+        s0 += buf[size_t(i)];
+        s1 += buf[size_t(i) + 1];
+        s2 += buf[size_t(i) + 2];
+        s3 += buf[size_t(i) + 3];
+      }
+      sums[size_t(slot++ % int(sums.size()))] += s0 + s1 + s2 + s3;
+    });
+  };
+  read_all();
+  const auto t0 = std::chrono::steady_clock::now();
+  constexpr int kReps = 5;
+  for (int r = 0; r < kReps; ++r) read_all();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  volatile uint64_t keep = 0;
+  for (uint64_t v : sums) keep = keep + v;  // the sums are used: the reads stay
+  return double(n) * 8 * kReps / s;
 }
 
 PlacementPrediction predict_placement(const Placement& pl, const ModelBytes& m, const ModelConfig& cfg,

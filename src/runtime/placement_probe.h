@@ -30,6 +30,10 @@ struct TransferRate {
 };
 TransferRate probe_transfer(Backend& gpu, size_t bytes);
 
+// Host memory read bandwidth (bytes/s): `threads` threads (0: all cores) summing a 1 GiB buffer,
+// the CPU half's bandwidth bound of an offloaded step.
+double probe_host_read(int threads);
+
 // Kernels or ops a layer issues in a decode step (norms, q/k/v, RoPE and the cache write,
 // attention, o, the MLP's two or three linears and the residual adds): the fixed cost counted
 // per layer on top of its bytes.

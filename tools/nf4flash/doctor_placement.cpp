@@ -80,7 +80,10 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
   if (offloaded) {
     pc.j["rates"]["cpu"] = rates_json(cr);
     pc.j["rates"]["link"] = {{"bytes_per_s", link.bytes_s}, {"latency_s", link.latency_s}};
-    measured += cat(" | ", rates_text("CPU", qname, cr), " | host<->GPU ", fmt("%.1f", link.bytes_s / 1e9), " GB/s");
+    const double host_read = probe_host_read(o.threads);
+    pc.j["rates"]["host_read_bytes_per_s"] = host_read;
+    measured += cat(" | ", rates_text("CPU", qname, cr), " | host memory read ", fmt("%.0f", host_read / 1e9),
+                    " GB/s | host<->GPU ", fmt("%.1f", link.bytes_s / 1e9), " GB/s");
   }
   std::optional<PlacementPrediction> pred;
   if (pl) {
