@@ -9,7 +9,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "bench/bench_cliff.h"
 #include "core/error.h"
+#include "runtime/placement.h"
 
 namespace nf4flash {
 
@@ -53,6 +55,13 @@ std::string stat_cell(const BenchStat& s) {
   if (s.runs.empty()) return "-";
   if (s.runs.size() == 1) return format_num(s.median);
   return cat(format_num(s.median), " (", format_num(s.min), "-", format_num(s.max), ")");
+}
+
+// Weights and KV cache on the CPU backend: "3.50 GiB + KV 256.0 MiB", "all" (gpu_layers 0), "-".
+std::string offloaded_cell(const ConfigResult& c) {
+  if (!config_offloaded(c)) return "-";
+  if (c.config.gpu_layers == 0) return "all";
+  return cat(format_bytes(c.report.offloaded_bytes), " + KV ", format_bytes(c.report.kv_offloaded_bytes));
 }
 
 nlohmann::json stat_json(const BenchStat& s) {
@@ -169,6 +178,11 @@ nlohmann::json report_to_json(const EngineReport& r) {
           {"decode_pipelined", r.decode_pipelined},
           {"weight_bytes", r.weight_bytes},
           {"kv_bytes", r.kv_bytes},
+          {"n_layers", r.n_layers},
+          {"gpu_layers", r.gpu_layers},
+          {"offload_device", r.offload_device},
+          {"offloaded_bytes", r.offloaded_bytes},
+          {"kv_offloaded_bytes", r.kv_offloaded_bytes},
           {"ctx_size", r.ctx_size},
           {"ubatch", r.ubatch},
           {"load_ms", r.load_ms},
@@ -198,8 +212,9 @@ nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
   const BenchSpec& s = r.spec;
   json j = meta_to_json("nf4flash-bench/1", meta);
   j["model"] = {{"source", s.preset.empty() ? "folder" : "preset"}, {"name", s.preset.empty() ? s.model : s.preset}};
-  json q = json::array(), a = json::array(), g = json::array();
+  json q = json::array(), a = json::array(), g = json::array(), ngl = json::array();
   for (QuantChoice x : s.quants) q.push_back(quant_choice_name(x));
+  for (int x : s.gpu_layers) ngl.push_back(gpu_layers_name(x));
   for (AttnChoice x : s.attns) a.push_back(attn_choice_name(x));
   for (int x : s.graphs) g.push_back(graphs_name(x));
   const char* dev = s.base.device == DeviceChoice::CUDA ? "cuda" : s.base.device == DeviceChoice::CPU ? "cpu" : "auto";
@@ -209,6 +224,8 @@ nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
                                                             : "auto";
   j["params"] = {{"quant", q},
                  {"double_quant", s.double_quant},
+                 {"gpu_layers", ngl},
+                 {"max_vram", s.base.max_vram},
                  {"attn", a},
                  {"graphs", g},
                  {"no_cache", s.no_cache},
@@ -230,6 +247,7 @@ nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
     cj["label"] = c.config.label();
     cj["quant"] = quant_choice_name(c.config.quant);
     cj["double_quant"] = c.config.double_quant;
+    cj["gpu_layers"] = gpu_layers_name(c.config.gpu_layers);
     cj["attn"] = attn_choice_name(c.config.attn);
     cj["graphs"] = graphs_name(c.config.graphs);
     cj["use_cache"] = c.config.use_cache;
@@ -240,7 +258,10 @@ nlohmann::json bench_to_json(const BenchResult& r, const BenchMeta& meta) {
     cj["wall_s"] = c.wall_s;
     cj["peak_vram_bytes"] = c.peak_vram_bytes;
     cj["host_peak_rss_bytes"] = c.host_peak_rss_bytes;
-    if (c.has_report) cj["report"] = report_to_json(c.report);
+    if (c.has_report) {
+      cj["report"] = report_to_json(c.report);
+      cj["weights_offloaded_fraction"] = weights_offloaded_fraction(c);
+    }
     cj["prefill"] = json::array();
     for (const PrefillCell& p : c.prefill) {
       json pj = {{"prompt", p.prompt}, {"ttft_ms", stat_json(p.ttft_ms)}, {"tok_s", stat_json(p.tok_s)}};
@@ -276,14 +297,16 @@ std::string bench_markdown(const BenchResult& r, const BenchMeta* meta) {
   }
   o << " | " << s.reps << " rep" << (s.reps == 1 ? "" : "s") << " + " << s.warmup << " warm-up, median (min-max)\n\n";
 
-  o << "| # | quant | attn | graphs | cache | test | ms | tok/s |\n";
-  o << "|--:|---|---|---|---|---|--:|--:|\n";
+  const bool offload = bench_shows_offload(r);
+  o << "| # | quant | " << (offload ? "GPU layers | " : "") << "attn | graphs | cache | test | ms | tok/s |\n";
+  o << "|--:|---|" << (offload ? "--:|" : "") << "---|---|---|---|--:|--:|\n";
   bool any_error = false;
   for (const ConfigResult& c : r.configs) {
     const BenchConfig& k = c.config;
-    const std::string head = cat("| ", k.index, " | ", quant_choice_name(k.quant), k.double_quant ? " dq" : "", " | ",
-                                 attn_choice_name(k.attn), " | ", graphs_name(k.graphs), " | ",
-                                 k.use_cache ? "on" : "off", " | ");
+    const std::string ngl = offload ? config_gpu_layers_cell(c) + " | " : std::string();
+    const std::string head = cat("| ", k.index, " | ", quant_choice_name(k.quant), k.double_quant ? " dq" : "", " | ", ngl,
+                                 attn_choice_name(k.attn), " | ", graphs_name(k.graphs), " | ", k.use_cache ? "on" : "off",
+                                 " | ");
     if (!c.error.empty()) {
       any_error = true;
       o << head << "error | - | - |\n";
@@ -302,15 +325,19 @@ std::string bench_markdown(const BenchResult& r, const BenchMeta* meta) {
     }
   }
 
-  o << "\n| # | device | compute | attention | linear decode | linear prefill | ubatch | graphs | weights | KV cache | peak VRAM | host peak RSS | load ms |\n";
-  o << "|--:|---|---|---|---|---|--:|---|--:|--:|--:|--:|--:|\n";
+  o << bench_cliff_markdown(r);
+
+  o << "\n| # | device | compute | attention | linear decode | linear prefill | ubatch | graphs | weights | KV cache | "
+    << (offload ? "offloaded to CPU | " : "") << "peak VRAM | host peak RSS | load ms |\n";
+  o << "|--:|---|---|---|---|---|--:|---|--:|--:|" << (offload ? "--:|" : "") << "--:|--:|--:|\n";
   for (const ConfigResult& c : r.configs) {
     if (!c.has_report) continue;
     const EngineReport& e = c.report;
     o << "| " << c.config.index << " | " << md_escape(e.device) << " | " << e.compute_dtype << " | " << md_escape(e.attn)
       << " | " << md_escape(e.linear_decode) << " | " << md_escape(e.linear_prefill) << " | " << e.ubatch << " | "
       << (e.graphs ? "on" : "off") << " | " << format_bytes(e.weight_bytes) << " | " << format_bytes(e.kv_bytes)
-      << " (ctx " << e.ctx_size << ") | " << (c.peak_vram_bytes ? format_bytes(c.peak_vram_bytes) : "-") << " | "
+      << " (ctx " << e.ctx_size << ") | " << (offload ? offloaded_cell(c) + " | " : "")
+      << (c.peak_vram_bytes ? format_bytes(c.peak_vram_bytes) : "-") << " | "
       << format_bytes(c.host_peak_rss_bytes) << " | " << (c.loaded ? format_num(c.load_ms) : "reused") << " |\n";
   }
 

@@ -1,6 +1,6 @@
 // The benchmark matrix runner (see bench_runner.h): configuration enumeration, engine reuse per
-// quant, warm-up + repetitions per cell, VRAM/RSS sampling, and the Engine adapter that switches
-// attention / graphs / cache in place through Engine::internals().
+// (quant, gpu_layers), warm-up + repetitions per cell, VRAM/RSS sampling, and the Engine adapter
+// that switches attention / graphs / cache in place through Engine::internals().
 #include "bench/bench_runner.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "backend/device_info.h"
 #include "core/error.h"
 #include "runtime/engine_impl.h"
+#include "runtime/placement.h"
 
 namespace nf4flash {
 
@@ -43,8 +44,6 @@ class EngineAdapter final : public BenchEngine {
     if (!why.empty()) return why;
     if (graphs == 1 && !im.be->graphs_supported())
       return cat("--graphs on: the ", im.report.device, " backend has no step graphs (CUDA graphs need --device cuda; use --graphs off or auto)");
-    if (graphs == 1 && im.offloaded())
-      return "--graphs on: the decode step crosses to the CPU backend for the offloaded layers (use --graphs off or auto)";
     if (impl != im.dec->attn_impl()) {
       im.dec->set_attn_impl(impl);
       im.graph_id = -1;  // a captured decode step holds the previous attention kernel
@@ -56,7 +55,7 @@ class EngineAdapter final : public BenchEngine {
       im.report.attn = im.be->device() == Device::CPU ? "cpu-eager" : im.be->attn_path(ran);
     }
     im.opts.graphs = graphs != 0;
-    im.report.graphs = im.graphs_on();
+    im.report.graphs = im.opts.graphs && im.be->graphs_supported();
     im.opts.use_cache = use_cache;
     im.report.use_cache = use_cache;
     return "";
@@ -126,8 +125,13 @@ std::string attn_choice_name(AttnChoice a) {
 std::string graphs_name(int g) { return g > 0 ? "on" : g == 0 ? "off" : "auto"; }
 
 std::string BenchConfig::label() const {
-  return cat(quant_choice_name(quant), double_quant ? " dq" : "", " | ", attn_choice_name(attn), " | graphs ",
-             graphs_name(graphs), " | cache ", use_cache ? "on" : "off");
+  return cat(quant_choice_name(quant), double_quant ? " dq" : "",
+             show_gpu_layers ? " | ngl " + gpu_layers_name(gpu_layers) : std::string(), " | ", attn_choice_name(attn),
+             " | graphs ", graphs_name(graphs), " | cache ", use_cache ? "on" : "off");
+}
+
+bool default_gpu_layers(const std::vector<int>& g) {
+  return g.size() == 1 && (g.front() == kAllLayers || g.front() == kAutoLayers);
 }
 
 BenchStat make_stat(std::vector<double> runs) {
@@ -144,12 +148,15 @@ BenchStat make_stat(std::vector<double> runs) {
 
 std::vector<BenchConfig> bench_configs(const BenchSpec& spec) {
   std::vector<BenchConfig> out;
+  const bool show = !default_gpu_layers(spec.gpu_layers);
   for (QuantChoice q : spec.quants) {
     const bool dq = spec.double_quant && q != QuantChoice::None;
-    for (AttnChoice a : spec.attns)
-      for (int g : spec.graphs) out.push_back({0, q, dq, a, g, true});
-    if (spec.no_cache)  // recomputation runs prefill kernels every token: step graphs do not apply
-      for (AttnChoice a : spec.attns) out.push_back({0, q, dq, a, 0, false});
+    for (int ngl : spec.gpu_layers) {
+      for (AttnChoice a : spec.attns)
+        for (int g : spec.graphs) out.push_back({0, q, dq, a, g, true, ngl, show});
+      if (spec.no_cache)  // recomputation runs prefill kernels every token: step graphs do not apply
+        for (AttnChoice a : spec.attns) out.push_back({0, q, dq, a, 0, false, ngl, show});
+    }
   }
   for (size_t i = 0; i < out.size(); ++i) out[i].index = static_cast<int>(i + 1);
   return out;
@@ -280,6 +287,7 @@ BenchResult run_bench(const BenchSpec& spec, const BenchLoader& loader, const Be
   std::unique_ptr<BenchEngine> eng;
   QuantChoice eng_quant = QuantChoice::Auto;
   bool eng_dq = false;
+  int eng_gpu_layers = kAllLayers;
   int64_t filled = 0;  // KV positions [0, filled) written since the engine was loaded
 
   for (const BenchConfig& cfg : configs) {
@@ -296,12 +304,13 @@ BenchResult run_bench(const BenchSpec& spec, const BenchLoader& loader, const Be
       cr.peak_vram_bytes = std::max(cr.peak_vram_bytes, v);
     };
 
-    if (!eng || eng_quant != cfg.quant || eng_dq != cfg.double_quant) {
+    if (!eng || eng_quant != cfg.quant || eng_dq != cfg.double_quant || eng_gpu_layers != cfg.gpu_layers) {
       eng.reset();  // free the previous weights before loading the next ones
       LoadOptions o = spec.base;
       o.model_dir = spec.model;
       o.quant = cfg.quant;
       o.double_quant = cfg.double_quant;
+      o.gpu_layers = cfg.gpu_layers;
       o.attn = cfg.attn;
       o.graphs = cfg.graphs != 0;
       o.use_cache = cfg.use_cache;
@@ -313,6 +322,7 @@ BenchResult run_bench(const BenchSpec& spec, const BenchLoader& loader, const Be
         cr.load_ms = eng->report().load_ms;
         eng_quant = cfg.quant;
         eng_dq = cfg.double_quant;
+        eng_gpu_layers = cfg.gpu_layers;
         filled = 0;
       } catch (const Error& e) {
         cr.error = e.what();

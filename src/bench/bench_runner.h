@@ -1,14 +1,15 @@
-// The benchmark matrix behind `nf4flash bench`: configurations = quant x attn x graphs (cache on),
-// plus one cache-off configuration per quant x attn when asked (measured at the first prompt length
-// only: it recomputes the whole context every token). Per configuration: TTFT per prompt length,
-// prefill tok/s, decode tok/s per context depth (the first generated token excluded: it comes from
-// the prefill), each over `reps` repetitions after `warmup` unrecorded runs; peak VRAM and host RSS;
-// the exact paths from Engine::report().
+// The benchmark matrix behind `nf4flash bench`: configurations = quant x gpu_layers x attn x graphs
+// (cache on), plus one cache-off configuration per quant x gpu_layers x attn when asked (measured
+// at the first prompt length only: it recomputes the whole context every token). Per
+// configuration: TTFT per prompt length, prefill tok/s, decode tok/s per context depth (the first
+// generated token excluded: it comes from the prefill), each over `reps` repetitions after
+// `warmup` unrecorded runs; peak VRAM and host RSS; the exact paths from Engine::report().
 //
-// The engine is loaded once per quant and reconfigured in place for attn / graphs / cache (none of
-// them changes the weights); a load failure or an attention path the backend cannot serve becomes an
-// error row with the engine's reason, never a silent substitute. The runner talks to the engine
-// through BenchEngine so the matrix logic is testable with a fake.
+// The engine is loaded once per (quant, gpu_layers) pair and reconfigured in place for attn /
+// graphs / cache (none of them changes the weights or where they live); a load failure or an
+// attention path the backend cannot serve becomes an error row with the engine's reason, never a
+// silent substitute. The runner talks to the engine through BenchEngine so the matrix logic is
+// testable with a fake.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -49,9 +50,12 @@ std::unique_ptr<BenchEngine> wrap_engine(std::unique_ptr<Engine> e);
 struct BenchSpec {
   std::string model;                       // folder, or "" with preset
   std::string preset;                      // synthetic preset name, or ""
-  LoadOptions base;                        // device, compute, threads, ubatch, blocksize, tf32, ctx_size
+  LoadOptions base;                        // device, compute, threads, ubatch, blocksize, tf32, ctx_size, max_vram
   std::vector<QuantChoice> quants{QuantChoice::Auto};
   bool double_quant = false;               // applied to the 4-bit entries of `quants`
+  // LoadOptions::gpu_layers values (kAllLayers, kAutoLayers or N): layers [0, N) on the GPU, the
+  // rest on the CPU backend. One entry that is all or auto is the default placement.
+  std::vector<int> gpu_layers{kAllLayers};
   std::vector<AttnChoice> attns{AttnChoice::Auto};
   std::vector<int> graphs{-1};             // 1 on, 0 off, -1 backend default (on where supported)
   bool no_cache = false;                   // add the cache-off configurations
@@ -89,8 +93,14 @@ struct BenchConfig {
   AttnChoice attn = AttnChoice::Auto;
   int graphs = -1;
   bool use_cache = true;
-  std::string label() const;  // "nf4 dq | flash | graphs on | cache on"
+  int gpu_layers = kAllLayers;   // LoadOptions::gpu_layers of the load
+  bool show_gpu_layers = false;  // the spec's gpu_layers list is not the default: label() names it
+  // "nf4 dq | flash | graphs on | cache on"; "nf4 dq | ngl 24 | flash | graphs on | cache on" with
+  // show_gpu_layers
+  std::string label() const;
 };
+// True when the list is the default placement: one entry, all or auto.
+bool default_gpu_layers(const std::vector<int>& gpu_layers);
 
 struct ConfigResult {
   BenchConfig config;
@@ -119,7 +129,8 @@ using BenchProgress = std::function<void(int k, int n, const std::string& label,
 using VramSampler = std::function<size_t()>;
 VramSampler default_vram_sampler();
 
-// The configurations in the order they run (grouped by quant so one load serves a group).
+// The configurations in the order they run (grouped by quant, then gpu_layers, so one load serves a
+// group).
 std::vector<BenchConfig> bench_configs(const BenchSpec& spec);
 // The KV cache size the runner loads with: what the largest prompt / depth + n_gen needs.
 int64_t bench_ctx_needed(const BenchSpec& spec);

@@ -4,6 +4,10 @@
 // one series per configuration that ran (<g class="series" data-config="K">, a polyline and a
 // marker per point, cache-off configurations dashed), log2 x axes when the values span more than
 // 4x, and a legend naming every configuration (error rows marked, without a series).
+// Over more than one --gpu-layers value, the offload cliff below (<g class="cliff">): two more
+// panels, decode tok/s and TTFT against the percentage of the weights offloaded to the CPU, one
+// series per quant (<g class="cliff-series" data-quant="nf4 dq">), log10 y axes when the values span
+// more than 20x, and a legend of the quants.
 #pragma once
 #include <string>
 

@@ -1,6 +1,7 @@
-// Bench matrix runner against a fake engine: configuration order, one load per quant, error rows
-// with the backend's reason, warm-up + repetitions, first token excluded from decode, context fill
-// before decode, cache-off measured at the first prompt length only, statistics.
+// Bench matrix runner against a fake engine: configuration order, one load per quant and
+// --gpu-layers value (with that LoadOptions::gpu_layers), error rows with the backend's reason or
+// the failed load's, warm-up + repetitions, first token excluded from decode, context fill before
+// decode, cache-off measured at the first prompt length only, statistics.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -25,6 +26,14 @@ class FakeEngine : public BenchEngine {
     r_.double_quant = o.double_quant;
     r_.ctx_size = o.ctx_size;
     r_.load_ms = 5;
+    // a 4-layer model of 100 bytes a layer: layers past gpu_layers on the CPU backend
+    r_.n_layers = 4;
+    r_.gpu_layers = o.gpu_layers < 0 ? 4 : o.gpu_layers;
+    r_.weight_bytes = 400;
+    if (r_.gpu_layers > 0 && r_.gpu_layers < 4) {
+      r_.offload_device = "cpu";
+      r_.offloaded_bytes = 100 * (4 - r_.gpu_layers);
+    }
   }
   EngineReport report() const override { return r_; }
   int64_t ctx_size() const override { return o_.ctx_size; }
@@ -63,6 +72,7 @@ BenchLoader fake_loader(Calls& c) {
     ++c.loads;
     c.load_opts.push_back(o);
     if (o.quant == QuantChoice::FP4) fail("--quant fp4: refused by the fake");
+    if (o.gpu_layers == kAutoLayers && o.max_vram < 100) fail("--max-vram ", o.max_vram, " bytes: not even one layer fits");
     return std::make_unique<FakeEngine>(c, o);
   };
 }
@@ -220,6 +230,84 @@ TEST(BenchRunner, CellErrorsStayInTheCell) {
   ASSERT_EQ(r.configs[0].decode.size(), 2u);
   EXPECT_TRUE(r.configs[0].decode[0].error.empty());
   EXPECT_NE(r.configs[0].decode[1].error.find("exceeds the context size"), std::string::npos);
+}
+
+TEST(BenchConfigs, GpuLayersDimension) {
+  BenchSpec s = small_spec();
+  s.gpu_layers = {4, 2, 0};
+  s.attns = {AttnChoice::Eager, AttnChoice::Sdpa};
+  s.graphs = {-1};
+  const auto c = bench_configs(s);
+  ASSERT_EQ(c.size(), 2u * 3 * (2 + 2));  // quant x gpu_layers x (attn cache on + attn cache off)
+  // quant, then gpu_layers: every attn / graphs / cache configuration of a pair runs from one load
+  const std::vector<int> want = {4, 2, 0};
+  for (size_t i = 0; i < c.size(); ++i) {
+    EXPECT_EQ(c[i].index, static_cast<int>(i + 1));
+    EXPECT_EQ(c[i].quant, i < 12 ? QuantChoice::None : QuantChoice::NF4) << i;
+    EXPECT_EQ(c[i].gpu_layers, want[(i / 4) % 3]) << i;
+    EXPECT_EQ(c[i].use_cache, i % 4 < 2) << i;
+  }
+  EXPECT_EQ(c[0].label(), "none | ngl 4 | eager | graphs auto | cache on");
+  EXPECT_EQ(c[23].label(), "nf4 dq | ngl 0 | sdpa | graphs off | cache off");
+
+  // one all or auto entry is the default placement: labels as without --gpu-layers
+  s.gpu_layers = {kAutoLayers};
+  EXPECT_EQ(bench_configs(s)[0].label(), "none | eager | graphs auto | cache on");
+  EXPECT_EQ(bench_configs(s)[0].gpu_layers, kAutoLayers);
+  s.gpu_layers = {2};
+  EXPECT_EQ(bench_configs(s)[0].label(), "none | ngl 2 | eager | graphs auto | cache on");
+  EXPECT_TRUE(default_gpu_layers({kAllLayers}));
+  EXPECT_FALSE(default_gpu_layers({kAllLayers, 0}));
+}
+
+TEST(BenchRunner, OneLoadPerQuantAndGpuLayers) {
+  Calls calls;
+  BenchSpec s = small_spec();
+  s.gpu_layers = {4, 2, 0};
+  s.attns = {AttnChoice::Eager, AttnChoice::Sdpa};
+  std::vector<std::string> labels;
+  const BenchResult r = run_bench(s, fake_loader(calls), [&](int, int, const std::string& label, const std::string&) {
+    if (labels.empty() || labels.back() != label) labels.push_back(label);
+  });
+  ASSERT_EQ(r.configs.size(), 24u);
+  ASSERT_EQ(calls.loads, 6);
+  const std::vector<int> want = {4, 2, 0, 4, 2, 0};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(calls.load_opts[i].gpu_layers, want[i]) << i;
+    EXPECT_EQ(calls.load_opts[i].quant, i < 3 ? QuantChoice::None : QuantChoice::NF4) << i;
+  }
+  for (const ConfigResult& c : r.configs) {
+    EXPECT_TRUE(c.error.empty()) << c.config.label() << ": " << c.error;
+    EXPECT_EQ(c.loaded, (c.config.index - 1) % 4 == 0) << c.config.index;
+    ASSERT_TRUE(c.has_report);
+    EXPECT_EQ(c.report.gpu_layers, c.config.gpu_layers);
+  }
+  EXPECT_EQ(r.configs[4].report.offload_device, "cpu");  // none, 2 of 4 layers on the GPU
+  EXPECT_EQ(r.configs[4].report.offloaded_bytes, 200u);
+  EXPECT_EQ(labels.front(), "none | ngl 4 | eager | graphs auto | cache on");
+}
+
+TEST(BenchRunner, FailedPlacementIsAnErrorRow) {
+  Calls calls;
+  BenchSpec s = small_spec();
+  s.quants = {QuantChoice::None};
+  s.base.max_vram = 50;
+  s.gpu_layers = {kAutoLayers, 0};
+  s.attns = {AttnChoice::Eager, AttnChoice::Sdpa};
+  s.no_cache = false;
+  const BenchResult r = run_bench(s, fake_loader(calls));
+  ASSERT_EQ(r.configs.size(), 4u);
+  for (int i : {0, 1}) {
+    EXPECT_NE(r.configs[i].error.find("--max-vram 50 bytes: not even one layer fits"), std::string::npos)
+        << r.configs[i].error;
+    EXPECT_FALSE(r.configs[i].has_report);
+    EXPECT_TRUE(r.configs[i].prefill.empty());
+  }
+  for (int i : {2, 3}) EXPECT_TRUE(r.configs[i].error.empty()) << r.configs[i].error;
+  EXPECT_EQ(calls.loads, 3);  // the failed load is tried again for the next configuration, then gpu_layers 0
+  EXPECT_EQ(calls.load_opts[0].max_vram, 50u);
+  EXPECT_EQ(calls.load_opts[2].gpu_layers, 0);
+  EXPECT_EQ(r.configs[2].report.gpu_layers, 0);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // nf4flash bench: prefill latency (TTFT) and decode tokens/s measured apart, over a matrix of
-// quant x attn x graphs (+ cache-off), on a model folder or a synthetic preset. Progress on
-// stderr, a Markdown table on stdout, --json with every raw number, --svg with the two charts.
+// quant x gpu-layers x attn x graphs (+ cache-off), on a model folder or a synthetic preset. Progress
+// on stderr, a Markdown table on stdout, --json with every raw number, --svg with the charts (and
+// the offload cliff over several --gpu-layers values).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "model_flags.h"
+#include "runtime/placement.h"
 
 namespace nf4flash::cli {
 namespace {
@@ -25,6 +28,7 @@ namespace {
 struct BenchArgs {
   ModelFlags model;
   std::string preset, quants = "auto", attns = "auto", graphs = "auto", prompts = "512", ctxs, json, svg, md, batch;
+  std::string gpu_layers;  // "": all, or auto with --max-vram
   bool no_cache = false;
   int n_gen = 128, reps = 3, warmup = 1;
 };
@@ -97,6 +101,18 @@ BenchSpec make_spec(const BenchArgs& a) {
     else if (x == "auto") s.graphs.push_back(-1);
     else fail("--graphs: '", x, "' is not one of on, off, auto");
   }
+  s.gpu_layers.clear();
+  if (a.gpu_layers.empty()) {
+    s.gpu_layers.push_back(s.base.max_vram > 0 ? kAutoLayers : kAllLayers);
+  } else {
+    for (const std::string& x : split_list(a.gpu_layers)) {
+      const int g = parse_gpu_layers(x);  // names --gpu-layers and the entry when it is not one
+      if (std::find(s.gpu_layers.begin(), s.gpu_layers.end(), g) != s.gpu_layers.end())
+        fail("--gpu-layers: '", x, "' is given twice");
+      s.gpu_layers.push_back(g);
+    }
+    if (s.gpu_layers.empty()) fail("--gpu-layers: no values given");
+  }
   if (s.quants.empty()) fail("--quant: no values given");
   if (s.attns.empty()) fail("--attn: no values given");
   if (s.graphs.empty()) fail("--graphs: no values given");
@@ -140,8 +156,9 @@ void write_file(const std::string& path, const std::string& text, const char* fl
 // configuration (a single --quant and --attn, one -p length).
 int run_batch_bench_cmd(const BenchArgs& a) {
   const BenchSpec spec = make_spec(a);
-  NF4FLASH_CHECK(spec.quants.size() == 1 && spec.attns.size() == 1 && spec.prompts.size() == 1 && !spec.no_cache,
-                 "bench --batch: give one --quant, one --attn and one -p length (no --no-cache)");
+  NF4FLASH_CHECK(spec.quants.size() == 1 && spec.gpu_layers.size() == 1 && spec.attns.size() == 1 &&
+                     spec.prompts.size() == 1 && !spec.no_cache,
+                 "bench --batch: give one --quant, one --gpu-layers, one --attn and one -p length (no --no-cache)");
   BatchBenchSpec bs;
   bs.batches.clear();
   for (int64_t b : parse_int_list(a.batch, "--batch", 1, 4096, "a batch size in sequences")) bs.batches.push_back(int(b));
@@ -156,6 +173,7 @@ int run_batch_bench_cmd(const BenchArgs& a) {
   o.model_dir = spec.model;
   o.quant = spec.quants.front();
   o.double_quant = spec.double_quant && o.quant != QuantChoice::None;
+  o.gpu_layers = spec.gpu_layers.front();
   o.attn = spec.attns.front();
   o.load_tokenizer = false;
   if (o.ctx_size <= 0) o.ctx_size = std::min<int64_t>(bs.prompt + bs.n_gen, spec.model_max_positions);
@@ -215,11 +233,19 @@ int run_bench_cmd(const BenchArgs& a) {
 }
 
 const char* kBenchFooter = R"(
-Matrix: every --quant x --attn x --graphs value runs with the KV cache on; --no-cache adds one
-cache-off configuration per --quant x --attn, measured at the first -p length only (it recomputes
-the whole context for every token). The engine is loaded once per --quant and switched in place for
-attention, graphs and cache. A configuration the backend cannot serve (e.g. --attn flash on CPU) is
-an error row with the reason; nothing is replaced silently.
+Matrix: every --quant x --gpu-layers x --attn x --graphs value runs with the KV cache on;
+--no-cache adds one cache-off configuration per --quant x --gpu-layers x --attn, measured at the
+first -p length only (it recomputes the whole context for every token). The engine is loaded once
+per --quant and --gpu-layers value and switched in place for attention, graphs and cache. A
+configuration the backend cannot serve (e.g. --attn flash on CPU) or a load that fails (e.g. a
+--max-vram below one layer) is an error row with the reason; nothing is replaced silently.
+
+--gpu-layers N1,N2,... (each N | all | auto): the first N layers on the GPU, the rest on the CPU
+backend (0: the whole model on the CPU backend; auto: as many as --max-vram holds). Over several
+values, or when layers are offloaded, the table gains a GPU layers column ("24/32") and an offload
+cliff table follows: per value, the percentage of the weight bytes offloaded and, per --quant,
+decode tok/s at the first --ctx depth and TTFT at the first -p length; --svg adds the cliff chart
+(decode tok/s and TTFT against the percentage offloaded, one line per --quant).
 
 Per configuration: TTFT (ms to the first token's logits, device-synchronized) and prefill tok/s for
 each -p length; decode tok/s for each --ctx depth over -n minus 1 steps (the first token comes from
@@ -237,14 +263,17 @@ end-to-end tok/s, KV blocks used at the peak and the pool's size. One --quant, -
 Example (the reference H200 run):
   nf4flash bench --preset llama3-8b --quant none,nf4 --double-quant --attn flash,sdpa,eager \
       -p 512,4096 -n 128 --ctx 512,32768 --no-cache -r 3 --json bench.json --svg bench.svg
-  nf4flash bench --preset llama3-8b --quant nf4 --double-quant --batch 1,8,32,64 -p 512 -n 128)";
+  nf4flash bench --preset llama3-8b --quant nf4 --double-quant --batch 1,8,32,64 -p 512 -n 128
+The offload cliff, bf16 and NF4 side by side:
+  nf4flash bench --preset llama3-8b --quant none,nf4 --double-quant --gpu-layers 32,28,24,16,8,0 \
+      -p 512 -n 32 --ctx 512 -r 1 --json cliff.json --svg cliff.svg)";
 
 NF4FLASH_COMMAND("bench", "Measure prefill latency (TTFT) and decode tokens/s over a matrix of settings",
                  [](CLI::App& app) -> CommandRun {
                    auto a = std::make_shared<BenchArgs>();
                    a->model.add(app, false);
                    // the matrix flags replace the single-valued shared ones
-                   for (const char* name : {"--quant", "--attn", "--no-cache", "--no-graphs"})
+                   for (const char* name : {"--quant", "--attn", "--no-cache", "--no-graphs", "--gpu-layers"})
                      app.remove_option(app.get_option(name));
                    app.add_option("--preset", a->preset,
                                   "synthetic model built in memory instead of --model: " + preset_list());
@@ -255,6 +284,9 @@ NF4FLASH_COMMAND("bench", "Measure prefill latency (TTFT) and decode tokens/s ov
                    app.add_option("--graphs", a->graphs,
                                   "comma list of on | off | auto (CUDA graphs for the decode step; auto: on where supported)")
                        ->capture_default_str();
+                   app.add_option("--gpu-layers", a->gpu_layers,
+                                  "comma list of N | all | auto: the first N layers on the GPU, the rest on the CPU "
+                                  "backend (default: all, or auto with --max-vram); several values draw the offload cliff");
                    app.add_flag("--no-cache", a->no_cache,
                                 "also measure with the KV cache off (use_cache=False), at the first -p length only");
                    app.add_option("-p,--n-prompt", a->prompts, "comma list of prompt lengths for TTFT")->capture_default_str();
@@ -273,7 +305,8 @@ NF4FLASH_COMMAND("bench", "Measure prefill latency (TTFT) and decode tokens/s ov
                                   "comma list of batch sizes: measure the batched engine instead of the matrix "
                                   "(aggregate and per-sequence decode tok/s, TTFT under load, KV blocks)");
                    app.add_option("--json", a->json, "write every raw number, GPU/driver/CPU, commit and command line here");
-                   app.add_option("--svg", a->svg, "write a chart here: TTFT vs prompt length, decode tok/s vs context");
+                   app.add_option("--svg", a->svg, "write a chart here: TTFT vs prompt length, decode tok/s vs context (and the "
+                                  "offload cliff over several --gpu-layers values)");
                    app.add_option("--markdown", a->md, "also write the Markdown table here");
                    app.footer(kBenchFooter);
                    return [a] { return run_bench_cmd(*a); };
