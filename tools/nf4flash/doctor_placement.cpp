@@ -66,7 +66,7 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
     Plan cp = plan;
     cp.device = Device::CPU;
     auto cpu = make_cpu_backend({plan.compute, o.threads});
-    cr = probe_backend(*cpu, cfg, weight_policy(cp, o), 64);
+    cr = probe_backend(*cpu, cfg, weight_policy(cp, o), kPredictPrompt);
     link = probe_transfer(*gpu, size_t(cfg.hidden_size) * 4 * kPredictPrompt);
   }
   const char* qname = plan.quant == QuantType::None ? "dense" : plan.quant == QuantType::NF4 ? "nf4" : "fp4";
