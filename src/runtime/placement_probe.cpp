@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -15,29 +16,44 @@ namespace nf4flash {
 
 namespace {
 
-// One bf16 tensor "probe.weight" of small pseudo-random values, for load_linear_weight.
+// A layer's linear weights (q, k, v, o, gate, up, down: "probe.<name>") as bf16 tensors of small
+// pseudo-random values, for load_linear_weight; all of them view one buffer of the largest's size.
 class ProbeStore : public WeightStore {
  public:
-  ProbeStore(int64_t rows, int64_t cols) : data_(size_t(rows * cols)) {
+  ProbeStore(const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>>& shapes) {
     source_ = "placement probe";
+    size_t most = 0;
+    for (const auto& [name, rc] : shapes) most = std::max(most, size_t(rc.first * rc.second));
+    data_.resize(most);
     uint32_t s = 0x9e3779b9u;
     for (uint16_t& v : data_) {
       s = s * 1664525u + 1013904223u;
       v = f32_to_bf16((static_cast<float>(s >> 8) / 16777216.0f - 0.5f) * 0.05f);
     }
-    t_.name = "probe.weight";
-    t_.dtype = DType::BF16;
-    t_.shape = {rows, cols};
-    t_.data = reinterpret_cast<const uint8_t*>(data_.data());
-    t_.nbytes = data_.size() * 2;
-    t_.file = source_;
+    for (const auto& [name, rc] : shapes) {
+      TensorInfo t;
+      t.name = "probe." + name;
+      t.dtype = DType::BF16;
+      t.shape = {rc.first, rc.second};
+      t.data = reinterpret_cast<const uint8_t*>(data_.data());
+      t.nbytes = size_t(rc.first * rc.second) * 2;
+      t.file = source_;
+      tensors_[t.name] = t;
+    }
   }
-  const TensorInfo* find(const std::string& name) const override { return name == t_.name ? &t_ : nullptr; }
-  std::vector<std::string> names() const override { return {t_.name}; }
+  const TensorInfo* find(const std::string& name) const override {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> n;
+    for (const auto& [k, v] : tensors_) n.push_back(k);
+    return n;
+  }
 
  private:
   std::vector<uint16_t> data_;
-  TensorInfo t_;
+  std::map<std::string, TensorInfo> tensors_;
 };
 
 // Seconds per call of f, after one untimed call, over `reps` calls (the backend synchronized).
@@ -54,32 +70,54 @@ double seconds_per(Backend& be, int reps, F&& f) {
 }  // namespace
 
 BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPolicy& p, int64_t prompt_rows) {
-  const int64_t rows = std::max<int64_t>(cfg.intermediate_size, cfg.moe.expert_intermediate);
-  const int64_t cols = cfg.hidden_size;
-  const ProbeStore store(rows, cols);
+  const int64_t H = cfg.hidden_size, qd = int64_t(cfg.n_heads) * cfg.head_dim, kvd = int64_t(cfg.n_kv_heads) * cfg.head_dim;
+  const int64_t I = cfg.intermediate_size > 0 ? cfg.intermediate_size : cfg.moe.expert_intermediate;
+  const std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> shapes = {
+      {"q", {qd, H}}, {"k", {kvd, H}}, {"v", {kvd, H}}, {"o", {H, qd}}, {"gate", {I, H}}, {"up", {I, H}}, {"down", {H, I}}};
+  const ProbeStore store(shapes);
   const bool gpu = be.device() == Device::CUDA;
   const int reps = gpu ? 20 : 3;
+  struct Lin {
+    std::unique_ptr<Weight> w;
+    int64_t rows, cols;
+  };
+  std::vector<Lin> layer;
+  size_t layer_bytes = 0;
+  double layer_flop_per_row = 0;
+  for (const auto& [name, rc] : shapes) {
+    layer.push_back({load_linear_weight(be, store, "probe." + name, rc.first, rc.second, p, true), rc.first, rc.second});
+    layer_bytes += layer.back().w->resident_bytes();
+    layer_flop_per_row += 2.0 * double(rc.first) * double(rc.second);
+  }
   WeightPolicy dense = p;
   dense.quant = QuantType::None;
-  auto wq = load_linear_weight(be, store, "probe.weight", rows, cols, p, true);
-  auto wd = p.quant == QuantType::None ? nullptr : load_linear_weight(be, store, "probe.weight", rows, cols, dense, false);
-  const Weight& w_dense = wd ? *wd : *wq;
+  auto w_dense = load_linear_weight(be, store, "probe.gate", I, H, dense, false);
 
   const DType adt = be.act_dtype();
-  const int64_t T = std::max<int64_t>(prompt_rows, 1);
-  auto xb = be.alloc(size_t(T * cols) * dtype_size(adt));
-  auto yb = be.alloc(size_t(T * rows) * dtype_size(adt));
+  const int64_t T = std::max<int64_t>(prompt_rows, 1), widest = std::max({H, qd, I});
+  auto xb = be.alloc(size_t(T * widest) * dtype_size(adt));
+  auto yb = be.alloc(size_t(T * widest) * dtype_size(adt));
   const std::vector<uint8_t> zeros(xb->bytes(), 0);
   be.upload(xb->data(), zeros.data(), zeros.size());
-  const Act x1 = xb->as_act(adt, 1, cols), y1 = yb->as_act(adt, 1, rows);
-  const Act xT = xb->as_act(adt, T, cols), yT = yb->as_act(adt, T, rows);
+  // a layer's linears over `rows` rows (as a decode step issues them, in order)
+  auto run_layer = [&](int64_t rows) {
+    for (const Lin& l : layer) be.linear(xb->as_act(adt, rows, l.cols), *l.w, nullptr, yb->as_act(adt, rows, l.rows));
+  };
 
   BackendRates r;
-  r.gemv_bytes_s = wq->resident_bytes() / seconds_per(be, reps, [&] { be.linear(x1, *wq, nullptr, y1); });
-  r.gemv_dense_bytes_s = w_dense.resident_bytes() / seconds_per(be, reps, [&] { be.linear(x1, w_dense, nullptr, y1); });
-  r.gemm_flop_s = 2.0 * double(T) * rows * cols / seconds_per(be, gpu ? 5 : 1, [&] { be.linear(xT, *wq, nullptr, yT); });
+  if (be.graphs_supported()) {  // the decode step replays a graph: no launch gaps
+    be.capture_begin();
+    run_layer(1);
+    const int g = be.capture_end();
+    r.gemv_bytes_s = layer_bytes / seconds_per(be, reps, [&] { be.replay(g); });
+  } else {
+    r.gemv_bytes_s = layer_bytes / seconds_per(be, reps, [&] { run_layer(1); });
+  }
+  const Act x1 = xb->as_act(adt, 1, H), y1 = yb->as_act(adt, 1, I);
+  r.gemv_dense_bytes_s = w_dense->resident_bytes() / seconds_per(be, reps, [&] { be.linear(x1, *w_dense, nullptr, y1); });
+  r.gemm_flop_s = layer_flop_per_row * double(T) / seconds_per(be, gpu ? 5 : 1, [&] { run_layer(T); });
   // a small op: the residual add of one row
-  const Act h = xb->as_act(adt, 1, cols);
+  const Act h = xb->as_act(adt, 1, H);
   constexpr int kOps = 200;
   r.op_s = seconds_per(be, 1, [&] { for (int i = 0; i < kOps; ++i) be.add(h, h, h); }) / kOps;
   r.op_graph_s = r.op_s;
@@ -107,7 +145,7 @@ TransferRate probe_transfer(Backend& gpu, size_t bytes) {
 }
 
 double probe_host_read(int threads) {
-  const size_t n = (size_t(1) << 30) / 8;
+  const size_t n = (size_t(256) << 20) / 8;
   std::vector<uint64_t> buf(n, 1);  // written once: the pages exist before the timing
   ThreadPool pool(threads > 0 ? threads : num_threads());
   std::vector<uint64_t> sums(size_t(pool.size()) * 8, 0);

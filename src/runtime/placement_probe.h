@@ -1,7 +1,9 @@
 // The rates a placement's prediction uses, measured on this machine at start: each backend's own
-// linear op on a weight of the model's MLP shape in the plan's storage (one row: bytes/s;
-// prompt rows: FLOP/s), a small op's cost (launch or dispatch, graphed and not), and the
-// host <-> GPU copy. Then the predicted decode step and TTFT of a placement from its bytes.
+// linear ops on one layer's weights of the model's shapes (q, k, v, o, gate, up, down) in the
+// plan's storage, in order (one row: bytes/s, replayed as a graph where the backend has them;
+// prompt rows: FLOP/s), a dense GEMV (lm_head, KV reads), a small op's cost (launch or dispatch,
+// graphed and not), and the host <-> GPU copy. Then the predicted decode step and TTFT of a
+// placement from its bytes.
 #pragma once
 #include <string>
 
@@ -13,15 +15,15 @@
 namespace nf4flash {
 
 struct BackendRates {
-  double gemv_bytes_s = 0;        // linear over one row, the plan's weights (4-bit or dense)
-  double gemv_dense_bytes_s = 0;  // the same with a dense weight (lm_head, the KV cache's reads)
-  double gemm_flop_s = 0;         // linear over the prompt rows, the plan's weights
+  double gemv_bytes_s = 0;        // a layer's linears over one row, the plan's weights (4-bit or dense)
+  double gemv_dense_bytes_s = 0;  // one dense [intermediate, hidden] GEMV (lm_head, the KV cache's reads)
+  double gemm_flop_s = 0;         // a layer's linears over the prompt rows, the plan's weights
   double op_s = 0;                // one small op issued directly
   double op_graph_s = 0;          // the same replayed from a CUDA graph (op_s where none)
 };
 
-// Times `be`'s linear on an [intermediate, hidden] weight stored as `p` says, over 1 and
-// `prompt_rows` rows. Takes ~0.1 s on a GPU and ~1 s on a CPU for an 8B model's shape.
+// Times `be`'s linears on one layer's weights stored as `p` says, over 1 and `prompt_rows` rows.
+// Takes ~0.2 s on a GPU and a few seconds on a CPU for an 8B model's shapes.
 BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPolicy& p, int64_t prompt_rows);
 // Bytes/s of the hidden state's trip between the GPU and host memory (upload + download of
 // `bytes`), and the fixed cost of one such trip in seconds.
@@ -30,7 +32,7 @@ struct TransferRate {
 };
 TransferRate probe_transfer(Backend& gpu, size_t bytes);
 
-// Host memory read bandwidth (bytes/s): `threads` threads (0: all cores) summing a 1 GiB buffer,
+// Host memory read bandwidth (bytes/s): `threads` threads (0: all cores) summing a 256 MiB buffer,
 // the CPU half's bandwidth bound of an offloaded step.
 double probe_host_read(int threads);
 

@@ -299,13 +299,18 @@ class Doctor {
         out_["memory"]["fits"] = true;
       }
       if (!pc.warning.empty()) warn(pc.error.empty() ? "layers_offloaded" : "does_not_fit", pc.warning, pc.fix);
-    } else if (!weights_fit) {
+    } else if (weights_fit) {
+      const PlacementCheck pc = predict_cpu(o, cfg, plan);
+      out_["placement"] = pc.j;
+      placement_text_ = pc.summary;
+    }
+    if (!gpu && !weights_fit) {
       const std::string fix = plan.quant == QuantType::None && est.nf4_weight_bytes + est.workspace_bytes < free_b
                                   ? "--quant nf4 --double-quant"
-                                  : gpu ? "a GPU with more memory, or --device cpu" : "a machine with more memory";
+                                  : "a machine with more memory";
       warn("does_not_fit", cat("the weights need ", format_bytes(est.weight_bytes), " but only ", format_bytes(free_b),
                                " of ", where, " is free"), fix);
-    } else if (o.ctx_size > 0 && !fits) {
+    } else if (!gpu && o.ctx_size > 0 && !fits) {
       const int64_t max_ctx = est.kv_per_token ? static_cast<int64_t>((free_b - weight_bytes - est.workspace_bytes) * 0.8 / est.kv_per_token) : 0;
       warn("kv_does_not_fit", cat("weights ", format_bytes(weight_bytes), " + KV cache ", format_bytes(kv_bytes), " at ctx ",
                                   o.ctx_size, " exceed the ", format_bytes(free_b), " of free ", where),

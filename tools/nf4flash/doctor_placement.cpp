@@ -33,11 +33,36 @@ json rates_json(const BackendRates& r) {
 }
 
 std::string rates_text(const char* who, const char* quant, const BackendRates& r) {
-  return cat(who, " ", quant, " GEMV ", fmt("%.0f", r.gemv_bytes_s / 1e9), " GB/s, dense GEMV ",
-             fmt("%.0f", r.gemv_dense_bytes_s / 1e9), " GB/s, GEMM ", fmt("%.1f", r.gemm_flop_s / 1e12), " TFLOP/s");
+  return cat(who, " layer GEMV (", quant, ") ", fmt("%.0f", r.gemv_bytes_s / 1e9), " GB/s, dense GEMV ",
+             fmt("%.0f", r.gemv_dense_bytes_s / 1e9), " GB/s, layer GEMM ", fmt("%.3g", r.gemm_flop_s / 1e12), " TFLOP/s");
+}
+
+json prediction_json(const PlacementPrediction& p) {
+  return {{"ctx", kPredictCtx},   {"prompt", kPredictPrompt}, {"decode_tok_s", p.decode_tok_s()},
+          {"decode_ms", p.decode_ms}, {"gpu_ms", p.gpu_ms},    {"cpu_ms", p.cpu_ms},
+          {"hop_ms", p.hop_ms},       {"ttft_ms", p.ttft_ms}};
 }
 
 }  // namespace
+
+PlacementCheck predict_cpu(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan) {
+  PlacementCheck pc;
+  const ModelBytes m = model_bytes(cfg, plan, o);
+  const Placement pl = place_layers(m, kPredictCtx, 0, 0, "");
+  auto cpu = make_cpu_backend({plan.compute, o.threads});
+  const BackendRates cr = probe_backend(*cpu, cfg, weight_policy(plan, o), kPredictPrompt);
+  const double host_read = probe_host_read(o.threads);
+  const PlacementPrediction p = predict_placement(pl, m, cfg, BackendRates{}, cr, TransferRate{}, kPredictCtx, kPredictPrompt, false);
+  const char* qname = plan.quant == QuantType::None ? "dense" : plan.quant == QuantType::NF4 ? "nf4" : "fp4";
+  pc.j = {{"n_layers", cfg.n_layers},
+          {"gpu_layers", 0},
+          {"predicted", prediction_json(p)},
+          {"rates", {{"cpu", rates_json(cr)}, {"host_read_bytes_per_s", host_read}}}};
+  pc.summary = cat("  predicted  decode ", fmt("%.1f", p.decode_tok_s()), " tok/s at ctx ", kPredictCtx, ", TTFT ",
+                   fmt("%.0f", p.ttft_ms), " ms for ", kPredictPrompt, " tokens\n  measured   ", rates_text("CPU", qname, cr),
+                   " | host memory read ", fmt("%.0f", host_read / 1e9), " GB/s\n");
+  return pc;
+}
 
 PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_b) {
   PlacementCheck pc;
@@ -95,9 +120,7 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
     pc.j["gpu_kv_bytes"] = pl->gpu_kv;
     pc.j["cpu_weight_bytes"] = pl->cpu_weights;
     pc.j["cpu_kv_bytes"] = pl->cpu_kv;
-    pc.j["predicted"] = {{"ctx", kPredictCtx},       {"prompt", kPredictPrompt},       {"decode_tok_s", pred->decode_tok_s()},
-                         {"decode_ms", pred->decode_ms}, {"gpu_ms", pred->gpu_ms},   {"cpu_ms", pred->cpu_ms},
-                         {"hop_ms", pred->hop_ms},       {"ttft_ms", pred->ttft_ms}};
+    pc.j["predicted"] = prediction_json(*pred);
     pc.summary = cat("  placement  ", pc.error.empty() ? "" : "(auto) ", describe_placement(*pl), "; GPU ",
                      format_bytes(pl->gpu_total()), " of ", btext, "\n  predicted  decode ", fmt("%.1f", pred->decode_tok_s()),
                      " tok/s at ctx ", kPredictCtx, " (GPU ", fmt("%.2f", pred->gpu_ms), " ms",

@@ -1,4 +1,4 @@
-// doctor's placement section on CUDA: how --gpu-layers / --max-vram (or the default, every
+// doctor's placement section (on CUDA; on the CPU its prediction only): how --gpu-layers / --max-vram (or the default, every
 // layer) splits the model, the rates measured now on this machine, the decode tok/s and TTFT they
 // predict, and the fix when layers are offloaded or the model does not fit.
 #pragma once
@@ -21,5 +21,9 @@ struct PlacementCheck {
 // Measures the GPU backend's (and, when layers go to the CPU, the CPU backend's and the link's)
 // rates: about a second. free_bytes: the GPU's free memory now.
 PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_bytes);
+
+// A plan on the CPU backend: its decode tok/s and TTFT predicted from the CPU backend's rates
+// measured now (a few seconds for an 8B model's shapes).
+PlacementCheck predict_cpu(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan);
 
 }  // namespace nf4flash::cli
