@@ -291,12 +291,20 @@ class Doctor {
     if (gpu) {
       // the split of the layers (every one by default), its predicted speed, and what to do when
       // layers run on the CPU or do not fit
-      const PlacementCheck pc = check_placement(o, cfg, plan, free_b);
+      const PlacementCheck pc = check_placement(o, cfg, plan, free_b, ctx);
       out_["placement"] = pc.j;
       placement_text_ = pc.summary;
       if (pc.error.empty() && pc.j.contains("gpu_bytes")) {  // the placed model fits by construction
-        out_["memory"]["needed_bytes"] = pc.j["gpu_bytes"];
-        out_["memory"]["fits"] = true;
+        json& mem = out_["memory"];
+        mem["needed_bytes"] = pc.j["gpu_bytes"];
+        mem["fits"] = true;
+        if (pc.j["gpu_layers"].get<int>() < cfg.n_layers) {
+          // offloaded: the planned context, its KV cache on both sides, no pipelining, no batch pool estimate
+          mem["ctx"] = pc.j["ctx"];
+          mem["kv_bytes"] = pc.j["gpu_kv_bytes"].get<size_t>() + pc.j["cpu_kv_bytes"].get<size_t>();
+          mem["batch_pool_tokens"] = 0;
+          out_["plan"]["decode_pipelined"] = false;
+        }
       }
       if (!pc.warning.empty()) warn(pc.error.empty() ? "layers_offloaded" : "does_not_fit", pc.warning, pc.fix);
     } else if (weights_fit) {

@@ -64,9 +64,15 @@ PlacementCheck predict_cpu(const LoadOptions& o, const ModelConfig& cfg, const P
   return pc;
 }
 
-PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_b) {
+PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_b,
+                               int64_t unplaced_ctx) {
   PlacementCheck pc;
-  const int64_t ctx = o.ctx_size > 0 ? o.ctx_size : std::min<int64_t>(cfg.max_positions, kPlacedDefaultCtx);
+  // the engine plans a placed model's KV cache for --ctx-size or min(model max, 8192); unplaced,
+  // it sizes the cache itself (unplaced_ctx)
+  const bool placing = o.gpu_layers != kAllLayers || o.max_vram > 0;
+  const int64_t ctx = !placing ? unplaced_ctx
+                      : o.ctx_size > 0 ? o.ctx_size
+                                       : std::min<int64_t>(cfg.max_positions, kPlacedDefaultCtx);
   const size_t budget = o.max_vram > 0 ? o.max_vram : free_b > kFreeMemoryMargin ? free_b - kFreeMemoryMargin : 1;
   const std::string btext = o.max_vram > 0 ? cat("--max-vram ", format_bytes(o.max_vram))
                                            : cat("the GPU's free memory less 1 GiB (", format_bytes(budget), ")");
