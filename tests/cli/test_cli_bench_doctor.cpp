@@ -220,6 +220,11 @@ TEST_F(BenchDoctorCli, DoctorJson) {
   EXPECT_TRUE(j["tokenizer"]["present"].get<bool>());
   EXPECT_GT(j["memory"]["kv_bytes"].get<size_t>(), 0u);
   EXPECT_TRUE(j["memory"]["fits"].get<bool>());
+  // the CPU backend's rates measured now and the speed they predict
+  EXPECT_GT(j["placement"]["predicted"]["decode_tok_s"].get<double>(), 0.0);
+  EXPECT_GT(j["placement"]["predicted"]["ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["placement"]["rates"]["cpu"]["gemv_bytes_per_s"].get<double>(), 0.0);
+  EXPECT_GT(j["placement"]["rates"]["host_read_bytes_per_s"].get<double>(), 0.0);
 }
 
 TEST_F(BenchDoctorCli, DoctorPlanOnlyForABigPreset) {
@@ -227,6 +232,7 @@ TEST_F(BenchDoctorCli, DoctorPlanOnlyForABigPreset) {
   ASSERT_TRUE(r.code == 0 || r.code == 1) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_FALSE(j["plan"]["loaded"].get<bool>());
+  EXPECT_FALSE(j.contains("placement"));  // --no-load measures nothing
   // 8.03B parameters as bf16 (the CPU's default compute keeps dense weights bf16)
   EXPECT_GT(j["memory"]["weight_bytes"].get<size_t>(), size_t{15'000'000'000});
   EXPECT_LT(j["memory"]["weight_bytes"].get<size_t>(), size_t{17'000'000'000});

@@ -174,6 +174,14 @@ TEST(EnginePlacement, EverySplitEqualsOneBackendNf4Bf16) {
     expect_split_equals_plain(model, QuantChoice::NF4, ComputeDType::BF16);
 }
 
+// FP4, and checkpoints saved pre-quantized by bitsandbytes: their 4-bit tensors load onto
+// whichever backend runs the layer.
+TEST(EnginePlacement, EverySplitEqualsOneBackendFp4AndPrequantized) {
+  expect_split_equals_plain("qwen2-bias", QuantChoice::FP4, ComputeDType::BF16);
+  for (const char* model : {"llama-gqa-hd64-bnb-nf4", "llama3-hd128-ropescaled-bnb-fp4"})
+    expect_split_equals_plain(model, QuantChoice::Auto, ComputeDType::BF16);
+}
+
 // The batched engine over a split: each request's tokens as the plain engine gives them alone.
 TEST(EnginePlacement, BatchedRequestsOverASplit) {
   auto plain = load_plain("llama-gqa-hd64", QuantChoice::None, ComputeDType::F32);

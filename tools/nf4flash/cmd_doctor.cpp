@@ -291,7 +291,7 @@ class Doctor {
     if (gpu) {
       // the split of the layers (every one by default), its predicted speed, and what to do when
       // layers run on the CPU or do not fit
-      const PlacementCheck pc = check_placement(o, cfg, plan, free_b, ctx);
+      const PlacementCheck pc = check_placement(o, cfg, plan, free_b, ctx, !a_.no_load);
       out_["placement"] = pc.j;
       placement_text_ = pc.summary;
       if (pc.error.empty() && pc.j.contains("gpu_bytes")) {  // the placed model fits by construction
@@ -307,7 +307,7 @@ class Doctor {
         }
       }
       if (!pc.warning.empty()) warn(pc.error.empty() ? "layers_offloaded" : "does_not_fit", pc.warning, pc.fix);
-    } else if (weights_fit) {
+    } else if (weights_fit && !a_.no_load) {
       const PlacementCheck pc = predict_cpu(o, cfg, plan);
       out_["placement"] = pc.j;
       placement_text_ = pc.summary;
@@ -440,7 +440,7 @@ NF4FLASH_COMMAND("doctor", "Show the hardware, the paths that will really run, a
                    auto* l = app.add_flag("--load", a->load,
                                           "always load the engine for the exact kernel names (default: only when the "
                                           "weights are under 2 GiB and fit)");
-                   app.add_flag("--no-load", a->no_load, "never load; resolve the plan and estimate sizes only")->excludes(l);
+                   app.add_flag("--no-load", a->no_load, "never load or measure: resolve the plan and estimate sizes only (no predicted speed)")->excludes(l);
                    app.footer("\nExit status: 0 when nothing is wrong, 1 when a warning was printed (info lines do not count).");
                    return [a] { return Doctor(*a).run(); };
                  });

@@ -65,7 +65,7 @@ PlacementCheck predict_cpu(const LoadOptions& o, const ModelConfig& cfg, const P
 }
 
 PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_b,
-                               int64_t unplaced_ctx) {
+                               int64_t unplaced_ctx, bool measure) {
   PlacementCheck pc;
   // the engine plans a placed model's KV cache for --ctx-size or min(model max, 8192); unplaced,
   // it sizes the cache itself (unplaced_ctx)
@@ -88,12 +88,15 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
     }
   }
 
-  auto gpu = make_cuda_backend({plan.compute, 0, o.tf32, std::nullopt});
-  const BackendRates gr = probe_backend(*gpu, cfg, weight_policy(plan, o), kPredictPrompt);
-  BackendRates cr;
+  std::unique_ptr<Backend> gpu;
+  BackendRates gr, cr;
   TransferRate link;
+  if (measure) {
+    gpu = make_cuda_backend({plan.compute, 0, o.tf32, std::nullopt});
+    gr = probe_backend(*gpu, cfg, weight_policy(plan, o), kPredictPrompt);
+  }
   const bool offloaded = pl && pl->offloaded();
-  if (offloaded) {
+  if (offloaded && measure) {
     Plan cp = plan;
     cp.device = Device::CPU;
     auto cpu = make_cpu_backend({plan.compute, o.threads});
@@ -105,10 +108,13 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
           {"n_layers", cfg.n_layers},
           {"ctx", ctx},
           {"budget_bytes", budget},
-          {"error", pc.error},
-          {"rates", {{"gpu", rates_json(gr)}}}};
-  std::string measured = rates_text("GPU", qname, gr);
-  if (offloaded) {
+          {"error", pc.error}};
+  std::string measured;
+  if (measure) {
+    pc.j["rates"] = {{"gpu", rates_json(gr)}};
+    measured = cat("  measured   ", rates_text("GPU", qname, gr));
+  }
+  if (offloaded && measure) {
     pc.j["rates"]["cpu"] = rates_json(cr);
     pc.j["rates"]["link"] = {{"bytes_per_s", link.bytes_s}, {"latency_s", link.latency_s}};
     const double host_read = probe_host_read(o.threads);
@@ -117,8 +123,12 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
                     " GB/s | host<->GPU ", fmt("%.1f", link.bytes_s / 1e9), " GB/s");
   }
   std::optional<PlacementPrediction> pred;
+  if (!measured.empty()) measured += "\n";
   if (pl) {
-    pred = predict_placement(*pl, m, cfg, gr, cr, link, kPredictCtx, kPredictPrompt, !offloaded && o.graphs);
+    if (measure) {
+      pred = predict_placement(*pl, m, cfg, gr, cr, link, kPredictCtx, kPredictPrompt, !offloaded && o.graphs);
+      pc.j["predicted"] = prediction_json(*pred);
+    }
     pc.j["gpu_layers"] = pl->gpu_layers;
     pc.j["gpu_bytes"] = pl->gpu_total();
     pc.j["gpu_fixed_bytes"] = pl->gpu_fixed;
@@ -126,15 +136,16 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
     pc.j["gpu_kv_bytes"] = pl->gpu_kv;
     pc.j["cpu_weight_bytes"] = pl->cpu_weights;
     pc.j["cpu_kv_bytes"] = pl->cpu_kv;
-    pc.j["predicted"] = prediction_json(*pred);
     pc.summary = cat("  placement  ", pc.error.empty() ? "" : "(auto) ", describe_placement(*pl), "; GPU ",
-                     format_bytes(pl->gpu_total()), " of ", btext, "\n  predicted  decode ", fmt("%.1f", pred->decode_tok_s()),
-                     " tok/s at ctx ", kPredictCtx, " (GPU ", fmt("%.2f", pred->gpu_ms), " ms",
-                     offloaded ? cat(" + CPU ", fmt("%.1f", pred->cpu_ms), " ms + link ", fmt("%.2f", pred->hop_ms), " ms") : "",
-                     " a token), TTFT ", fmt("%.0f", pred->ttft_ms), " ms for ", kPredictPrompt, " tokens\n  measured   ",
-                     measured, "\n");
+                     format_bytes(pl->gpu_total()), " of ", btext, "\n");
+    if (pred)
+      pc.summary += cat("  predicted  decode ", fmt("%.1f", pred->decode_tok_s()), " tok/s at ctx ", kPredictCtx, " (GPU ",
+                        fmt("%.2f", pred->gpu_ms), " ms",
+                        offloaded ? cat(" + CPU ", fmt("%.1f", pred->cpu_ms), " ms + link ", fmt("%.2f", pred->hop_ms), " ms") : "",
+                        " a token), TTFT ", fmt("%.0f", pred->ttft_ms), " ms for ", kPredictPrompt, " tokens\n");
+    pc.summary += measured;
   } else {
-    pc.summary = cat("  placement  ", pc.error, "\n  measured   ", measured, "\n");
+    pc.summary = cat("  placement  ", pc.error, "\n", measured);
   }
 
   // 4-bit weights when dense ones do not all fit
@@ -148,24 +159,30 @@ PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, con
     const ModelBytes m4 = model_bytes(cfg, q, oq);
     try {
       const Placement p4 = place_layers(m4, ctx, kAllLayers, budget, btext);
-      const BackendRates r4 = probe_backend(*gpu, cfg, weight_policy(q, oq), kPredictPrompt);
-      const PlacementPrediction d4 = predict_placement(p4, m4, cfg, r4, cr, link, kPredictCtx, kPredictPrompt, o.graphs);
-      alt = cat("--quant nf4 --double-quant (fits all ", cfg.n_layers, " layers: predicted ", fmt("%.0f", d4.decode_tok_s()),
-                " vs ", pred ? fmt("%.1f", pred->decode_tok_s()) : std::string("no"), " tok/s)");
-      pc.j["nf4_alternative"] = {{"gpu_layers", p4.gpu_layers}, {"decode_tok_s", d4.decode_tok_s()}, {"ttft_ms", d4.ttft_ms}};
+      alt = cat("--quant nf4 --double-quant (fits all ", cfg.n_layers, " layers)");
+      pc.j["nf4_alternative"] = {{"gpu_layers", p4.gpu_layers}};
+      if (measure) {
+        const BackendRates r4 = probe_backend(*gpu, cfg, weight_policy(q, oq), kPredictPrompt);
+        const PlacementPrediction d4 = predict_placement(p4, m4, cfg, r4, cr, link, kPredictCtx, kPredictPrompt, o.graphs);
+        alt = cat("--quant nf4 --double-quant (fits all ", cfg.n_layers, " layers: predicted ", fmt("%.0f", d4.decode_tok_s()),
+                  " vs ", pred ? fmt("%.1f", pred->decode_tok_s()) : std::string("no"), " tok/s)");
+        pc.j["nf4_alternative"] = {{"gpu_layers", p4.gpu_layers}, {"decode_tok_s", d4.decode_tok_s()}, {"ttft_ms", d4.ttft_ms}};
+      }
     } catch (const Error&) {
     }
   }
   if (!pc.error.empty()) {
     pc.warning = pc.error;
     pc.fix = !alt.empty() ? alt
-             : pl     ? cat("--gpu-layers auto (", pl->gpu_layers, " layers on the GPU: predicted ", fmt("%.1f", pred->decode_tok_s()),
-                            " tok/s)")
+             : pl     ? cat("--gpu-layers auto (", pl->gpu_layers, " layers on the GPU",
+                            pred ? cat(": predicted ", fmt("%.1f", pred->decode_tok_s()), " tok/s") : std::string(), ")")
                       : std::string("a smaller --ctx-size, --quant nf4, or a GPU with more memory");
   } else if (offloaded) {
     const int cpu_layers = pl->n_layers - pl->gpu_layers;
-    pc.warning = cat(cpu_layers, " of ", pl->n_layers, " layers run on the CPU: predicted decode ", fmt("%.1f", pred->decode_tok_s()),
-                     " tok/s, of which the CPU's layers take ", fmt("%.0f", 100.0 * pred->cpu_ms / pred->decode_ms), "%");
+    pc.warning = cat(cpu_layers, " of ", pl->n_layers, " layers run on the CPU",
+                     pred ? cat(": predicted decode ", fmt("%.1f", pred->decode_tok_s()), " tok/s, of which the CPU's layers take ",
+                                fmt("%.0f", 100.0 * pred->cpu_ms / pred->decode_ms), "%")
+                          : std::string(": every token waits for them"));
     pc.fix = !alt.empty() ? alt : "a smaller --ctx-size (its KV cache leaves room for more layers) or a GPU with more memory";
   }
   return pc;

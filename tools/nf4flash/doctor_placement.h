@@ -21,8 +21,9 @@ struct PlacementCheck {
 // Measures the GPU backend's (and, when layers go to the CPU, the CPU backend's and the link's)
 // rates: about a second. free_bytes: the GPU's free memory now; unplaced_ctx: the context the
 // engine gives the KV cache without --gpu-layers / --max-vram.
+// measure false: the placement alone, no rates and no prediction (doctor --no-load).
 PlacementCheck check_placement(const LoadOptions& o, const ModelConfig& cfg, const Plan& plan, size_t free_bytes,
-                               int64_t unplaced_ctx);
+                               int64_t unplaced_ctx, bool measure);
 
 // A plan on the CPU backend: its decode tok/s and TTFT predicted from the CPU backend's rates
 // measured now (a few seconds for an 8B model's shapes).
