@@ -100,10 +100,8 @@ TEST(Placement, EstimateMatchesLoadedWeights) {
   }
 }
 
-// An engine whose "GPU" is a CPU backend of one thread, its layers from gpu_layers on the
-// offload backend.
-std::unique_ptr<Engine> load_split(const std::string& model, QuantChoice q, ComputeDType c, int gpu_layers,
-                                   size_t max_vram = 0) {
+// A fixture model on the CPU backend, one thread, no tokenizer.
+LoadOptions cpu_options(const std::string& model, QuantChoice q, ComputeDType c) {
   LoadOptions o;
   o.model_dir = test::model_dir(model);
   o.device = DeviceChoice::CPU;
@@ -112,6 +110,13 @@ std::unique_ptr<Engine> load_split(const std::string& model, QuantChoice q, Comp
   o.ctx_size = 128;
   o.threads = 1;
   o.load_tokenizer = false;
+  return o;
+}
+
+// The same with a CPU backend playing the GPU's part, its layers from gpu_layers on the offload backend.
+std::unique_ptr<Engine> load_split(const std::string& model, QuantChoice q, ComputeDType c, int gpu_layers,
+                                   size_t max_vram = 0) {
+  LoadOptions o = cpu_options(model, q, c);
   o.gpu_layers = gpu_layers;
   o.max_vram = max_vram;
   const ModelConfig cfg = load_model_config(o.model_dir);
@@ -120,15 +125,7 @@ std::unique_ptr<Engine> load_split(const std::string& model, QuantChoice q, Comp
 }
 
 std::unique_ptr<Engine> load_plain(const std::string& model, QuantChoice q, ComputeDType c) {
-  LoadOptions o;
-  o.model_dir = test::model_dir(model);
-  o.device = DeviceChoice::CPU;
-  o.quant = q;
-  o.compute = c;
-  o.ctx_size = 128;
-  o.threads = 1;
-  o.load_tokenizer = false;
-  return Engine::load(o);
+  return Engine::load(cpu_options(model, q, c));
 }
 
 std::vector<int32_t> prompt_for(int64_t V) {
@@ -215,11 +212,8 @@ TEST(EnginePlacement, RefusesWhatCannotBePlaced) {
   EXPECT_NE(tiny.find("--max-vram 4096 bytes is below what one layer on the GPU needs"), std::string::npos) << tiny;
   const std::string many = error_of([] { load_split("llama-gqa-hd64", QuantChoice::None, ComputeDType::F32, 99); });
   EXPECT_NE(many.find("--gpu-layers 99: the model has"), std::string::npos) << many;
-  LoadOptions o;
-  o.model_dir = test::model_dir("llama-gqa-hd64");
-  o.device = DeviceChoice::CPU;
+  LoadOptions o = cpu_options("llama-gqa-hd64", QuantChoice::Auto, ComputeDType::Auto);
   o.gpu_layers = 1;
-  o.load_tokenizer = false;
   const std::string cpu = error_of([&] { Engine::load(o); });
   EXPECT_NE(cpu.find("place layers on a GPU, but the model runs on the CPU backend"), std::string::npos) << cpu;
   o.gpu_layers = 0;  // the whole model on the CPU: what --device cpu runs
