@@ -60,6 +60,18 @@ class Buffer {
   size_t bytes_ = 0;
 };
 
+// Plain host memory (Backend::alloc_host where the backend needs nothing else).
+class HostBuffer final : public Buffer {
+ public:
+  explicit HostBuffer(size_t bytes) : mem_(bytes) {
+    bytes_ = bytes;
+    data_ = mem_.data();
+  }
+
+ private:
+  std::vector<uint8_t> mem_;
+};
+
 // A weight resident on a backend: a linear weight [out_features, in_features], an embedding
 // table [vocab, hidden] (also usable as a tied lm_head), or a vector (norm weight, bias).
 class Weight {
@@ -151,6 +163,9 @@ class Backend {
 
   // ---- memory -------------------------------------------------------------------------------
   virtual std::unique_ptr<Buffer> alloc(size_t bytes) = 0;
+  // Host memory for staging copies to and from this backend (CUDA: pinned, so that upload and
+  // download run at the link's rate).
+  virtual std::unique_ptr<Buffer> alloc_host(size_t bytes) { return std::make_unique<HostBuffer>(bytes); }
   // host -> backend, ordered after every op queued before it (the host buffer may be reused
   // as soon as it returns)
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;

@@ -27,7 +27,7 @@ struct Decoder::Offload {
   };
   Mirror pos0, row_start, seq_pos0, tables;
   PagedSeqs paged;
-  std::vector<uint8_t> host;  // the hidden state crossing between the backends
+  std::unique_ptr<Buffer> host;  // the hidden state crossing between the backends (the primary's staging memory)
   std::vector<int32_t> ints;
 };
 
@@ -413,16 +413,24 @@ namespace {
 // src [T, cols] on backend `from` into dst (the same shape) on backend `to`, through host memory,
 // converted between the two compute dtypes (bf16/f16 to f32 exactly; f32 to 16 bits rounded to
 // nearest even).
-void move_rows(Backend& from, const Act& src, Backend& to, const Act& dst, std::vector<uint8_t>& host) {
+// The rows of src (on `from`) into dst (on `to`) through host staging memory of `primary`
+// (pinned on CUDA), converted between the two compute dtypes.
+void move_rows(Backend& from, const Act& src, Backend& to, const Act& dst, Backend& primary,
+               std::unique_ptr<Buffer>& host) {
   NF4FLASH_CHECK(src.rows == dst.rows && src.cols == dst.cols, "offload: hidden state shapes differ");
-  host.resize(std::max(src.bytes(), dst.bytes()) + src.bytes());
-  from.download(host.data(), src.data, src.bytes());
+  const size_t need = std::max(src.bytes(), dst.bytes()) + src.bytes();
+  if (!host || host->bytes() < need) {
+    host.reset();
+    host = primary.alloc_host(need);
+  }
+  uint8_t* staged = static_cast<uint8_t*>(host->data());
+  from.download(staged, src.data, src.bytes());
   if (src.dtype == dst.dtype) {
-    to.upload(dst.data, host.data(), dst.bytes());
+    to.upload(dst.data, staged, dst.bytes());
     return;
   }
-  uint8_t* conv = host.data() + src.bytes();
-  for (int64_t i = 0; i < src.numel(); ++i) host_store(conv, dst.dtype, i, host_load(host.data(), src.dtype, i));
+  uint8_t* conv = staged + src.bytes();
+  for (int64_t i = 0; i < src.numel(); ++i) host_store(conv, dst.dtype, i, host_load(staged, src.dtype, i));
   to.upload(dst.data, conv, dst.bytes());
 }
 }  // namespace
@@ -489,10 +497,10 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   auto offloaded = [&] {
     Offload& f = *off_;
     const Views w = views(f.be.act_dtype(), *f.x, *f.xn, *f.o, *f.gu, f.gu_cap, T, T <= f.gtmp_rows);
-    move_rows(be_, x, f.be, w.x, f.host);
+    move_rows(be_, x, f.be, w.x, be_, f.host);
     run_layers({&f.be, &f.rope, &f.rope_local, f.moe.get(), f.first}, w, f.first, cfg_.n_layers, mirror_step(s), false);
     f.be.add(w.x, w.o, w.x);
-    move_rows(f.be, w.x, be_, x, f.host);
+    move_rows(f.be, w.x, be_, x, be_, f.host);
   };
   Act last_n = xn.slice_rows(0, n_logits);
   // the final norm and lm_head

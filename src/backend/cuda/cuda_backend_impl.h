@@ -51,6 +51,7 @@ class CudaBackend : public Backend {
 
   // ---- memory (cuda_backend.cu) ----
   std::unique_ptr<Buffer> alloc(size_t bytes) override { return std::make_unique<CudaBuffer>(bytes); }
+  std::unique_ptr<Buffer> alloc_host(size_t bytes) override { return std::make_unique<CudaHostBuffer>(bytes); }
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void sync() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
