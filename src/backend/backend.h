@@ -171,6 +171,9 @@ class Backend {
   virtual void upload(void* dst, const void* src, size_t bytes) = 0;
   virtual void download(void* dst, const void* src, size_t bytes) = 0;  // backend -> host (syncs)
   virtual void sync() = 0;
+  // The stream (cudaStream_t) this backend's ops run on, for libraries that join it (NCCL); null
+  // where there is none.
+  virtual void* native_stream() const { return nullptr; }
   // Memory still free for the KV cache and workspace (bytes; 0 = unknown).
   virtual size_t free_memory() const { return 0; }
 

@@ -23,3 +23,18 @@ std::vector<GpuInfo> query_gpus() { return {}; }
 bool gpu_memory(int, size_t*, size_t*) { return false; }
 
 }  // namespace nf4flash
+
+// ---- parallel/nccl_group.h without CUDA -------------------------------------------------------
+#include "parallel/nccl_group.h"
+
+namespace nf4flash {
+
+std::vector<uint8_t> nccl_unique_id() {
+  fail("tensor parallel over NCCL: this nf4flash was built without CUDA (reconfigure with -DNF4FLASH_CUDA=ON)");
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(Backend&, int, int, const std::vector<uint8_t>&) {
+  fail("tensor parallel over NCCL: this nf4flash was built without CUDA (reconfigure with -DNF4FLASH_CUDA=ON)");
+}
+
+}  // namespace nf4flash

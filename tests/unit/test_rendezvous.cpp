@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "parallel/nccl_group.h"
 #include "parallel/rendezvous.h"
 
 namespace nf4flash {
@@ -108,6 +109,13 @@ TEST(Rendezvous, TimeoutsNameWhatIsMissing) {
   EXPECT_NE(alone.find("rank 0 heard from 0 of the 1 other ranks"), std::string::npos) << alone;
   e.world = 1;  // a group of one needs nobody
   EXPECT_EQ(exchange_group_id(e, {5}, 0.1), std::vector<uint8_t>{5});
+}
+
+// The NCCL communicator joins a CUDA backend's stream: any other backend is one clear error.
+TEST(Rendezvous, NcclCommunicatorNeedsACudaBackend) {
+  auto cpu = make_cpu_backend({DType::F32, 1});
+  const std::string m = error_of([&] { make_nccl_communicator(*cpu, 0, 1, std::vector<uint8_t>(128, 0)); });
+  EXPECT_NE(m.find("tensor parallel over NCCL"), std::string::npos) << m;
 }
 
 }  // namespace

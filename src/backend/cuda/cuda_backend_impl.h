@@ -55,6 +55,7 @@ class CudaBackend : public Backend {
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void sync() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* native_stream() const override { return stream_; }
   size_t free_memory() const override;
 
   // ---- weights (cuda_weights.cu) ----
