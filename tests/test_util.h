@@ -54,6 +54,16 @@ inline PagedStepRows paged_step_rows(const std::vector<std::vector<int32_t>>& se
   return r;
 }
 
+// The message of the Error f throws ("" when it throws none).
+inline std::string error_message(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A fixture model on the CPU backend with `ctx_size` tokens of KV cache and no tokenizer.
 inline std::unique_ptr<Engine> load_cpu_engine(const std::string& model, QuantChoice quant, int64_t ctx_size) {
   LoadOptions o;

@@ -16,15 +16,6 @@
 namespace nf4flash {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(Placement, ParsesSizes) {
   EXPECT_EQ(parse_size("--max-vram", "10GiB"), size_t(10) << 30);
   EXPECT_EQ(parse_size("--max-vram", "10G"), size_t(10) << 30);
@@ -33,7 +24,7 @@ TEST(Placement, ParsesSizes) {
   EXPECT_EQ(parse_size("--max-vram", "1.5GiB"), size_t(3) << 29);
   EXPECT_EQ(parse_size("--max-vram", "4096"), size_t(4096));
   for (const char* bad : {"", "GiB", "10 GiB", "10XB", "-1G", "1.2.3G", "0"})
-    EXPECT_NE(error_of([&] { parse_size("--max-vram", bad); }).find("--max-vram"), std::string::npos) << bad;
+    EXPECT_NE(test::error_message([&] { parse_size("--max-vram", bad); }).find("--max-vram"), std::string::npos) << bad;
 }
 
 TEST(Placement, ParsesGpuLayers) {
@@ -42,7 +33,7 @@ TEST(Placement, ParsesGpuLayers) {
   EXPECT_EQ(parse_gpu_layers("0"), 0);
   EXPECT_EQ(parse_gpu_layers("28"), 28);
   for (const char* bad : {"", "-1", "x", "3.5", "all2"})
-    EXPECT_NE(error_of([&] { parse_gpu_layers(bad); }).find("--gpu-layers"), std::string::npos) << bad;
+    EXPECT_NE(test::error_message([&] { parse_gpu_layers(bad); }).find("--gpu-layers"), std::string::npos) << bad;
 }
 
 // 4 layers of 1 MiB and 1 KiB of KV per token; embeddings etc. 2 MiB
@@ -73,13 +64,13 @@ TEST(Placement, BudgetHoldsTheFirstLayers) {
   EXPECT_EQ(place_layers(m, ctx, kAllLayers, fixed + 4 * layer, "B").gpu_layers, 4);
   EXPECT_EQ(place_layers(m, ctx, 1, fixed + 2 * layer, "B").gpu_layers, 1);
   EXPECT_EQ(place_layers(m, ctx, 0, fixed, "B").gpu_layers, 0);
-  const std::string all = error_of([&] { place_layers(m, ctx, kAllLayers, fixed + 3 * layer, "--max-vram X"); });
+  const std::string all = test::error_message([&] { place_layers(m, ctx, kAllLayers, fixed + 3 * layer, "--max-vram X"); });
   EXPECT_NE(all.find("--max-vram X holds 3 of the 4 layers at ctx 1024, not all 4"), std::string::npos) << all;
-  const std::string three = error_of([&] { place_layers(m, ctx, 4, fixed + 3 * layer, "B"); });
+  const std::string three = test::error_message([&] { place_layers(m, ctx, 4, fixed + 3 * layer, "B"); });
   EXPECT_NE(three.find("--gpu-layers auto (or 3)"), std::string::npos) << three;
-  const std::string none = error_of([&] { place_layers(m, ctx, kAutoLayers, fixed + layer - 1, "--max-vram Y"); });
+  const std::string none = test::error_message([&] { place_layers(m, ctx, kAutoLayers, fixed + layer - 1, "--max-vram Y"); });
   EXPECT_NE(none.find("--max-vram Y is below what one layer on the GPU needs"), std::string::npos) << none;
-  EXPECT_NE(error_of([&] { place_layers(m, ctx, 5, 0, "B"); }).find("the model has 4 layers"), std::string::npos);
+  EXPECT_NE(test::error_message([&] { place_layers(m, ctx, 5, 0, "B"); }).find("the model has 4 layers"), std::string::npos);
 }
 
 // The estimate the plan uses against the bytes the decoder loads.
@@ -208,13 +199,13 @@ TEST(EnginePlacement, BatchedRequestsOverASplit) {
 }
 
 TEST(EnginePlacement, RefusesWhatCannotBePlaced) {
-  const std::string tiny = error_of([] { load_split("llama-gqa-hd64", QuantChoice::None, ComputeDType::F32, kAutoLayers, 4096); });
+  const std::string tiny = test::error_message([] { load_split("llama-gqa-hd64", QuantChoice::None, ComputeDType::F32, kAutoLayers, 4096); });
   EXPECT_NE(tiny.find("--max-vram 4096 bytes is below what one layer on the GPU needs"), std::string::npos) << tiny;
-  const std::string many = error_of([] { load_split("llama-gqa-hd64", QuantChoice::None, ComputeDType::F32, 99); });
+  const std::string many = test::error_message([] { load_split("llama-gqa-hd64", QuantChoice::None, ComputeDType::F32, 99); });
   EXPECT_NE(many.find("--gpu-layers 99: the model has"), std::string::npos) << many;
   LoadOptions o = cpu_options("llama-gqa-hd64", QuantChoice::Auto, ComputeDType::Auto);
   o.gpu_layers = 1;
-  const std::string cpu = error_of([&] { Engine::load(o); });
+  const std::string cpu = test::error_message([&] { Engine::load(o); });
   EXPECT_NE(cpu.find("place layers on a GPU, but the model runs on the CPU backend"), std::string::npos) << cpu;
   o.gpu_layers = 0;  // the whole model on the CPU: what --device cpu runs
   EXPECT_EQ(Engine::load(o)->report().gpu_layers, 0);

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "parallel/nccl_group.h"
 #include "parallel/rendezvous.h"
+#include "test_util.h"
 
 namespace nf4flash {
 namespace {
@@ -24,15 +25,6 @@ RankEnv env_of(const std::map<std::string, std::string>& vars) {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
   });
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
@@ -59,12 +51,12 @@ TEST(Rendezvous, ReadsTheVariables) {
   EXPECT_EQ(e.local_rank, 1);
   EXPECT_EQ(e.master_addr, "10.0.0.7");
   EXPECT_EQ(e.master_port, 29600);
-  EXPECT_NE(error_of([] { env_of({{"WORLD_SIZE", "0"}}); }).find("WORLD_SIZE='0'"), std::string::npos);
-  EXPECT_NE(error_of([] { env_of({{"RANK", "x"}}); }).find("RANK='x'"), std::string::npos);
-  EXPECT_NE(error_of([] { env_of({{"MASTER_PORT", "70000"}}); }).find("MASTER_PORT"), std::string::npos);
-  EXPECT_NE(error_of([] { env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}); }).find("RANK=2 is outside WORLD_SIZE=2"),
+  EXPECT_NE(test::error_message([] { env_of({{"WORLD_SIZE", "0"}}); }).find("WORLD_SIZE='0'"), std::string::npos);
+  EXPECT_NE(test::error_message([] { env_of({{"RANK", "x"}}); }).find("RANK='x'"), std::string::npos);
+  EXPECT_NE(test::error_message([] { env_of({{"MASTER_PORT", "70000"}}); }).find("MASTER_PORT"), std::string::npos);
+  EXPECT_NE(test::error_message([] { env_of({{"RANK", "2"}, {"WORLD_SIZE", "2"}}); }).find("RANK=2 is outside WORLD_SIZE=2"),
             std::string::npos);
-  EXPECT_NE(error_of([] { env_of({{"MASTER_ADDR", ""}}); }).find("MASTER_ADDR is empty"), std::string::npos);
+  EXPECT_NE(test::error_message([] { env_of({{"MASTER_ADDR", ""}}); }).find("MASTER_ADDR is empty"), std::string::npos);
 }
 
 TEST(Rendezvous, EveryRankGetsRankZerosId) {
@@ -101,11 +93,11 @@ TEST(Rendezvous, TimeoutsNameWhatIsMissing) {
   e.rank = 1;
   e.master_port = free_port();
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string lost = error_of([&] { exchange_group_id(e, {}, 0.3); });
+  const std::string lost = test::error_message([&] { exchange_group_id(e, {}, 0.3); });
   EXPECT_NE(lost.find("rank 1 could not reach rank 0 at 127.0.0.1:"), std::string::npos) << lost;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   e.rank = 0;
-  const std::string alone = error_of([&] { exchange_group_id(e, {9}, 0.3); });
+  const std::string alone = test::error_message([&] { exchange_group_id(e, {9}, 0.3); });
   EXPECT_NE(alone.find("rank 0 heard from 0 of the 1 other ranks"), std::string::npos) << alone;
   e.world = 1;  // a group of one needs nobody
   EXPECT_EQ(exchange_group_id(e, {5}, 0.1), std::vector<uint8_t>{5});
@@ -114,7 +106,7 @@ TEST(Rendezvous, TimeoutsNameWhatIsMissing) {
 // The NCCL communicator joins a CUDA backend's stream: any other backend is one clear error.
 TEST(Rendezvous, NcclCommunicatorNeedsACudaBackend) {
   auto cpu = make_cpu_backend({DType::F32, 1});
-  const std::string m = error_of([&] { make_nccl_communicator(*cpu, 0, 1, std::vector<uint8_t>(128, 0)); });
+  const std::string m = test::error_message([&] { make_nccl_communicator(*cpu, 0, 1, std::vector<uint8_t>(128, 0)); });
   EXPECT_NE(m.find("tensor parallel over NCCL"), std::string::npos) << m;
 }
 

@@ -15,15 +15,8 @@ namespace {
 
 CublasApi load() {
   const std::string name = "libcublas.so." NF4FLASH_STR(CUBLAS_VER_MAJOR);
-  void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  std::string why = h ? "" : dlerror();
-#ifdef NF4FLASH_CUDA_LIBRARY_DIR
-  if (!h) {
-    const std::string path = std::string(NF4FLASH_CUDA_LIBRARY_DIR) + "/" + name;
-    h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) why += cat("; ", dlerror());
-  }
-#endif
+  std::string why;
+  void* h = open_cuda_library(name, why);
   if (!h)
     fail("CUDA backend: cannot load cuBLAS (", name, "): ", why,
          ". Install the CUDA toolkit's cuBLAS or add its library folder to LD_LIBRARY_PATH.");
@@ -48,6 +41,19 @@ CublasApi load() {
 }
 
 }  // namespace
+
+void* open_cuda_library(const std::string& name, std::string& why) {
+  void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  why = h ? "" : dlerror();
+#ifdef NF4FLASH_CUDA_LIBRARY_DIR
+  if (!h) {
+    const std::string path = std::string(NF4FLASH_CUDA_LIBRARY_DIR) + "/" + name;
+    h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) why += cat("; ", dlerror());
+  }
+#endif
+  return h;
+}
 
 const CublasApi& cublas() {
   static const CublasApi api = load();

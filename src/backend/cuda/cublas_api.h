@@ -6,7 +6,13 @@
 #pragma once
 #include <cublas_v2.h>
 
+#include <string>
+
 namespace nf4flash::cuda {
+
+// dlopen of a CUDA library by its soname, then from the toolkit's library folder this was built
+// against; null with `why` (both dlerror texts) when neither loads.
+void* open_cuda_library(const std::string& name, std::string& why);
 
 // The C functions of the two GEMMs (the header adds C++ overloads with a cudaDataType compute type).
 using CublasGemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/cublas_api.h"
 #include "core/error.h"
 #include "parallel/nccl_group.h"
 
@@ -32,15 +33,8 @@ struct NcclApi {
 
 NcclApi load_nccl() {
   const char* name = "libnccl.so.2";
-  void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-  std::string why = h ? "" : dlerror();
-#ifdef NF4FLASH_CUDA_LIBRARY_DIR
-  if (!h) {
-    const std::string path = std::string(NF4FLASH_CUDA_LIBRARY_DIR) + "/" + name;
-    h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) why += cat("; ", dlerror());
-  }
-#endif
+  std::string why;
+  void* h = cuda::open_cuda_library(name, why);
   if (!h) fail("tensor parallel: cannot load NCCL (", name, "): ", why, ". Install NCCL or add its folder to LD_LIBRARY_PATH.");
   auto sym = [&](const char* s) {
     void* p = dlsym(h, s);
