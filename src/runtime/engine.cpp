@@ -228,9 +228,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.weight_bytes = im->dec->stats().weight_bytes;
   r.kv_bytes = im->be->kv_bytes() + (im->host_be ? im->host_be->kv_bytes() : 0);
   r.n_layers = cfg.n_layers;
-  r.gpu_layers = plan.device == Device::CUDA || (make_primary && !(placed && placed->gpu_layers == 0))
-                     ? im->dec->offload_first_layer()
-                     : 0;
+  r.gpu_layers = gpu_primary && !(placed && placed->gpu_layers == 0) ? im->dec->offload_first_layer() : 0;
   r.offload_device = im->offloaded() ? "cpu" : "";
   r.offloaded_bytes = im->dec->stats().offloaded_bytes;
   r.kv_offloaded_bytes = im->host_be ? im->host_be->kv_bytes() : 0;
