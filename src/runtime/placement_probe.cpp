@@ -67,6 +67,30 @@ double seconds_per(Backend& be, int reps, F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
 }
 
+// The median of `rounds` timings of seconds_per(be, 1, f) (after its untimed call): a round
+// that a busy neighbour slowed does not set the rate.
+template <class F>
+double median_seconds(Backend& be, int rounds, F&& f) {
+  std::vector<double> s;
+  f();
+  be.sync();
+  for (int i = 0; i < rounds; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    be.sync();
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+// How many copies of a probe's weights to cycle through so that they read past the host's caches
+// (a decode step streams every layer's weights once; some server CPUs have 300+ MiB of L3).
+int copies_past_caches(size_t bytes) {
+  constexpr size_t kPastCaches = size_t(2) << 30;
+  return int(std::clamp<size_t>((kPastCaches + bytes - 1) / std::max<size_t>(bytes, 1), 1, 16));
+}
+
 }  // namespace
 
 BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPolicy& p, int64_t prompt_rows) {
@@ -76,22 +100,32 @@ BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPoli
       {"q", {qd, H}}, {"k", {kvd, H}}, {"v", {kvd, H}}, {"o", {H, qd}}, {"gate", {I, H}}, {"up", {I, H}}, {"down", {H, I}}};
   const ProbeStore store(shapes);
   const bool gpu = be.device() == Device::CUDA;
-  const int reps = gpu ? 20 : 3;
   struct Lin {
     std::unique_ptr<Weight> w;
     int64_t rows, cols;
   };
-  std::vector<Lin> layer;
+  // layers[c]: copy c of a layer's linears. The GPU reads one copy (its L2 is far smaller than a
+  // layer); the CPU cycles through enough copies to stream from memory as a decode step does.
+  std::vector<std::vector<Lin>> layers(1);
   size_t layer_bytes = 0;
   double layer_flop_per_row = 0;
   for (const auto& [name, rc] : shapes) {
-    layer.push_back({load_linear_weight(be, store, "probe." + name, rc.first, rc.second, p, true), rc.first, rc.second});
-    layer_bytes += layer.back().w->resident_bytes();
+    layers[0].push_back({load_linear_weight(be, store, "probe." + name, rc.first, rc.second, p, true), rc.first, rc.second});
+    layer_bytes += layers[0].back().w->resident_bytes();
     layer_flop_per_row += 2.0 * double(rc.first) * double(rc.second);
+  }
+  const int n_layers = gpu ? 1 : copies_past_caches(layer_bytes);
+  for (int c = 1; c < n_layers; ++c) {
+    layers.emplace_back();
+    for (const auto& [name, rc] : shapes)
+      layers.back().push_back({load_linear_weight(be, store, "probe." + name, rc.first, rc.second, p, true), rc.first, rc.second});
   }
   WeightPolicy dense = p;
   dense.quant = QuantType::None;
-  auto w_dense = load_linear_weight(be, store, "probe.gate", I, H, dense, false);
+  std::vector<std::unique_ptr<Weight>> w_dense;
+  w_dense.push_back(load_linear_weight(be, store, "probe.gate", I, H, dense, false));
+  const int n_dense = gpu ? 1 : copies_past_caches(w_dense[0]->resident_bytes());
+  while (int(w_dense.size()) < n_dense) w_dense.push_back(load_linear_weight(be, store, "probe.gate", I, H, dense, false));
 
   const DType adt = be.act_dtype();
   const int64_t T = std::max<int64_t>(prompt_rows, 1), widest = std::max({H, qd, I});
@@ -99,23 +133,30 @@ BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPoli
   auto yb = be.alloc(size_t(T * widest) * dtype_size(adt));
   const std::vector<uint8_t> zeros(xb->bytes(), 0);
   be.upload(xb->data(), zeros.data(), zeros.size());
-  // a layer's linears over `rows` rows (as a decode step issues them, in order)
-  auto run_layer = [&](int64_t rows) {
-    for (const Lin& l : layer) be.linear(xb->as_act(adt, rows, l.cols), *l.w, nullptr, yb->as_act(adt, rows, l.rows));
+  // copy c's linears over `rows` rows (as a decode step issues them, in order)
+  auto run_layer = [&](int c, int64_t rows) {
+    for (const Lin& l : layers[size_t(c)])
+      be.linear(xb->as_act(adt, rows, l.cols), *l.w, nullptr, yb->as_act(adt, rows, l.rows));
   };
 
   BackendRates r;
   if (be.graphs_supported()) {  // the decode step replays a graph: no launch gaps
     be.capture_begin();
-    run_layer(1);
+    run_layer(0, 1);
     const int g = be.capture_end();
-    r.gemv_bytes_s = layer_bytes / seconds_per(be, reps, [&] { be.replay(g); });
+    r.gemv_bytes_s = layer_bytes / seconds_per(be, 20, [&] { be.replay(g); });
   } else {
-    r.gemv_bytes_s = layer_bytes / seconds_per(be, reps, [&] { run_layer(1); });
+    const double s = median_seconds(be, 5, [&] {
+      for (int c = 0; c < n_layers; ++c) run_layer(c, 1);
+    });
+    r.gemv_bytes_s = double(layer_bytes) * n_layers / s;
   }
   const Act x1 = xb->as_act(adt, 1, H), y1 = yb->as_act(adt, 1, I);
-  r.gemv_dense_bytes_s = w_dense->resident_bytes() / seconds_per(be, reps, [&] { be.linear(x1, *w_dense, nullptr, y1); });
-  r.gemm_flop_s = layer_flop_per_row * double(T) / seconds_per(be, gpu ? 5 : 1, [&] { run_layer(T); });
+  const double dense_s = median_seconds(be, gpu ? 20 : 5, [&] {
+    for (const auto& w : w_dense) be.linear(x1, *w, nullptr, y1);
+  });
+  r.gemv_dense_bytes_s = double(w_dense[0]->resident_bytes()) * n_dense / dense_s;
+  r.gemm_flop_s = layer_flop_per_row * double(T) / seconds_per(be, gpu ? 5 : 1, [&] { run_layer(0, T); });
   // a small op: the residual add of one row
   const Act h = xb->as_act(adt, 1, H);
   constexpr int kOps = 200;
@@ -145,7 +186,7 @@ TransferRate probe_transfer(Backend& gpu, size_t bytes) {
 }
 
 double probe_host_read(int threads) {
-  const size_t n = (size_t(256) << 20) / 8;
+  const size_t n = (size_t(1) << 30) / 8;  // past the caches of server CPUs (300+ MiB of L3)
   std::vector<uint64_t> buf(n, 1);  // written once: the pages exist before the timing
   ThreadPool pool(threads > 0 ? threads : num_threads());
   std::vector<uint64_t> sums(size_t(pool.size()) * 8, 0);
@@ -164,13 +205,16 @@ double probe_host_read(int threads) {
     });
   };
   read_all();
-  const auto t0 = std::chrono::steady_clock::now();
-  constexpr int kReps = 5;
-  for (int r = 0; r < kReps; ++r) read_all();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<double> secs;
+  for (int r = 0; r < 5; ++r) {  // the median of 5 passes: a pass a busy neighbour slowed does not set it
+    const auto t0 = std::chrono::steady_clock::now();
+    read_all();
+    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(secs.begin(), secs.end());
   volatile uint64_t keep = 0;
   for (uint64_t v : sums) keep = keep + v;  // the sums are used: the reads stay
-  return double(n) * 8 * kReps / s;
+  return double(n) * 8 / secs[2];
 }
 
 PlacementPrediction predict_placement(const Placement& pl, const ModelBytes& m, const ModelConfig& cfg,

@@ -23,6 +23,8 @@ struct BackendRates {
 };
 
 // Times `be`'s linears on one layer's weights stored as `p` says, over 1 and `prompt_rows` rows.
+// On the CPU the one-row rates cycle through copies of the weights (2 GiB at least, 16 copies at
+// most) so that they stream from memory as a decode step does, and take the median of 5 passes.
 // Takes ~0.2 s on a GPU and a few seconds on a CPU for an 8B model's shapes.
 BackendRates probe_backend(Backend& be, const ModelConfig& cfg, const WeightPolicy& p, int64_t prompt_rows);
 // Bytes/s of the hidden state's trip between the GPU and host memory (upload + download of
@@ -32,7 +34,7 @@ struct TransferRate {
 };
 TransferRate probe_transfer(Backend& gpu, size_t bytes);
 
-// Host memory read bandwidth (bytes/s): `threads` threads (0: all cores) summing a 256 MiB buffer,
+// Host memory read bandwidth (bytes/s): `threads` threads (0: all cores) summing a 1 GiB buffer,
 // the CPU half's bandwidth bound of an offloaded step.
 double probe_host_read(int threads);
 
