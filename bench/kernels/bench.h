@@ -80,5 +80,6 @@ void decode_linears(Context& c);         // decode_linear.cpp
 void decode_attention(Context& c);       // decode_attention.cpp
 void prefill_linears(Context& c);        // prefill_linear.cpp
 void prefill_attention(Context& c);      // prefill_attention.cpp
+void moe_experts(Context& c);            // moe_experts.cpp
 
 }  // namespace nf4flash::kbench

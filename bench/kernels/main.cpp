@@ -1,7 +1,7 @@
 // nf4flash-kernel-bench: microbenchmark of the CUDA backend's default kernels on the Llama-3-8B
 // shapes, one run: the device-to-device copy reference, the decode linears (4-bit GEMV, bf16 GEMV,
 // lm_head), decode attention, the prefill linears (fused 4-bit GEMM, dequantize + cuBLAS, bf16
-// cuBLAS) and prefill attention (flash, sdpa, eager). This file: the command line, the device
+// cuBLAS), prefill attention (flash, sdpa, eager) and a Qwen3-30B-A3B MoE layer's experts. This file: the command line, the device
 // check, the order of the sections and the JSON report. How rows are timed: bench.h.
 #include <cstdio>
 #include <exception>
@@ -20,7 +20,7 @@ namespace {
 
 struct Options {
   std::string json_path;
-  bool attention_only = false, gemv_only = false;
+  bool attention_only = false, gemv_only = false, moe_only = false;
   int reps = 50, trials = 9, device = 0;
 };
 
@@ -65,10 +65,12 @@ int run(const Options& o) {
               o.trials);
 
   const double copy_gbs = kbench::copy_reference(c);
-  if (!o.attention_only) kbench::decode_linears(c);
-  if (!o.gemv_only) kbench::decode_attention(c);
-  if (!o.gemv_only && !o.attention_only) kbench::prefill_linears(c);
-  if (!o.gemv_only) kbench::prefill_attention(c);
+  const bool all = !o.attention_only && !o.gemv_only && !o.moe_only;
+  if (all || o.gemv_only) kbench::decode_linears(c);
+  if (all || o.attention_only) kbench::decode_attention(c);
+  if (all) kbench::prefill_linears(c);
+  if (all || o.attention_only) kbench::prefill_attention(c);
+  if (all || o.moe_only) kbench::moe_experts(c);
 
   if (json_out.is_open()) {
     const nlohmann::json j = {
@@ -82,7 +84,7 @@ int run(const Options& o) {
         {"tuning", tuning_json(*bo.tuning)},
         {"reps", o.reps},
         {"trials", o.trials},
-        {"mode", o.attention_only ? "attention-only" : o.gemv_only ? "gemv-only" : "all"},
+        {"mode", o.attention_only ? "attention-only" : o.gemv_only ? "gemv-only" : o.moe_only ? "moe-only" : "all"},
         {"copy_gb_per_s", copy_gbs},
         {"attention_prefill_flop_convention", "4 * seq^2 / 2 * head_dim * n_heads (causal)"},
         {"kernels", report.rows()}};
@@ -99,12 +101,16 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"nf4flash-kernel-bench: times the CUDA backend's default kernels on the Llama-3-8B shapes "
-               "(copy reference, decode linears, decode attention, prefill linears, prefill attention)"};
+               "(copy reference, decode linears, decode attention, prefill linears, prefill attention; and a "
+               "Qwen3-30B-A3B mixture-of-experts layer)"};
   app.add_option("--json", o.json_path, "Write the JSON report to FILE")->type_name("FILE");
   auto* att = app.add_flag("--attention-only", o.attention_only,
                            "Only the copy reference, decode attention and prefill attention");
   auto* gemv = app.add_flag("--gemv-only", o.gemv_only, "Only the copy reference and the decode linears (GEMV)");
+  auto* moe = app.add_flag("--moe-only", o.moe_only, "Only the copy reference and the mixture-of-experts layer");
   att->excludes(gemv);
+  moe->excludes(att);
+  moe->excludes(gemv);
   app.add_option("--reps", o.reps, "Launches per timed graph replay (default 50)")
       ->check(CLI::Range(1, 100000))
       ->type_name("N");

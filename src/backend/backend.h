@@ -103,10 +103,14 @@ struct RopeParams {
   const float* inv_freq_long = nullptr;
   int64_t long_after = 0;
   float mscale = 1.0f;
-  // dynamic NTK (CPU backend): rows of a sequence whose forward ends at L > dynamic_after use the
-  // table dynamic_table(L) writes (head_dim / 2 floats, host memory)
+  // dynamic NTK: rows of a sequence whose forward ends at L > dynamic_after use the table
+  // dynamic_table(L) writes (head_dim / 2 floats, host memory: the CPU backend), the same values
+  // as transformers computes them from theta and factor (CUDA computes them per row on the device:
+  // inv_freq[i] = 1 / base^(2i / head_dim), base = dynamic_theta * (factor L / dynamic_after -
+  // (factor - 1))^(head_dim / (head_dim - 2)), in f32).
   int64_t dynamic_after = 0;
   std::function<void(int64_t, float*)> dynamic_table;
+  float dynamic_theta = 0.0f, dynamic_factor = 1.0f;
 };
 
 struct AttnParams {
@@ -277,6 +281,34 @@ class Backend {
                                  const StepState& s) {
     rope_kv_write(layer, q, k, v, rp, s);
     attention(layer, q, out, ap, s);
+  }
+
+  // ---- mixture of experts (MoeBlock) ----------------------------------------------------------
+  // A layer's experts bundled for moe_experts (each backend's own form), made once at load.
+  class ExpertSet {
+   public:
+    virtual ~ExpertSet() = default;
+  };
+  struct ExpertRefs {
+    const Weight *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
+  // The experts as one set that moe_experts reads by expert id, or null where the backend runs a
+  // mixture through MoeBlock's host routing and linear_group (the CPU backend).
+  virtual std::unique_ptr<ExpertSet> make_expert_set(const std::vector<ExpertRefs>& experts) { return nullptr; }
+  // Backend memory moe_experts needs for `rows` rows routed to top_k experts each (bytes).
+  virtual size_t moe_scratch_bytes(const ExpertSet& set, int64_t rows, int top_k) const {
+    unsupported("moe_scratch_bytes");
+  }
+  // Routing and experts on the backend, for x [T, hidden] (the normed rows) and the router's
+  // logits [T, n_experts] (f32): p = softmax(logits[t]); the top_k experts of row t (ties: the
+  // lower index), p renormalized over them when norm_topk;
+  //   out[t] = sum over those experts e, in ascending e, p_e * down_e(silu(gate_e x[t]) * up_e x[t])
+  //            (+ sigmoid(shared_logit[t]) * shared[t] where shared.data: a shared expert's output
+  //            [T, hidden] and its gate's logit [T, 1] f32).
+  // scratch: moe_scratch_bytes(set, T, top_k) bytes of backend memory.
+  virtual void moe_experts(Act x, Act logits, const ExpertSet& set, int top_k, bool norm_topk, Act shared,
+                           Act shared_logit, void* scratch, Act out) {
+    unsupported("moe_experts");
   }
 
   // ---- KV cache -----------------------------------------------------------------------------

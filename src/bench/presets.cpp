@@ -33,7 +33,7 @@ constexpr PresetRow kPresets[] = {
     {"qwen2.5-7b", "Qwen2ForCausalLM", 152064, 3584, 18944, 28, 28, 4, 128, 32768, 1000000.0, false, true, "default", 1.0, 0},
     {"mistral-7b", "MistralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 128, 32768, 1000000.0, false, false, "default", 1.0, 0},
     {"tiny", "LlamaForCausalLM", 1024, 256, 704, 3, 4, 2, 64, 4096, 10000.0, false, false, "default", 1.0, 0},
-    // families the CPU backend runs so far (their extras in family_extras)
+    // the other families (their extras in family_extras)
     {"gemma2-9b", "Gemma2ForCausalLM", 256000, 3584, 14336, 42, 16, 8, 256, 8192, 10000.0, true, false, "default", 1.0, 0},
     {"phi3-mini", "Phi3ForCausalLM", 32064, 3072, 8192, 32, 32, 32, 96, 4096, 10000.0, false, false, "default", 1.0, 0},
     {"mixtral-8x7b", "MixtralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 128, 32768, 1000000.0, false, false, "default", 1.0, 0},

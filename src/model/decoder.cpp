@@ -67,8 +67,6 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   moe_cfg_.moe.shared_intermediate = tp_.shared_inter.n;
   const int total = cfg.n_layers + 2;
   if (arch.moe != ArchFlags::Moe::None) {
-    if (be_.device() != Device::CPU || (off_ && off_->be.device() != Device::CPU))
-      fail(cfg.source, ": mixture-of-experts models (", arch.name, ") run on the CPU backend only so far (use --device cpu)");
     moe_block_ = std::make_unique<MoeBlock>(be_, moe_cfg_);
     if (off_) off_->moe = std::make_unique<MoeBlock>(off_->be, moe_cfg_);
   }
@@ -169,11 +167,11 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
   inv_freq_buf_ = table(be_, inv);
   rope_.head_dim = hd;
   rope_.inv_freq = static_cast<const float*>(inv_freq_buf_->data());
-  if (cfg.rope.type == "dynamic" && (be_.device() != Device::CPU || (off_ && off_->be.device() != Device::CPU)))
-    fail(cfg.source, ": dynamic NTK rope scaling runs on the CPU backend only so far (use --device cpu)");
   if (cfg.rope.type == "yarn") rope_.mscale = static_cast<float>(cfg.rope.attention_factor);
   if (cfg.rope.type == "dynamic") {
     rope_.dynamic_after = cfg.rope.dynamic_max_positions;
+    rope_.dynamic_theta = static_cast<float>(cfg.rope.theta);
+    rope_.dynamic_factor = static_cast<float>(cfg.rope.factor);
     rope_.dynamic_table = [rope = cfg.rope, hd](int64_t L, float* out) {
       const std::vector<float> t = rope_inv_freq_dynamic(rope, hd, L);
       std::copy(t.begin(), t.end(), out);

@@ -113,6 +113,11 @@ std::unique_ptr<MoeWeights> Decoder::moe_weights(const WeightStore& store, int l
     x.down = linear_weight(store, layer_name(layer, (pre + (mixtral ? "w2" : "down_proj") + ".weight").c_str()), H, I, p, true, in_cols);
     m->experts.push_back(std::move(x));
   }
+  std::vector<Backend::ExpertRefs> refs;
+  for (const ExpertWeights& x : m->experts) refs.push_back({x.gate.get(), x.up.get(), x.down.get()});
+  m->set = cur_->make_expert_set(refs);
+  if (!m->set && cur_->device() != Device::CPU)
+    fail(cfg_.source, ": the ", cur_->name(), " backend has no expert set for this mixture of experts");
   if (const int64_t S = cfg_.moe.shared_intermediate; S > 0) {
     const WeightCut s_rows = rows_cut(tp_.shared_inter), s_cols = cols_cut(tp_.shared_inter);
     m->shared.gate = linear_weight(store, layer_name(layer, "mlp.shared_expert.gate_proj.weight"), S, H, p, true, s_rows);

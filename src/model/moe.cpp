@@ -19,6 +19,7 @@ void MoeBlock::ensure(int64_t rows) {
   g_ = be_.alloc(std::max(RK * I, R * S) * es);
   u_ = be_.alloc(std::max(RK * I, R * S) * es);
   ys_ = be_.alloc(std::max(RK, R) * H * es);
+  shared_logit_ = be_.alloc(R * 4);
   cap_ = rows;
 }
 
@@ -29,6 +30,29 @@ void MoeBlock::expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys) {
 }
 
 void MoeBlock::forward(Act x, const MoeWeights& w, Act out) {
+  if (w.set) forward_device(x, w, out);
+  else forward_host(x, w, out);
+}
+
+void MoeBlock::forward_device(Act x, const MoeWeights& w, Act out) {
+  const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts;
+  const int K = int(cfg_.moe.top_k);
+  ensure(T);
+  const size_t need = be_.moe_scratch_bytes(*w.set, T, K);
+  if (!scratch_ || scratch_->bytes() < need) scratch_ = be_.alloc(need);
+  const Act logits{logits_->data(), DType::F32, T, E};
+  be_.linear(x, *w.router, nullptr, logits);
+  Act shared{}, shared_logit{};
+  if (w.shared.gate) {
+    shared = Act{ys_->data(), be_.act_dtype(), T, H};
+    shared_logit = Act{shared_logit_->data(), DType::F32, T, 1};
+    expert(w.shared, cfg_.moe.shared_intermediate, x, shared);
+    be_.linear(x, *w.shared_gate, nullptr, shared_logit);
+  }
+  be_.moe_experts(x, logits, *w.set, K, cfg_.moe.norm_topk, shared, shared_logit, scratch_->data(), out);
+}
+
+void MoeBlock::forward_host(Act x, const MoeWeights& w, Act out) {
   NF4FLASH_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "moe: f32 activations (the CPU backend) only");
   const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts, K = cfg_.moe.top_k;
   ensure(T);

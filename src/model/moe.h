@@ -1,15 +1,19 @@
-// The mixture-of-experts MLP of Mixtral, Qwen2-MoE and Qwen3-MoE over the backend's linears,
-// routed on the host (the CPU backend; CUDA refuses these models at load for now):
+// The mixture-of-experts MLP of Mixtral, Qwen2-MoE and Qwen3-MoE:
 //
 //   p = softmax(x R^T) in f32; the top_k experts of each row (renormalized with norm_topk);
 //   out[t] = sum over the row's experts e, in ascending e: p_e * down_e(silu(gate_e x) * up_e x)
 //            (+ sigmoid(x g_s^T) * shared(x) for Qwen2-MoE's shared expert)
 //
 // as transformers computes it (experts visited in index order, each adding its weighted output).
-// Each expert multiplies only the rows routed to it, gathered into a contiguous block; the experts'
-// products run as one group (Backend::linear_group): with 4-bit weights a decode step reads only
-// the selected experts. A row's result does not depend on the
-// other rows of the step (the CPU linears are row-independent), so batching does not change it.
+// Two ways, by backend:
+//  - on the device (CUDA: the backend's expert set, Backend::moe_experts): the router's logits,
+//    routing, the selected experts and the weighted sum all stay in backend memory, with no host
+//    sync (a decode step is captured in a CUDA graph); the shared expert through the usual linears.
+//  - routed on the host (the CPU backend): each expert multiplies only the rows routed to it,
+//    gathered into a contiguous block; the experts' products run as one group
+//    (Backend::linear_group).
+// Either way a 4-bit decode step reads only the selected experts. A row's result does not depend on
+// the other rows of the step, so batching does not change it.
 #pragma once
 #include <memory>
 #include <vector>
@@ -28,6 +32,7 @@ struct MoeWeights {
   std::vector<ExpertWeights> experts;
   ExpertWeights shared;                 // Qwen2-MoE, else empty
   std::unique_ptr<Weight> shared_gate;  // [1, hidden]
+  std::unique_ptr<Backend::ExpertSet> set;  // the backend's bundle of `experts`, or null (host routing)
 };
 
 class MoeBlock {
@@ -38,13 +43,15 @@ class MoeBlock {
 
  private:
   void ensure(int64_t rows);
+  void forward_host(Act x, const MoeWeights& w, Act out);
+  void forward_device(Act x, const MoeWeights& w, Act out);
   // xs through one expert's SwiGLU into ys (the shared expert)
   void expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys);
 
   Backend& be_;
   const ModelConfig& cfg_;
   int64_t cap_ = 0;
-  std::unique_ptr<Buffer> logits_, xs_, g_, u_, ys_;
+  std::unique_ptr<Buffer> logits_, xs_, g_, u_, ys_, shared_logit_, scratch_;
   std::vector<float> h_logits_, h_x_, h_y_, h_out_;
 };
 

@@ -249,6 +249,10 @@ const BatchCase kBatchCases[] = {
     {"gemma3-qknorm-window", "f32", QuantChoice::Auto, false, ComputeDType::F32, AttnChoice::Auto},
     {"llama-hd80", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Sdpa},
     {"mistral-hd32", "f32", QuantChoice::Auto, false, ComputeDType::F32, AttnChoice::Auto},
+    // mixtures of experts: routing on the GPU over the rows of several sequences
+    {"qwen3moe-topk", "f32", QuantChoice::Auto, false, ComputeDType::F32, AttnChoice::Auto},
+    {"qwen2moe-shared", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Auto},
+    {"mixtral-moe", "bf16", QuantChoice::Auto, false, ComputeDType::BF16, AttnChoice::Auto},
 };
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuBatch, ::testing::ValuesIn(kBatchCases), [](const auto& info) {

@@ -19,10 +19,8 @@ using namespace nf4flash::test;
 
 namespace {
 
-// CUDA refuses these (CPU backend only): nothing to split
-bool cuda_runs(const std::string& m) {
-  return m.find("moe") == std::string::npos && m != "llama-rope-dynamic";
-}
+// CUDA refuses dynamic NTK RoPE (CPU backend only): nothing to split
+bool cuda_runs(const std::string& m) { return m != "llama-rope-dynamic"; }
 
 LoadOptions options(const std::string& model, QuantChoice q, int gpu_layers) {
   LoadOptions o;

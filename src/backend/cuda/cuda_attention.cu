@@ -28,7 +28,13 @@ RopeArgs CudaBackend::rope_args(const Act& q, const Act& k, const RopeParams& p,
   a.inv_freq_long = p.inv_freq_long;
   a.long_after = p.long_after;
   a.mscale = p.mscale;
-  NF4FLASH_CHECK(!p.dynamic_table, "rope: dynamic NTK scaling runs on the CPU backend only so far (use --device cpu)");
+  if (p.dynamic_table) {
+    NF4FLASH_CHECK(p.dynamic_after > 0 && p.dynamic_theta > 0 && p.head_dim > 2, "rope: dynamic NTK scaling needs ",
+                   "its original context, theta and a head_dim above 2");
+    a.dynamic_after = p.dynamic_after;
+    a.dynamic_theta = p.dynamic_theta;
+    a.dynamic_factor = p.dynamic_factor;
+  }
   a.pos0 = s.pos0;
   if (s.paged) a.paged = paged_rows(*s.paged);
   return a;

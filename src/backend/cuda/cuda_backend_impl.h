@@ -7,6 +7,7 @@
 //   cuda_attention.cu  rope, KV cache, attention (decode, flash, sdpa, eager)
 //   cuda_paged.cu      the paged KV cache and steps over several sequences (attention, row gather,
 //                      sampling of many rows)
+//   cuda_moe.cu        mixture of experts: a layer's experts as device tables, routing on the GPU
 // Buffers and the weight types live in cuda_resources.h.
 #pragma once
 #include <algorithm>
@@ -125,6 +126,11 @@ class CudaBackend : public Backend {
   bool linear_swiglu_needs_tmp(const Weight& gate, const Weight& up, int64_t rows, bool bias) const override;
   std::string linear_path(const Weight& w, int64_t rows) const override;
 
+  // ---- mixture of experts (cuda_moe.cu) ----
+  std::unique_ptr<ExpertSet> make_expert_set(const std::vector<ExpertRefs>& experts) override;
+  size_t moe_scratch_bytes(const ExpertSet& set, int64_t rows, int top_k) const override;
+  void moe_experts(Act x, Act logits, const ExpertSet& set, int top_k, bool norm_topk, Act shared, Act shared_logit,
+                   void* scratch, Act out) override;
   // ---- rope, KV cache, attention (cuda_attention.cu) ----
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override;
   void kv_write(int layer, Act k, Act v, const StepState& s) override;

@@ -222,6 +222,10 @@ struct RopeArgs {
   const float* inv_freq_long = nullptr;
   int64_t long_after = 0;
   float mscale = 1.0f;
+  // dynamic NTK: rows of a forward ending at L > dynamic_after compute their frequencies from L
+  // (RopeParams' formula) instead of reading inv_freq; 0: off
+  int64_t dynamic_after = 0;
+  float dynamic_theta = 0.0f, dynamic_factor = 1.0f;
   const int32_t* pos0 = nullptr;
   PagedRows paged;  // set: rows of several sequences, positions per sequence (pos0 unused)
 };

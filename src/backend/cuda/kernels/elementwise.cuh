@@ -171,21 +171,25 @@ __global__ void __launch_bounds__(256) rms_norm_vec_kernel(TA* __restrict__ x, c
 // kernel that rotates (rope, rope_kv, the fused decode attention) gets the same bits.
 __device__ __forceinline__ float rope_lo(float x1, float x2, float c, float s) { return __fmaf_rn(x1, c, -__fmul_rn(x2, s)); }
 __device__ __forceinline__ float rope_hi(float x1, float x2, float c, float s) { return __fmaf_rn(x2, c, __fmul_rn(x1, s)); }
-// The angle of frequency f at position pos: sincosf(float(pos) * inv_freq[f]), both times mscale
-// (exactly 1 but for longrope and yarn).
-__device__ __forceinline__ void rope_angle(int64_t pos, const float* inv_freq, int f, float mscale, float& s, float& c) {
-  sincosf(float(pos) * inv_freq[f], &s, &c);
-  s *= mscale;
-  c *= mscale;
-}
-// A row's position and its frequency table: row t of the step, or of its sequence when paged; the
-// long table (longrope) when the row's forward ends past long_after positions.
+// A row's position and its frequencies: row t of the step, or of its sequence when paged; the
+// long table (longrope) when the row's forward ends past long_after positions; with dynamic NTK
+// past dynamic_after, frequencies from the base dyn_base of the forward's end (0: the table).
 // seq: the row's sequence when paged (0 otherwise).
 struct RopeRow {
   int64_t pos;
   const float* inv_freq;
   int seq;
+  float dyn_base;
 };
+// The angle of frequency f of row rr at position pos: sincosf(float(pos) * inv_freq[f]), both
+// times mscale (exactly 1 but for longrope and yarn).
+__device__ __forceinline__ void rope_angle(int64_t pos, const RopeRow& rr, int f, int head_dim, float mscale, float& s,
+                                           float& c) {
+  const float inv = rr.dyn_base > 0.f ? 1.0f / powf(rr.dyn_base, float(2 * f) / float(head_dim)) : rr.inv_freq[f];
+  sincosf(float(pos) * inv, &s, &c);
+  s *= mscale;
+  c *= mscale;
+}
 __device__ __forceinline__ RopeRow rope_row(const RopeArgs& a, int64_t t) {
   int64_t pos, end;
   int seq = 0;
@@ -198,7 +202,12 @@ __device__ __forceinline__ RopeRow rope_row(const RopeArgs& a, int64_t t) {
     pos = a.pos0[0] + t;
     end = a.pos0[0] + a.T;
   }
-  return RopeRow{pos, a.inv_freq_long && end > a.long_after ? a.inv_freq_long : a.inv_freq, seq};
+  float dyn_base = 0.f;
+  if (a.dynamic_after > 0 && end > a.dynamic_after) {  // transformers' dynamic NTK base, in f32
+    const float t = a.dynamic_factor * float(end) / float(a.dynamic_after) - (a.dynamic_factor - 1.0f);
+    dyn_base = a.dynamic_theta * powf(t, float(double(a.head_dim) / double(a.head_dim - 2)));
+  }
+  return RopeRow{pos, a.inv_freq_long && end > a.long_after ? a.inv_freq_long : a.inv_freq, seq, dyn_base};
 }
 
 template <typename TA>
@@ -214,7 +223,7 @@ __global__ void rope_kernel(const RopeArgs a) {
                                : static_cast<TA*>(a.k) + t * a.k_stride + int64_t(h - a.n_q_heads) * a.head_dim;
     float sn, cs;
     const RopeRow rr = rope_row(a, t);
-    rope_angle(rr.pos, rr.inv_freq, d, a.mscale, sn, cs);
+    rope_angle(rr.pos, rr, d, a.head_dim, a.mscale, sn, cs);
     const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
     base[d] = from_f32<TA>(rope_lo(x1, x2, cs, sn));
     base[d + half] = from_f32<TA>(rope_hi(x1, x2, cs, sn));
@@ -340,7 +349,7 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * r.head_dim
                          : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * r.head_dim;
         float sn, cs;
-        rope_angle(pos, rr.inv_freq, d, r.mscale, sn, cs);
+        rope_angle(pos, rr, d, r.head_dim, r.mscale, sn, cs);
         const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
         const TA y1 = from_f32<TA>(rope_lo(x1, x2, cs, sn)), y2 = from_f32<TA>(rope_hi(x1, x2, cs, sn));
         base[d] = y1;

@@ -1,0 +1,416 @@
+// Mixture-of-experts kernels of the CUDA backend: routing, the routed rows grouped by expert, the
+// experts' products over those groups (4-bit tiled or dense weights, read by expert id from a
+// device table, so a captured decode step serves whichever experts the router picks) and the
+// weighted sum. T rows, E experts, K experts per row, P = T*K routed pairs; pair p = t*K + k.
+//
+//   moe_route_kernel    one block of 1024 threads. logits [T, E] f32 -> per row t (a warp): the K
+//                       largest p = softmax(logits[t]) (ties: the lower index), renormalized over
+//                       the K when norm (summed in the order chosen), slots k sorted by expert:
+//                       ids[p], wts[p]. Then the pairs grouped by expert: pair p goes to position q
+//                       = pos_of[p] (row_of[q] = t), expert e's pairs at [first_e, first_e + n_e) in
+//                       any order (a pair's arithmetic does not depend on its group), cut into
+//                       chunks of <= 8 pairs: chunks[c] = (e, q0, n) for c < *n_chunks.
+//   moe_gemv_kernel     one unit = (chunk c, row tile rt of 16 weight rows); block b takes units
+//                       b, b + G, ... of n_chunks * RT. For the chunk's pairs q = q0 .. q0+n-1:
+//                         SwiGLU: out[q, r] = silu(round(x[row_of[q]] . gate_e[r])) * round(x[row_of[q]] . up_e[r])
+//                         Store:  out[q, r] = round(x[q] . W_e[r])
+//                       rounded to the compute dtype; f32 accumulation. Warp w takes the 64-column
+//                       tiles kt = w, w + 8, ...; lane 4g + t the rows g, g + 8 and columns
+//                       64 kt + 16 t .. + 15: the 16 bytes the tile16x64 layout (gemv_q4.cuh) gives
+//                       that lane (one coalesced 512-byte load per warp and tile), codes through a
+//                       16-entry table in shared memory, the absmax scaling each tile's partial
+//                       sum (bitsandbytes' double-quant decode). Dense weights ([rows, cols] in the
+//                       compute dtype) are read over the same (row, column) split. Sums reduced over
+//                       a row's 4 lanes (shuffles), then over the warps in shared memory.
+//   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
+//                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
+//                       slots in ascending expert order. Grid (ceil(cols / 256), T).
+#pragma once
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/moe_launchers.h"
+
+namespace nf4flash::cuda {
+
+constexpr int kMoeWarps = 8, kMoeLaneExperts = kMoeMaxExperts / 32;
+
+__global__ void __launch_bounds__(1024) moe_route_kernel(const MoeRouteArgs a) {
+  __shared__ int cnt[kMoeMaxExperts], first[kMoeMaxExperts], cur[kMoeMaxExperts], cbase[kMoeMaxExperts];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E, K = a.K;
+  for (int e = tid; e < E; e += blockDim.x) cnt[e] = cur[e] = 0;
+  __syncthreads();
+  for (int t = warp; t < a.T; t += blockDim.x / 32) {
+    const float* l = a.logits + int64_t(t) * E;
+    float v[kMoeLaneExperts];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMoeLaneExperts; ++i) {
+      const int e = lane + 32 * i;
+      v[i] = e < E ? l[e] : -INFINITY;
+      mx = fmaxf(mx, v[i]);
+    }
+    mx = warp_max(mx);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMoeLaneExperts; ++i) {
+      v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+      s += v[i];
+    }
+    s = warp_sum(s);
+#pragma unroll
+    for (int i = 0; i < kMoeLaneExperts; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;  // -1: never chosen
+    int sel_e[kMoeMaxTopK];
+    float sel_p[kMoeMaxTopK], norm = 0.f;
+    for (int k = 0; k < K; ++k) {
+      float bp = -2.f;
+      int be = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < kMoeLaneExperts; ++i)
+        if (v[i] > bp) {  // ascending e within the lane: the first of equal values wins
+          bp = v[i];
+          be = lane + 32 * i;
+        }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float op = __shfl_xor_sync(0xffffffffu, bp, o);
+        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+        if (op > bp || (op == bp && oe < be)) {
+          bp = op;
+          be = oe;
+        }
+      }
+      if (be >= E) {  // NaN logits: no expert compares larger; keep the index in range
+        be = k;
+        bp = 0.f;
+      }
+      sel_e[k] = be;
+      sel_p[k] = bp;
+      norm += bp;
+#pragma unroll
+      for (int i = 0; i < kMoeLaneExperts; ++i)
+        if (lane + 32 * i == be) v[i] = -1.f;
+    }
+    if (!a.norm) norm = 1.f;
+    if (lane == 0) {
+      for (int i = 1; i < K; ++i)  // slots by ascending expert (the order the outputs are summed in)
+        for (int j = i; j > 0 && sel_e[j - 1] > sel_e[j]; --j) {
+          const int te = sel_e[j];
+          sel_e[j] = sel_e[j - 1];
+          sel_e[j - 1] = te;
+          const float tp = sel_p[j];
+          sel_p[j] = sel_p[j - 1];
+          sel_p[j - 1] = tp;
+        }
+      for (int k = 0; k < K; ++k) {
+        a.ids[t * K + k] = sel_e[k];
+        a.wts[t * K + k] = sel_p[k] / norm;
+        atomicAdd(&cnt[sel_e[k]], 1);
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int q = 0, c = 0;
+    for (int e = 0; e < E; ++e) {
+      first[e] = q;
+      cbase[e] = c;
+      q += cnt[e];
+      c += (cnt[e] + kMoeChunk - 1) / kMoeChunk;
+    }
+    *a.n_chunks = c;
+  }
+  __syncthreads();
+  const int P = a.T * K;
+  for (int p = tid; p < P; p += blockDim.x) {
+    const int e = a.ids[p];
+    const int q = first[e] + atomicAdd(&cur[e], 1);
+    a.pos_of[p] = q;
+    a.row_of[q] = p / K;
+  }
+  for (int e = tid; e < E; e += blockDim.x)
+    for (int c = 0; c * kMoeChunk < cnt[e]; ++c) {
+      int* ch = a.chunks + 3 * (cbase[e] + c);
+      ch[0] = e;
+      ch[1] = first[e] + c * kMoeChunk;
+      ch[2] = min(kMoeChunk, cnt[e] - c * kMoeChunk);
+    }
+}
+
+// 16 consecutive values at p as f32 (16-byte aligned when vec).
+template <typename T>
+__device__ __forceinline__ void moe_load16(const T* p, bool vec, int valid, float* out) {
+  if (vec) {
+    constexpr int E = 16 / sizeof(T);
+#pragma unroll
+    for (int i = 0; i < 16 / E; ++i) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+      for (int k = 0; k < E; ++k) out[i * E + k] = to_f32<T>(h[k]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) out[i] = i < valid ? to_f32<T>(p[i]) : 0.f;
+  }
+}
+
+// A lane's share of one 4-bit tile (its 16 code bytes) and the raw absmax of rows g, g + 8 (f32, or
+// the u8 code's bits and the nested absmax for double quant): loaded a tile ahead of its decode.
+struct MoeRaw {
+  uint4 wq;
+  float2 s[2];
+};
+template <MoeKind WK>
+__device__ __forceinline__ MoeRaw moe_tile_load(const MoeMatArgs& m, const MoeExpertW& x, int64_t rt, int64_t kt) {
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  MoeRaw raw;
+  raw.wq = ld_stream_u4(static_cast<const uint8_t*>(x.w) + ((rt * m.KT + kt) * 32 + lane) * 16);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = g + 8 * h;
+    const int64_t i = (rt * m.KT + kt) * 16 + r;
+    if constexpr (WK == MoeKind::Q4) {
+      raw.s[h] = make_float2(__ldg(static_cast<const float*>(x.absmax) + i), 0.f);
+    } else {
+      int64_t row = rt * 16 + r;
+      row = row < m.rows ? row : m.rows - 1;
+      const int64_t blk = (row * m.cols + kt * 64) >> m.log2_blocksize;
+      raw.s[h] = make_float2(__int_as_float(int(__ldg(static_cast<const uint8_t*>(x.absmax) + i))),
+                             __ldg(x.nested_absmax + (blk >> m.log2_nested)));
+    }
+  }
+  return raw;
+}
+
+// The lane's weights as f32: w[0][i] row g, w[1][i] row g + 8, columns 64 kt + 16 t + i;
+// scale[0..1]: their absmax (bitsandbytes' double-quant decode: product rounded, then the offset).
+template <MoeKind WK>
+__device__ __forceinline__ void moe_tile_decode(const MoeRaw& raw, float offset, const float* s_code,
+                                                const float* s_nested, float (&w)[2][16], float (&scale)[2]) {
+  const uint32_t words[4] = {raw.wq.x, raw.wq.y, raw.wq.z, raw.wq.w};
+  // word j: bytes (row g, c), (row g+8, c), (row g, c+1), (row g+8, c+1), source byte c = 8t + 2j
+  // of the row in this tile; high nibble = the even column
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t b0 = (words[j] >> (8 * h)) & 0xffu, b1 = (words[j] >> (8 * (h + 2))) & 0xffu;
+      w[h][4 * j + 0] = s_code[b0 >> 4];
+      w[h][4 * j + 1] = s_code[b0 & 15];
+      w[h][4 * j + 2] = s_code[b1 >> 4];
+      w[h][4 * j + 3] = s_code[b1 & 15];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (WK == MoeKind::Q4) scale[h] = raw.s[h].x;
+    else scale[h] = __fadd_rn(__fmul_rn(s_nested[__float_as_int(raw.s[h].x)], raw.s[h].y), offset);
+  }
+}
+
+// Dense weights: the lane's rows g, g + 8 of row tile rt, columns 64 kt + 16 t .. + 15 (zero past
+// the matrix), scale 1.
+template <typename TA>
+__device__ __forceinline__ void moe_dense_weights(const MoeMatArgs& m, const MoeExpertW& x, int64_t rt, int64_t kt,
+                                                  float (&w)[2][16], float (&scale)[2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t c0 = kt * 64 + 16 * t;
+  const int valid = int(m.cols - c0 < 16 ? m.cols - c0 : 16);
+  const bool vec = (m.cols & 63) == 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = rt * 16 + g + 8 * h;
+    if (row < m.rows && valid > 0) {
+      moe_load16<TA>(static_cast<const TA*>(x.w) + row * m.cols + c0, vec, valid, w[h]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) w[h][i] = 0.f;
+    }
+    scale[h] = 1.f;
+  }
+}
+
+// acc[j][h] += scale[h] * (w[h] . x of pair j) over this lane's 16 columns of tile kt, j < n.
+template <typename TA, int CH>
+__device__ __forceinline__ void moe_tile_dot(const void* x, const int32_t* xrows, int n, int64_t cols, int64_t kt,
+                                             const float (&w)[2][16], const float (&scale)[2], float (&acc)[CH][2]) {
+  const int t = threadIdx.x & 3;
+  const int64_t c0 = kt * 64 + 16 * t;
+  const int valid = int(cols - c0 < 16 ? cols - c0 : 16);
+  if (valid <= 0) return;
+  const bool vec = (cols & 63) == 0;
+#pragma unroll
+  for (int j = 0; j < CH; ++j) {
+    if (j < n) {
+      float xv[16];
+      moe_load16<TA>(static_cast<const TA*>(x) + int64_t(xrows[j]) * cols + c0, vec, valid, xv);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float d = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) d = fmaf(w[h][i], xv[i], d);
+        acc[j][h] = fmaf(d, scale[h], acc[j][h]);
+      }
+    }
+  }
+}
+
+// One pair (a decode step's row): acc[h] += scale[h] * (codes of row g + 8h . x) over this
+// lane's 16 columns of tile kt, the codes decoded as they are used (no register copy of the tile).
+template <typename TA, MoeKind WK>
+__device__ __forceinline__ void moe_tile_dot1(const MoeRaw& raw, float offset, const float* s_code,
+                                              const float* s_nested, const void* x, int32_t xrow, int64_t cols,
+                                              int64_t kt, float (&acc)[1][2]) {
+  const int t = threadIdx.x & 3;
+  float xv[16];
+  moe_load16<TA>(static_cast<const TA*>(x) + int64_t(xrow) * cols + kt * 64 + 16 * t, true, 16, xv);
+  const uint32_t words[4] = {raw.wq.x, raw.wq.y, raw.wq.z, raw.wq.w};
+  float d[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // as moe_tile_decode lays the bytes out
+      const uint32_t b0 = (words[j] >> (8 * h)) & 0xffu, b1 = (words[j] >> (8 * (h + 2))) & 0xffu;
+      d[h] = fmaf(s_code[b0 >> 4], xv[4 * j + 0], d[h]);
+      d[h] = fmaf(s_code[b0 & 15], xv[4 * j + 1], d[h]);
+      d[h] = fmaf(s_code[b1 >> 4], xv[4 * j + 2], d[h]);
+      d[h] = fmaf(s_code[b1 & 15], xv[4 * j + 3], d[h]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sc = WK == MoeKind::Q4 ? raw.s[h].x
+                                       : __fadd_rn(__fmul_rn(s_nested[__float_as_int(raw.s[h].x)], raw.s[h].y), offset);
+    acc[0][h] = fmaf(d[h], sc, acc[0][h]);
+  }
+}
+
+// The 4 lanes of each row summed (shuffles), then written to red[warp][row][pair]; acc zeroed.
+template <int CH>
+__device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], float (&acc)[CH][2]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < CH; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v = acc[j][h];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (t == 0) red[warp][g + 8 * h][j] = v;
+      acc[j][h] = 0.f;
+    }
+}
+
+// CH: the most pairs a chunk holds for this launch (1 when every row picks an expert once and
+// there is one row, a decode step; else kMoeChunk). B: 4-bit tiles a warp has in flight per matrix
+// (its loads issued before the first of them is decoded).
+template <typename TA, MoeKind WK, bool SWIGLU, int CH>
+__global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+  constexpr int B = CH == 1 ? 4 : 2;
+  __shared__ float red[SWIGLU ? 2 : 1][kMoeWarps][16][CH];
+  __shared__ float s_code[16];
+  __shared__ float s_nested[256];
+  __shared__ int32_t s_rows[CH];
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const MoeMatArgs& m0 = a.m[0];
+  if (tid < 16) s_code[tid] = m0.code[tid];
+  if constexpr (WK == MoeKind::Q4DoubleQuant)
+    for (int i = tid; i < 256; i += blockDim.x) s_nested[i] = m0.nested_code[i];
+  const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
+  const int64_t units = int64_t(*a.n_chunks) * RT;
+  float acc[2][CH][2] = {};
+  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int64_t c = u / RT, rt = u - c * RT;
+    const int e = a.chunks[3 * c], q0 = a.chunks[3 * c + 1], n = min(a.chunks[3 * c + 2], CH);
+    __syncthreads();  // s_code, s_nested written; the previous unit's s_rows and red read
+    if (tid < CH) s_rows[tid] = tid < n ? (a.row_of ? a.row_of[q0 + tid] : q0 + tid) : 0;
+    __syncthreads();
+    int32_t xrows[CH];
+#pragma unroll
+    for (int j = 0; j < CH; ++j) xrows[j] = s_rows[j];
+    const MoeExpertW x0 = a.m[0].experts[e];
+    MoeExpertW x1{};
+    if constexpr (SWIGLU) x1 = a.m[1].experts[e];
+    for (int64_t kt0 = warp; kt0 < KT; kt0 += kMoeWarps * B) {
+      if constexpr (WK == MoeKind::Dense) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const int64_t kt = kt0 + kMoeWarps * b;
+          if (kt >= KT) break;
+          float w[2][16], sc[2];
+          moe_dense_weights<TA>(a.m[0], x0, rt, kt, w, sc);
+          moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[0]);
+          if constexpr (SWIGLU) {
+            moe_dense_weights<TA>(a.m[1], x1, rt, kt, w, sc);
+            moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[1]);
+          }
+        }
+      } else {
+        MoeRaw r0[B], r1[B];  // every load of the batch out before the first decode
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const int64_t kt = kt0 + kMoeWarps * b;
+          if (kt < KT) {
+            r0[b] = moe_tile_load<WK>(a.m[0], x0, rt, kt);
+            if constexpr (SWIGLU) r1[b] = moe_tile_load<WK>(a.m[1], x1, rt, kt);
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const int64_t kt = kt0 + kMoeWarps * b;
+          if (kt >= KT) break;
+          if constexpr (CH == 1) {
+            moe_tile_dot1<TA, WK>(r0[b], x0.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[0]);
+            if constexpr (SWIGLU) moe_tile_dot1<TA, WK>(r1[b], x1.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[1]);
+          } else {
+            float w[2][16], sc[2];
+            moe_tile_decode<WK>(r0[b], x0.offset, s_code, s_nested, w, sc);
+            moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[0]);
+            if constexpr (SWIGLU) {
+              moe_tile_decode<WK>(r1[b], x1.offset, s_code, s_nested, w, sc);
+              moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[1]);
+            }
+          }
+        }
+      }
+    }
+    moe_publish<CH>(red[0], acc[0]);
+    if constexpr (SWIGLU) moe_publish<CH>(red[1], acc[1]);
+    __syncthreads();
+    if (tid < 16 * CH) {
+      const int r = tid / CH, j = tid % CH;
+      const int64_t row = rt * 16 + r;
+      if (j < n && row < rows) {
+        float y = 0.f;
+#pragma unroll
+        for (int w = 0; w < kMoeWarps; ++w) y += red[0][w][r][j];
+        TA* out = static_cast<TA*>(a.out) + int64_t(q0 + j) * rows + row;
+        if constexpr (SWIGLU) {
+          float up = 0.f;
+#pragma unroll
+          for (int w = 0; w < kMoeWarps; ++w) up += red[1][w][r][j];
+          const float gv = to_f32<TA>(from_f32<TA>(y)), uv = to_f32<TA>(from_f32<TA>(up));
+          *out = from_f32<TA>(gv / (1.f + __expf(-gv)) * uv);
+        } else {
+          *out = from_f32<TA>(y);
+        }
+      }
+    }
+  }
+}
+
+template <typename TA>
+__global__ void moe_combine_kernel(const MoeCombineArgs a) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
+  if (c >= a.cols) return;
+  float s = 0.f;
+  for (int k = 0; k < a.K; ++k) {
+    const int64_t p = t * a.K + k;
+    s = fmaf(a.wts[p], to_f32<TA>(static_cast<const TA*>(a.y)[int64_t(a.pos_of[p]) * a.cols + c]), s);
+  }
+  if (a.shared) {
+    const float gl = a.shared_logit[t];
+    s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.shared)[t * a.cols + c]), s);
+  }
+  static_cast<TA*>(a.out)[t * a.cols + c] = from_f32<TA>(s);
+}
+
+}  // namespace nf4flash::cuda
