@@ -1,9 +1,9 @@
 // Mixtures of experts on CUDA (routing, the experts' products over rows grouped by expert and the
 // weighted sum on the GPU: Backend::moe_experts):
 //  - the op against the CPU's host routing (MoeBlock on the CPU backend) on the same weights and the
-//    same router logits: 128 experts, top 8 (every lane of the routing warp holds several experts),
-//    1, 5 and 40 rows (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense
-//    experts, f32 and bf16 compute, top-k weights renormalized or not;
+//    same router logits: 128 experts, top 8, and 16 experts of wider shapes, 1, 5 and 40 rows
+//    (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense experts, f32 and
+//    bf16 compute, top-k weights renormalized or not;
 //  - Mixtral, Qwen2-MoE (shared expert with its gate) and Qwen3-MoE against their transformers
 //    goldens (f32 and bf16), decode steps against the prefill's logits, NF4/FP4 on the GPU against
 //    the CPU (f32 compute), and greedy decoding with the step captured in a CUDA graph equal to without and to
@@ -59,42 +59,52 @@ Experts make_experts(Backends& b, DType compute, ExpertKind kind, int E, int64_t
   return x;
 }
 
-TEST(MoeGpu, ExpertsMatchHostRouting) {
-  NF4FLASH_REQUIRE_CUDA();
-  const int E = 128, K = 8;
-  const int64_t H = 256, I = 128;
-  for (DType compute : {DType::F32, DType::BF16}) {
-    for (ExpertKind kind : {ExpertKind::Nf4Dq, ExpertKind::Fp4, ExpertKind::Dense}) {
-      Backends b(compute);
-      Experts x = make_experts(b, compute, kind, E, H, I);
-      ASSERT_TRUE(x.gpu.set) << "the CUDA backend bundles the experts";
-      for (bool norm : {true, false}) {
-        ModelConfig cfg;
-        cfg.hidden_size = H;
-        cfg.moe.n_experts = E;
-        cfg.moe.top_k = K;
-        cfg.moe.expert_intermediate = I;
-        cfg.moe.norm_topk = norm;
-        MoeBlock ref(*b.cpu, cfg);
-        for (int64_t T : {1, 5, 40}) {
-          SCOPED_TRACE(cat(dtype_name(compute), " kind ", int(kind), " norm ", norm, " T ", T));
-          const auto xv = rounded(randn(size_t(T * H)), compute);
-          DevAct xc(*b.cpu, T, H), oc(*b.cpu, T, H), lc(*b.cpu, T, E, DType::F32);
-          xc.set(xv);
-          ref.forward(xc.act, x.cpu, oc.act);
-          // the GPU routes the CPU's logits: the same experts for every row
-          b.cpu->linear(xc.act, *x.cpu.router, nullptr, lc.act);
-          DevAct xg(*b.gpu, T, H), og(*b.gpu, T, H), lg(*b.gpu, T, E, DType::F32);
-          xg.set(xv);
-          lg.set(lc.get());
-          og.poison();
-          auto scratch = b.gpu->alloc(b.gpu->moe_scratch_bytes(*x.gpu.set, T, K));
-          b.gpu->moe_experts(xg.act, lg.act, *x.gpu.set, K, norm, Act{}, Act{}, scratch->data(), og.act);
-          EXPECT_LT(rel_err(og.get(), oc.get()), compute == DType::F32 ? 1e-5 : 1e-2);
-        }
-      }
+struct MoeShape {
+  int E, K;
+  int64_t H, I;
+};
+
+void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind) {
+  const int E = sh.E, K = sh.K;
+  const int64_t H = sh.H, I = sh.I;
+  Backends b(compute);
+  Experts x = make_experts(b, compute, kind, E, H, I);
+  ASSERT_TRUE(x.gpu.set) << "the CUDA backend bundles the experts";
+  for (bool norm : {true, false}) {
+    ModelConfig cfg;
+    cfg.hidden_size = H;
+    cfg.moe.n_experts = E;
+    cfg.moe.top_k = K;
+    cfg.moe.expert_intermediate = I;
+    cfg.moe.norm_topk = norm;
+    MoeBlock ref(*b.cpu, cfg);
+    for (int64_t T : {1, 5, 40}) {
+      SCOPED_TRACE(cat(E, " experts ", H, "x", I, " ", dtype_name(compute), " kind ", int(kind), " norm ", norm, " T ", T));
+      const auto xv = rounded(randn(size_t(T * H)), compute);
+      DevAct xc(*b.cpu, T, H), oc(*b.cpu, T, H), lc(*b.cpu, T, E, DType::F32);
+      xc.set(xv);
+      ref.forward(xc.act, x.cpu, oc.act);
+      // the GPU routes the CPU's logits: the same experts for every row
+      b.cpu->linear(xc.act, *x.cpu.router, nullptr, lc.act);
+      DevAct xg(*b.gpu, T, H), og(*b.gpu, T, H), lg(*b.gpu, T, E, DType::F32);
+      xg.set(xv);
+      lg.set(lc.get());
+      og.poison();
+      auto scratch = b.gpu->alloc(b.gpu->moe_scratch_bytes(*x.gpu.set, T, K));
+      b.gpu->moe_experts(xg.act, lg.act, *x.gpu.set, K, norm, Act{}, Act{}, scratch->data(), og.act);
+      EXPECT_LT(rel_err(og.get(), oc.get()), compute == DType::F32 ? 1e-5 : 1e-2);
     }
   }
+}
+
+// 128 experts of 256 -> 128 (every lane of the routing warp holds several experts; one warp a
+// unit), and 16 experts of 1024 -> 768 (a decode step's units on 4 and 2 warps).
+TEST(MoeGpu, ExpertsMatchHostRouting) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType compute : {DType::F32, DType::BF16})
+    for (ExpertKind kind : {ExpertKind::Nf4Dq, ExpertKind::Fp4, ExpertKind::Dense})
+      expect_experts_match({128, 8, 256, 128}, compute, kind);
+  expect_experts_match({16, 4, 1024, 768}, DType::BF16, ExpertKind::Nf4Dq);
 }
 
 TEST(MoeGpu, ScoreMatchesGoldens) {
