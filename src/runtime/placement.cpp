@@ -78,14 +78,21 @@ ModelBytes model_bytes(const ModelConfig& c, const Plan& p, const LoadOptions& o
   for (int i = 0; i < c.n_layers; ++i) {
     // MLP weights: dense layers 3 H I; mixture-of-experts layers every expert's (4-bit like any
     // linear) plus a dense router (and Qwen2-MoE's shared expert and its gate)
-    size_t mlp = 3 * H * I, router = 0;
+    size_t mlp = 3 * H * I, mlp_read = mlp, router = 0;
     if (c.moe.sparse(i)) {
-      mlp = size_t(c.moe.n_experts) * 3 * H * c.moe.expert_intermediate + 3 * H * c.moe.shared_intermediate;
+      const size_t expert = 3 * H * c.moe.expert_intermediate, shared = 3 * H * c.moe.shared_intermediate;
+      mlp = size_t(c.moe.n_experts) * expert + shared;
+      mlp_read = size_t(c.moe.top_k) * expert + shared;
       router = size_t(c.moe.n_experts) * H + (c.moe.shared_intermediate ? H : 0);
     }
-    const size_t linear = H * qd + 2 * H * kvd + qd * H + mlp;
+    const size_t attn = H * qd + 2 * H * kvd + qd * H;
     const size_t vectors = norms * H + (c.attention_bias ? qd + 2 * kvd : 0) + router;
-    m.layer.push_back((q4 ? quant4_bytes(linear, o.blocksize, p.double_quant) : linear * es) + vectors * es);
+    auto bytes = [&](size_t linear) {
+      return (q4 ? quant4_bytes(linear, o.blocksize, p.double_quant) : linear * es) + vectors * es;
+    };
+    const size_t linear = attn + mlp;
+    m.layer.push_back(bytes(linear));
+    m.layer_read.push_back(bytes(attn + mlp_read));
     m.layer_params.push_back(linear + router);
   }
   m.embed = V * H * es;

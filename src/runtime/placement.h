@@ -29,6 +29,8 @@ size_t quant4_bytes(size_t n, int blocksize, bool double_quant);
 struct ModelBytes {
   size_t embed = 0, head = 0, final_norm = 0;  // head: 0 when tied to the embeddings
   std::vector<size_t> layer;                   // each layer's weights
+  // what a decode token reads of each layer: its weights, but of a mixture only the top-k experts
+  std::vector<size_t> layer_read;
   std::vector<size_t> layer_params;            // each layer's linear parameters (for FLOPs)
   size_t head_params = 0;                      // lm_head's (tied or not)
   bool head_quant4 = false;                    // lm_head stored in 4 bits (--quant-lm-head)

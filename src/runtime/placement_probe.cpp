@@ -228,7 +228,7 @@ PlacementPrediction predict_placement(const Placement& pl, const ModelBytes& m, 
     const bool on_gpu = i < pl.gpu_layers;
     const BackendRates& r = on_gpu ? gpu : cpu;
     const size_t kv = (on_gpu ? m.kv_token_layer : m.kv_token_layer_host) * size_t(ctx);
-    const double s = m.layer[size_t(i)] / r.gemv_bytes_s + kv / r.gemv_dense_bytes_s +
+    const double s = m.layer_read[size_t(i)] / r.gemv_bytes_s + kv / r.gemv_dense_bytes_s +
                      kOpsPerLayer * (on_gpu && graphs ? r.op_graph_s : r.op_s);
     (on_gpu ? gpu_s : cpu_s) += s;
     (on_gpu ? gpu_flop : cpu_flop) += 2.0 * double(m.layer_params[size_t(i)]) * double(prompt);

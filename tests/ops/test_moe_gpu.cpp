@@ -5,7 +5,7 @@
 //    (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense experts, f32 and
 //    bf16 compute, top-k weights renormalized or not;
 //  - Mixtral, Qwen2-MoE (shared expert with its gate) and Qwen3-MoE against their transformers
-//    goldens (f32 and bf16), decode steps against the prefill's logits, NF4/FP4 on the GPU against
+//    goldens (f32 with sdpa and eager, bf16 with flash, sdpa and eager), decode steps against the prefill's logits, NF4/FP4 on the GPU against
 //    the CPU (f32 compute), and greedy decoding with the step captured in a CUDA graph equal to without and to
 //    transformers' greedy ids.
 #include <gtest/gtest.h>
@@ -110,9 +110,14 @@ TEST(MoeGpu, ExpertsMatchHostRouting) {
 TEST(MoeGpu, ScoreMatchesGoldens) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* model : kMoeModels) {
-    SCOPED_TRACE(model);
-    expect_score_matches_goldens({model, "f32", "", QuantChoice::Auto, false, ComputeDType::F32}, AttnChoice::Sdpa);
-    expect_score_matches_goldens({model, "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16});
+    for (ComputeDType cd : {ComputeDType::F32, ComputeDType::BF16}) {
+      for (AttnChoice a : {AttnChoice::Flash, AttnChoice::Sdpa, AttnChoice::Eager}) {
+        if (cd == ComputeDType::F32 && a == AttnChoice::Flash) continue;  // flash needs bf16/f16
+        SCOPED_TRACE(cat(model, " attn ", int(a)));
+        expect_score_matches_goldens({model, cd == ComputeDType::F32 ? "f32" : "bf16", "", QuantChoice::Auto, false, cd},
+                                     a);
+      }
+    }
   }
 }
 

@@ -91,6 +91,33 @@ TEST(Placement, EstimateMatchesLoadedWeights) {
   }
 }
 
+// A decode token reads all of a dense layer, and of a mixture's layer only its top-k experts.
+TEST(Placement, DecodeReadsTheTopKExperts) {
+  for (const char* model : {"llama-gqa-hd64", "qwen3moe-topk", "qwen2moe-shared"}) {
+    const ModelConfig c = load_model_config(test::model_dir(model));
+    for (QuantChoice q : {QuantChoice::None, QuantChoice::NF4}) {
+      LoadOptions o;
+      o.quant = q;
+      o.device = DeviceChoice::CPU;
+      const ModelBytes m = model_bytes(c, make_plan(o, c), o);
+      ASSERT_EQ(m.layer_read.size(), m.layer.size());
+      for (size_t i = 0; i < m.layer.size(); ++i) {
+        if (!c.moe.sparse(int(i))) {
+          EXPECT_EQ(m.layer_read[i], m.layer[i]) << model;
+          continue;
+        }
+        // the experts not chosen: (E - k) experts of 3 H Ie linear parameters
+        const size_t unread = size_t(c.moe.n_experts - c.moe.top_k) * 3 * size_t(c.hidden_size) *
+                              size_t(c.moe.expert_intermediate);
+        // bf16 (the CPU's default compute), or NF4 codes with an f32 absmax a block of 64
+        const double per_param = q == QuantChoice::NF4 ? 0.5 + 4.0 / 64 : 2.0;
+        EXPECT_NEAR(double(m.layer[i] - m.layer_read[i]), double(unread) * per_param, double(unread) * 0.01)
+            << model << " layer " << i;
+      }
+    }
+  }
+}
+
 // A fixture model on the CPU backend, one thread, no tokenizer.
 LoadOptions cpu_options(const std::string& model, QuantChoice q, ComputeDType c) {
   LoadOptions o;
