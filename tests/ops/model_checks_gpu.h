@@ -77,14 +77,15 @@ inline void expect_decode_matches_prefill(const GpuCase& c) {
   EXPECT_LT(worst, std::string(c.variant) == "f32" ? 1e-4 : 2e-2) << c.model << " " << c.variant;
 }
 
-// The same model loaded on the GPU (bf16 compute) and on the CPU (`cpu_compute`) with options `o`:
-// the three golden sequences' logits within the bf16 tolerance of each other (twice transformers'
-// own bf16-vs-f32 distance).
-inline void expect_gpu_close_to_cpu(LoadOptions o, ComputeDType cpu_compute, const std::string& golden) {
+// The same model loaded on the GPU (`gpu_compute`) and on the CPU (`cpu_compute`) with options `o`:
+// the three golden sequences' logits within `tol` of each other, by default the bf16 tolerance
+// (twice transformers' own bf16-vs-f32 distance).
+inline void expect_gpu_close_to_cpu(LoadOptions o, ComputeDType cpu_compute, const std::string& golden,
+                                    ComputeDType gpu_compute = ComputeDType::BF16, double tol = 0) {
   Golden g(golden);
   o.ctx_size = 512;
   o.load_tokenizer = false;
-  o.compute = ComputeDType::BF16;
+  o.compute = gpu_compute;
   o.device = DeviceChoice::CUDA;
   auto gpu = Engine::load(o);
   o.device = DeviceChoice::CPU;
@@ -93,8 +94,8 @@ inline void expect_gpu_close_to_cpu(LoadOptions o, ComputeDType cpu_compute, con
   for (int i = 0; i < 3; ++i) {
     const auto toks = g.i32(cat("tokens_", i));
     const ScoreResult a = gpu->score(toks, false, true), b = cpu->score(toks, false, true);
-    const double tol = 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
-    EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), tol) << golden << " seq " << i;
+    const double t = tol > 0 ? tol : 2 * rel_l2(g.f32(cat("logits_bf16_", i)), g.f32(cat("logits_f32_", i)));
+    EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), t) << golden << " seq " << i;
   }
 }
 

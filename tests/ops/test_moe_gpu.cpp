@@ -136,24 +136,13 @@ TEST(MoeGpu, DecodeStepMatchesPrefillLogits) {
 TEST(MoeGpu, FourBitMatchesCpu) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* model : kMoeModels) {
-    Golden g(model);
     for (QuantChoice q : {QuantChoice::NF4, QuantChoice::FP4}) {
+      SCOPED_TRACE(cat(model, " quant ", int(q)));
       LoadOptions o;
       o.model_dir = model_dir(model);
       o.quant = q;
       o.double_quant = q == QuantChoice::NF4;
-      o.ctx_size = 512;
-      o.load_tokenizer = false;
-      o.compute = ComputeDType::F32;
-      o.device = DeviceChoice::CUDA;
-      auto gpu = Engine::load(o);
-      o.device = DeviceChoice::CPU;
-      auto cpu = Engine::load(o);
-      for (int i = 0; i < 3; ++i) {
-        const auto toks = g.i32(cat("tokens_", i));
-        const ScoreResult a = gpu->score(toks, false, true), b = cpu->score(toks, false, true);
-        EXPECT_LE(rel_l2(flatten(a.logits), flatten(b.logits)), 1e-3) << model << " quant " << int(q) << " seq " << i;
-      }
+      expect_gpu_close_to_cpu(o, ComputeDType::F32, model, ComputeDType::F32, 1e-3);
     }
   }
 }
