@@ -8,18 +8,20 @@
 
 namespace nf4flash {
 
-void MoeBlock::ensure(int64_t rows) {
+void MoeBlock::ensure(int64_t rows, bool device) {
   if (rows <= cap_) return;
   const int64_t H = cfg_.hidden_size, E = cfg_.moe.n_experts, K = cfg_.moe.top_k;
   const int64_t I = cfg_.moe.expert_intermediate, S = cfg_.moe.shared_intermediate;
   const size_t es = dtype_size(be_.act_dtype());
   const size_t R = static_cast<size_t>(rows), RK = R * size_t(K);  // routed rows: K per row
   logits_ = be_.alloc(R * E * 4);
-  xs_ = be_.alloc(std::max(RK, R) * H * es);
-  g_ = be_.alloc(std::max(RK * I, R * S) * es);
-  u_ = be_.alloc(std::max(RK * I, R * S) * es);
-  ys_ = be_.alloc(std::max(RK, R) * H * es);
   shared_logit_ = be_.alloc(R * 4);
+  // on the device the routed rows live in the backend's scratch: here only the shared expert's
+  const size_t routed = device ? 0 : RK;
+  if (!device) xs_ = be_.alloc(std::max(RK, R) * H * es);
+  g_ = be_.alloc(std::max(routed * I, R * S) * es);
+  u_ = be_.alloc(std::max(routed * I, R * S) * es);
+  ys_ = be_.alloc(std::max(routed, R) * H * es);
   cap_ = rows;
 }
 
@@ -37,7 +39,7 @@ void MoeBlock::forward(Act x, const MoeWeights& w, Act out) {
 void MoeBlock::forward_device(Act x, const MoeWeights& w, Act out) {
   const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts;
   const int K = int(cfg_.moe.top_k);
-  ensure(T);
+  ensure(T, true);
   const size_t need = be_.moe_scratch_bytes(*w.set, T, K);
   if (!scratch_ || scratch_->bytes() < need) scratch_ = be_.alloc(need);
   const Act logits{logits_->data(), DType::F32, T, E};
@@ -55,7 +57,7 @@ void MoeBlock::forward_device(Act x, const MoeWeights& w, Act out) {
 void MoeBlock::forward_host(Act x, const MoeWeights& w, Act out) {
   NF4FLASH_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "moe: f32 activations (the CPU backend) only");
   const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts, K = cfg_.moe.top_k;
-  ensure(T);
+  ensure(T, false);
   const Act logits{logits_->data(), DType::F32, T, E};
   be_.linear(x, *w.router, nullptr, logits);
   h_logits_.resize(size_t(T * E));

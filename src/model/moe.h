@@ -42,7 +42,8 @@ class MoeBlock {
   void forward(Act x, const MoeWeights& w, Act out);
 
  private:
-  void ensure(int64_t rows);
+  // buffers for `rows` rows: routed on the device (the shared expert's and the logits only) or on the host
+  void ensure(int64_t rows, bool device);
   void forward_host(Act x, const MoeWeights& w, Act out);
   void forward_device(Act x, const MoeWeights& w, Act out);
   // xs through one expert's SwiGLU into ys (the shared expert)
