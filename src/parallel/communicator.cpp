@@ -63,6 +63,14 @@ class InProcessGroup::Comm final : public Communicator {
   }
 
   void barrier() override { g_.arrive_and_wait(); }
+
+  void broadcast_bytes(std::vector<uint8_t>& bytes) override {
+    if (rank_ == 0) g_.root_bytes_ = &bytes;  // published before rank 0 arrives
+    g_.arrive_and_wait();
+    if (rank_ != 0) bytes = *g_.root_bytes_;
+    g_.arrive_and_wait();  // every rank has copied rank 0's bytes (rank 0 may change them after)
+  }
+
   void abort() override {
     std::lock_guard<std::mutex> lk(g_.mu_);
     g_.abort(cat("rank ", rank_, " aborted the group"));

@@ -9,6 +9,8 @@
 //                          columns first (the vocabulary-split logits of each rank into the full
 //                          logits); ranks may hold different column counts.
 //   barrier():             returns once every rank has entered it.
+//   broadcast_bytes(b):    host bytes from rank 0 to every rank (b is resized to rank 0's size):
+//                          how rank 0 hands each forward's inputs to the others (parallel/tp_step.h).
 //
 // Every rank calls the same collectives in the same order (as with NCCL). A rank that fails calls
 // abort(): the others' pending and later collectives then throw instead of waiting forever.
@@ -37,6 +39,8 @@ class Communicator {
   // local [rows, c_r] on rank r; out [rows, c_0 + ... + c_{world-1}], the same rows on every rank.
   virtual void all_gather_cols(Act local, Act out) = 0;
   virtual void barrier() = 0;
+  // Rank 0's bytes into every rank's `bytes` (host memory; ranks other than 0 pass any content).
+  virtual void broadcast_bytes(std::vector<uint8_t>& bytes) = 0;
   // Wakes every rank waiting in a collective (they throw); later collectives throw too.
   virtual void abort() = 0;
 };
@@ -73,6 +77,7 @@ class InProcessGroup {
   // what each rank publishes for the collective in progress
   std::vector<Act> bufs_;
   std::vector<float> scratch_;  // all_reduce_sum: the summed elements
+  const std::vector<uint8_t>* root_bytes_ = nullptr;  // broadcast_bytes: rank 0's bytes
 };
 
 }  // namespace nf4flash

@@ -8,6 +8,8 @@
 //                    [r*N/world, (r+1)*N/world)) gathered padded to the widest block by
 //                    ncclAllGather into a staging buffer, then copied into place row by row.
 //   barrier:         a one-element all-reduce, then the stream synchronized.
+//   broadcast_bytes: the size, then the bytes, each ncclBroadcast from rank 0 through device
+//                    staging memory, the stream synchronized (host bytes in and out).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,6 +1,7 @@
 // The NCCL communicator (parallel/nccl_group.h) as a group of one on one GPU: NCCL loads, the
 // group initializes from nccl_unique_id(), all_reduce_sum leaves the buffer as it is, and
-// all_gather_cols copies the rank's columns into place; barrier returns. (Several ranks need
+// all_gather_cols copies the rank's columns into place; barrier returns; broadcast_bytes keeps rank
+// 0's bytes (of any size, empty too). (Several ranks need
 // several GPUs; the sharding math itself is checked over CPU ranks in test_tensor_parallel.cpp.)
 #include <gtest/gtest.h>
 
@@ -37,4 +38,11 @@ TEST(GpuNccl, GroupOfOneOnOneGpu) {
   be->download(rb.data(), b->data(), rb.size() * 4);
   EXPECT_EQ(ra, h);
   EXPECT_EQ(rb, h);
+  for (size_t n : {size_t(0), size_t(3), size_t(4097)}) {
+    std::vector<uint8_t> bytes(n), sent;
+    for (size_t i = 0; i < n; ++i) bytes[i] = uint8_t(i * 7 + 1);
+    sent = bytes;
+    comm->broadcast_bytes(bytes);
+    EXPECT_EQ(bytes, sent) << n << " bytes";
+  }
 }

@@ -26,6 +26,7 @@ struct NcclApi {
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
   ncclResult_t (*all_gather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*comm_destroy)(ncclComm_t);
   ncclResult_t (*comm_abort)(ncclComm_t);
   const char* (*error_string)(ncclResult_t);
@@ -46,6 +47,7 @@ NcclApi load_nccl() {
   a.comm_init_rank = reinterpret_cast<decltype(a.comm_init_rank)>(sym("ncclCommInitRank"));
   a.all_reduce = reinterpret_cast<decltype(a.all_reduce)>(sym("ncclAllReduce"));
   a.all_gather = reinterpret_cast<decltype(a.all_gather)>(sym("ncclAllGather"));
+  a.broadcast = reinterpret_cast<decltype(a.broadcast)>(sym("ncclBroadcast"));
   a.comm_destroy = reinterpret_cast<decltype(a.comm_destroy)>(sym("ncclCommDestroy"));
   a.comm_abort = reinterpret_cast<decltype(a.comm_abort)>(sym("ncclCommAbort"));
   a.error_string = reinterpret_cast<decltype(a.error_string)>(sym("ncclGetErrorString"));
@@ -125,14 +127,31 @@ class NcclCommunicator final : public Communicator {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
+  void broadcast_bytes(std::vector<uint8_t>& bytes) override {
+    int64_t n = rank_ == 0 ? int64_t(bytes.size()) : 0;
+    reserve(std::max<size_t>(8, bytes.size()));
+    check(cudaMemcpyAsync(stage_, &n, 8, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check(nccl().broadcast(stage_, stage_, 8, ncclUint8, 0, comm_, stream_), "ncclBroadcast");
+    check(cudaMemcpyAsync(&n, stage_, 8, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    NF4FLASH_CHECK(n >= 0, "broadcast_bytes: rank 0 sent ", n, " bytes");
+    reserve(std::max<size_t>(8, size_t(n)));
+    if (rank_ == 0)
+      check(cudaMemcpyAsync(stage_, bytes.data(), size_t(n), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check(nccl().broadcast(stage_, stage_, size_t(n), ncclUint8, 0, comm_, stream_), "ncclBroadcast");
+    bytes.resize(size_t(n));
+    if (rank_ != 0)
+      check(cudaMemcpyAsync(bytes.data(), stage_, size_t(n), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
   void abort() override {
     if (comm_ && !aborted_) nccl().comm_abort(comm_);
     aborted_ = true;
   }
 
  private:
-  // The staging buffer of all_gather_cols: grown outside graph capture only (a captured step holds
-  // its address; the prefill that precedes capture sizes it).
+  // The staging buffer of all_gather_cols and broadcast_bytes: grown outside graph capture only
+  // (a captured step holds its address; the prefill that precedes capture sizes it).
   void reserve(size_t bytes) {
     if (bytes <= stage_bytes_) return;
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;

@@ -1,0 +1,173 @@
+// The tensor-parallel step protocol (parallel/tp_step.h).
+#include "parallel/tp_step.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace nf4flash {
+
+namespace {
+
+constexpr int32_t kMagic = 0x5450'5331;  // "TPS1"
+
+void put_i32(std::vector<uint8_t>& b, int32_t v) {
+  const size_t at = b.size();
+  b.resize(at + 4);
+  std::memcpy(b.data() + at, &v, 4);
+}
+void put_vec(std::vector<uint8_t>& b, const std::vector<int32_t>& v) {
+  put_i32(b, int32_t(v.size()));
+  const size_t at = b.size();
+  b.resize(at + v.size() * 4);
+  if (!v.empty()) std::memcpy(b.data() + at, v.data(), v.size() * 4);
+}
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<uint8_t>& b) : b_(b) {}
+  int32_t i32() {
+    if (at_ + 4 > b_.size()) fail("tensor parallel step: message ends at byte ", b_.size(), " inside a field");
+    int32_t v;
+    std::memcpy(&v, b_.data() + at_, 4);
+    at_ += 4;
+    return v;
+  }
+  std::vector<int32_t> vec() {
+    const int32_t n = i32();
+    if (n < 0 || size_t(n) * 4 > b_.size() - at_)
+      fail("tensor parallel step: an array of ", n, " entries overruns the ", b_.size(), "-byte message");
+    std::vector<int32_t> v(static_cast<size_t>(n), 0);
+    if (n) std::memcpy(v.data(), b_.data() + at_, size_t(n) * 4);
+    at_ += size_t(n) * 4;
+    return v;
+  }
+  bool done() const { return at_ == b_.size(); }
+
+ private:
+  const std::vector<uint8_t>& b_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+std::vector<uint8_t> encode_step(const TpStep& s) {
+  std::vector<uint8_t> b;
+  put_i32(b, kMagic);
+  put_i32(b, s.stop ? 1 : 0);
+  put_vec(b, s.ids);
+  put_i32(b, s.pos0);
+  put_vec(b, s.row_start);
+  put_vec(b, s.seq_pos0);
+  put_vec(b, s.block_tables);
+  put_i32(b, s.max_blocks);
+  put_i32(b, s.n_logits);
+  put_vec(b, s.logit_rows);
+  return b;
+}
+
+TpStep decode_step(const std::vector<uint8_t>& bytes) {
+  Reader r(bytes);
+  if (r.i32() != kMagic) fail("tensor parallel step: the message does not start with the step marker");
+  TpStep s;
+  s.stop = r.i32() != 0;
+  s.ids = r.vec();
+  s.pos0 = r.i32();
+  s.row_start = r.vec();
+  s.seq_pos0 = r.vec();
+  s.block_tables = r.vec();
+  s.max_blocks = r.i32();
+  s.n_logits = r.i32();
+  s.logit_rows = r.vec();
+  if (!r.done()) fail("tensor parallel step: ", bytes.size(), "-byte message has bytes after its last field");
+  if (s.stop) return s;
+  const int64_t T = int64_t(s.ids.size());
+  if (T == 0) fail("tensor parallel step: a forward of no tokens");
+  if (s.pos0 < 0) fail("tensor parallel step: position ", s.pos0);
+  if (s.n_logits < 1 || s.n_logits > T) fail("tensor parallel step: ", s.n_logits, " logit rows of ", T, " rows");
+  if (!s.logit_rows.empty() && int64_t(s.logit_rows.size()) != s.n_logits)
+    fail("tensor parallel step: ", s.logit_rows.size(), " logit rows named, ", s.n_logits, " expected");
+  for (int32_t row : s.logit_rows)
+    if (row < 0 || row >= T) fail("tensor parallel step: logit row ", row, " outside the step's ", T, " rows");
+  if (!s.row_start.empty()) {
+    const size_t n = s.seq_pos0.size();
+    if (n == 0 || s.row_start.size() != n + 1 || s.row_start.front() != 0 || s.row_start.back() != T)
+      fail("tensor parallel step: row starts of ", s.row_start.size(), " entries for ", n, " sequences of ", T, " rows");
+    if (s.max_blocks < 1 || s.block_tables.size() != n * size_t(s.max_blocks))
+      fail("tensor parallel step: ", s.block_tables.size(), " block-table entries for ", n, " sequences of ", s.max_blocks);
+  }
+  return s;
+}
+
+TpStepRunner::TpStepRunner(Decoder& dec, Backend& be) : dec_(dec), be_(be) {}
+
+const int32_t* TpStepRunner::put(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v) {
+  const size_t bytes = std::max<size_t>(v.size(), 1) * 4;
+  if (!b || b->bytes() < bytes) b = be_.alloc(bytes);
+  if (!v.empty()) be_.upload(b->data(), v.data(), v.size() * 4);
+  return static_cast<const int32_t*>(b->data());
+}
+
+Act TpStepRunner::scratch_logits(int64_t n_logits) {
+  const int64_t V = dec_.config().vocab_size;
+  const size_t bytes = size_t(n_logits * V) * 4;
+  if (!logits_ || logits_->bytes() < bytes) logits_ = be_.alloc(bytes);
+  return Act{logits_->data(), DType::F32, n_logits, V};
+}
+
+void TpStepRunner::run(const TpStep& s, Act logits) {
+  const int64_t T = int64_t(s.ids.size());
+  NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == s.n_logits && logits.cols == dec_.config().vocab_size,
+                 "tensor parallel step: logits must be f32 [", s.n_logits, ", ", dec_.config().vocab_size, "]");
+  const int32_t* ids = put(ids_, s.ids);
+  const int32_t* logit_rows = s.logit_rows.empty() ? nullptr : put(logit_rows_, s.logit_rows);
+  StepState st;
+  PagedSeqs ps;
+  if (s.row_start.empty()) {
+    st.pos0 = const_cast<int32_t*>(put(pos_, {s.pos0}));
+    st.pos0_host = s.pos0;
+  } else {
+    ps.n_seqs = int(s.seq_pos0.size());
+    ps.row_start = put(row_start_, s.row_start);
+    ps.pos0 = put(seq_pos0_, s.seq_pos0);
+    ps.block_tables = put(tables_, s.block_tables);
+    ps.max_blocks = s.max_blocks;
+    ps.row_start_host = s.row_start.data();
+    ps.pos0_host = s.seq_pos0.data();
+    st.paged = &ps;
+  }
+  dec_.forward(ids, T, st, logits, s.n_logits, logit_rows);
+}
+
+TpLeader::TpLeader(Communicator& comm, TpStepRunner& runner) : comm_(comm), runner_(runner) {
+  NF4FLASH_CHECK(comm.rank() == 0, "tensor parallel: rank ", comm.rank(), " cannot lead (rank 0 does)");
+}
+
+void TpLeader::forward(const TpStep& s, Act logits) {
+  std::vector<uint8_t> bytes = encode_step(s);
+  decode_step(bytes);  // rank 0 refuses what its followers would
+  comm_.broadcast_bytes(bytes);
+  runner_.run(s, logits);
+}
+
+void TpLeader::stop() {
+  TpStep s;
+  s.stop = true;
+  std::vector<uint8_t> bytes = encode_step(s);
+  comm_.broadcast_bytes(bytes);
+}
+
+int64_t tp_follow(Communicator& comm, TpStepRunner& runner) {
+  NF4FLASH_CHECK(comm.rank() != 0, "tensor parallel: rank 0 leads; it does not follow");
+  int64_t n = 0;
+  for (;;) {
+    std::vector<uint8_t> bytes;
+    comm.broadcast_bytes(bytes);
+    const TpStep s = decode_step(bytes);
+    if (s.stop) return n;
+    runner.run(s, runner.scratch_logits(s.n_logits));
+    ++n;
+  }
+}
+
+}  // namespace nf4flash
