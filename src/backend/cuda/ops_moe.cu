@@ -19,11 +19,14 @@ void moe_gemv(const MoeGemvArgs& a, MoeKind kind, bool swiglu, int64_t max_chunk
   const unsigned grid = unsigned(std::min<int64_t>(units, int64_t(device_sm_count()) * 2));
   NF4FLASH_DISPATCH_ACT(act, "moe_gemv", [&] {
     auto run = [&](auto kernel) { kernel<<<grid, kMoeWarps * 32, 0, st>>>(a); };
-    auto by_chunk = [&](auto k1, auto k8) { max_pairs == 1 ? run(k1) : run(k8); };
+    // the one-row form for 4-bit experts at bf16/f16 (a decode step's speed); dense experts and f32
+    // compute take the chunk form for one row too (the same arithmetic, fewer kernels to build)
     auto by_op = [&](auto tag) {
       constexpr MoeKind K = decltype(tag)::value;
-      if (swiglu) by_chunk(moe_gemv_kernel<T, K, true, 1>, moe_gemv_kernel<T, K, true, kMoeChunk>);
-      else by_chunk(moe_gemv_kernel<T, K, false, 1>, moe_gemv_kernel<T, K, false, kMoeChunk>);
+      if constexpr (K != MoeKind::Dense && !std::is_same_v<T, float>) {
+        if (max_pairs == 1) return swiglu ? run(moe_gemv_kernel<T, K, true, 1>) : run(moe_gemv_kernel<T, K, false, 1>);
+      }
+      swiglu ? run(moe_gemv_kernel<T, K, true, kMoeChunk>) : run(moe_gemv_kernel<T, K, false, kMoeChunk>);
     };
     switch (kind) {
       case MoeKind::Q4: by_op(std::integral_constant<MoeKind, MoeKind::Q4>{}); break;
