@@ -21,7 +21,10 @@
 //                       16-entry table in shared memory, the absmax scaling each tile's partial
 //                       sum (bitsandbytes' double-quant decode). Dense weights ([rows, cols] in the
 //                       compute dtype) are read over the same (row, column) split. Sums reduced over
-//                       a row's 4 lanes (shuffles), then over the warps in shared memory.
+//                       a row's 4 lanes (shuffles), then over the warps in shared memory. The
+//                       chunk form (CH = 8) decodes a tile once for all its pairs, one tile a warp
+//                       in flight; the one-row form (CH = 1: a decode step, 4-bit at bf16/f16)
+//                       decodes codes as it multiplies and keeps four tiles a warp in flight.
 //   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
 //                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
 //                       slots in ascending expert order. Grid (ceil(cols / 256), T).
