@@ -170,11 +170,16 @@ __device__ __forceinline__ float2 q4_scale_raw(const Q4Device& w, int64_t rt, in
     return make_float2(__int_as_float(__ldg(w.absq_tiled + i)), __ldg(w.nested_absmax + (b >> w.log2_nested)));
   }
 }
+// The absmax from its raw load: the f32 absmax, or (u8 code, nested absmax) for double quant,
+// decoded as bitsandbytes does (product rounded to f32, then the offset added; never fused).
+template <bool DQ>
+__device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const float* s_nested_code) {
+  if constexpr (DQ) return __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(raw.x)], raw.y), offset);
+  else return raw.x;
+}
 template <bool DQ>
 __device__ __forceinline__ float q4_scale_fin(const Q4Device& w, const float* s_nested_code, float2 raw) {
-  if constexpr (!DQ) return raw.x;
-  // bitsandbytes: product rounded to f32, then the offset added (never fused).
-  else return __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(raw.x)], raw.y), w.offset);
+  return q4_scale_decode<DQ>(raw, w.offset, s_nested_code);
 }
 template <bool DQ>
 __device__ __forceinline__ float q4_scale(const Q4Device& w, const float* s_nested_code, int64_t rt, int64_t kt, int r) {

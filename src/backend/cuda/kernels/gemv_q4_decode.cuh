@@ -120,14 +120,6 @@ __device__ __forceinline__ void decode_item_epilogue(const Q4DecodeArgs& a, floa
   if constexpr (END_SYNC) __syncthreads();
 }
 
-// The absmax of the lane's row from its raw load: the f32 absmax, or (u8 code, nested absmax) for
-// double quant, decoded as bitsandbytes does (product rounded, then the offset).
-template <bool DQ>
-__device__ __forceinline__ float q4_scale_decode(float2 raw, float offset, const float* s_nested_code) {
-  if constexpr (DQ) return __fadd_rn(__fmul_rn(s_nested_code[__float_as_int(raw.x)], raw.y), offset);
-  else return raw.x;
-}
-
 // One tile: the lane's 16 code bytes against its x fragments (mma), the partial sums of rows g,
 // g + 8 scaled by the absmax held by lanes src0, src8 (sv: each lane's decoded absmax) and added to
 // acc. T1: one token: the accumulators of token column 1 (acc[1], acc[3]) are never stored, so they

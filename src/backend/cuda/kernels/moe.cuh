@@ -30,6 +30,7 @@
 //                       slots in ascending expert order. Grid (ceil(cols / 256), T).
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/kernels/gemv_q4.cuh"
 #include "backend/cuda/moe_launchers.h"
 
 namespace nf4flash::cuda {
@@ -204,10 +205,7 @@ __device__ __forceinline__ void moe_tile_decode(const MoeRaw& raw, float offset,
     }
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if constexpr (WK == MoeKind::Q4) scale[h] = raw.s[h].x;
-    else scale[h] = __fadd_rn(__fmul_rn(s_nested[__float_as_int(raw.s[h].x)], raw.s[h].y), offset);
-  }
+  for (int h = 0; h < 2; ++h) scale[h] = q4_scale_decode<WK == MoeKind::Q4DoubleQuant>(raw.s[h], offset, s_nested);
 }
 
 // Dense weights: the lane's rows g, g + 8 of row tile rt, columns 64 kt + 16 t .. + 15 (zero past
@@ -280,9 +278,7 @@ __device__ __forceinline__ void moe_tile_dot1(const MoeRaw& raw, float offset, c
     }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float sc = WK == MoeKind::Q4 ? raw.s[h].x
-                                       : __fadd_rn(__fmul_rn(s_nested[__float_as_int(raw.s[h].x)], raw.s[h].y), offset);
-    acc[0][h] = fmaf(d[h], sc, acc[0][h]);
+    acc[0][h] = fmaf(d[h], q4_scale_decode<WK == MoeKind::Q4DoubleQuant>(raw.s[h], offset, s_nested), acc[0][h]);
   }
 }
 
