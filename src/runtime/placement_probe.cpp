@@ -67,21 +67,27 @@ double seconds_per(Backend& be, int reps, F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
 }
 
-// The median of `rounds` timings of seconds_per(be, 1, f) (after its untimed call): a round
-// that a busy neighbour slowed does not set the rate.
+// The median of `rounds` timings of one call of f (after an untimed one; f returns when its work
+// is done): a round that a busy neighbour slowed does not set the rate.
 template <class F>
-double median_seconds(Backend& be, int rounds, F&& f) {
+double median_seconds(int rounds, F&& f) {
   std::vector<double> s;
   f();
-  be.sync();
   for (int i = 0; i < rounds; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    be.sync();
     s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(s.begin(), s.end());
   return s[s.size() / 2];
+}
+// The same for f's ops on a backend (synchronized after each call).
+template <class F>
+double median_seconds(Backend& be, int rounds, F&& f) {
+  return median_seconds(rounds, [&] {
+    f();
+    be.sync();
+  });
 }
 
 // How many copies of a probe's weights to cycle through so that they read past the host's caches
@@ -204,17 +210,10 @@ double probe_host_read(int threads) {
       sums[size_t(slot++ % int(sums.size()))] += s0 + s1 + s2 + s3;
     });
   };
-  read_all();
-  std::vector<double> secs;
-  for (int r = 0; r < 5; ++r) {  // the median of 5 passes: a pass a busy neighbour slowed does not set it
-    const auto t0 = std::chrono::steady_clock::now();
-    read_all();
-    secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(secs.begin(), secs.end());
+  const double s = median_seconds(5, read_all);
   volatile uint64_t keep = 0;
   for (uint64_t v : sums) keep = keep + v;  // the sums are used: the reads stay
-  return double(n) * 8 / secs[2];
+  return double(n) * 8 / s;
 }
 
 PlacementPrediction predict_placement(const Placement& pl, const ModelBytes& m, const ModelConfig& cfg,
