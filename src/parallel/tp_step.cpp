@@ -80,7 +80,12 @@ TpStep decode_step(const std::vector<uint8_t>& bytes) {
   s.n_logits = r.i32();
   s.logit_rows = r.vec();
   if (!r.done()) fail("tensor parallel step: ", bytes.size(), "-byte message has bytes after its last field");
-  if (s.stop) return s;
+  check_step(s);
+  return s;
+}
+
+void check_step(const TpStep& s) {
+  if (s.stop) return;
   const int64_t T = int64_t(s.ids.size());
   if (T == 0) fail("tensor parallel step: a forward of no tokens");
   if (s.pos0 < 0) fail("tensor parallel step: position ", s.pos0);
@@ -96,7 +101,6 @@ TpStep decode_step(const std::vector<uint8_t>& bytes) {
     if (s.max_blocks < 1 || s.block_tables.size() != n * size_t(s.max_blocks))
       fail("tensor parallel step: ", s.block_tables.size(), " block-table entries for ", n, " sequences of ", s.max_blocks);
   }
-  return s;
 }
 
 TpStepRunner::TpStepRunner(Decoder& dec, Backend& be) : dec_(dec), be_(be) {}
@@ -144,8 +148,8 @@ TpLeader::TpLeader(Communicator& comm, TpStepRunner& runner) : comm_(comm), runn
 }
 
 void TpLeader::forward(const TpStep& s, Act logits) {
+  check_step(s);  // rank 0 refuses what its followers would
   std::vector<uint8_t> bytes = encode_step(s);
-  decode_step(bytes);  // rank 0 refuses what its followers would
   comm_.broadcast_bytes(bytes);
   runner_.run(s, logits);
 }

@@ -31,7 +31,11 @@ struct TpStep {
 };
 
 std::vector<uint8_t> encode_step(const TpStep& s);
+// The step in `bytes`, checked (check_step).
 TpStep decode_step(const std::vector<uint8_t>& bytes);
+// A forward's fields against each other (tokens, logit rows, the paged arrays' sizes); one clear
+// error naming what disagrees.
+void check_step(const TpStep& s);
 
 // One rank's forward of a step: the step's arrays uploaded into this rank's backend, then its
 // (sharded) decoder's forward into logits [n_logits, vocab] F32.
