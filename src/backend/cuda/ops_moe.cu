@@ -7,24 +7,31 @@ namespace nf4flash::cuda {
 
 void moe_route(const MoeRouteArgs& a, cudaStream_t st) {
   if (a.T == 0) return;
-  moe_route_kernel<<<1, 1024, 0, st>>>(a);
+  launch_k(moe_route_kernel, dim3(1), dim3(1024), 0, st, a);
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_gemv(const MoeGemvArgs& a, MoeKind kind, bool swiglu, int64_t max_chunks, int max_pairs, DType act,
+void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_chunks, int max_pairs, DType act,
               cudaStream_t st) {
-  const int64_t units = max_chunks * a.m[0].RT;
+  MoeGemvArgs a = args;
+  // the one-row form (CH = 1) serves a decode step of 4-bit experts at bf16/f16; dense experts and
+  // f32 compute take the chunk form for one row too (the same arithmetic, fewer kernels to build)
+  const bool one_row = max_pairs == 1 && kind != MoeKind::Dense && act != DType::F32;
+  // warps a unit: the one-row form with few 64-column tiles a row takes fewer warps each, four
+  // tiles a warp, and more units at a time; else all 8
+  a.wpu = kMoeWarps;
+  if (one_row)
+    while (a.wpu > 1 && a.m[0].KT < int64_t(a.wpu) * 4) a.wpu /= 2;
+  const int64_t G = kMoeWarps / a.wpu, units = max_chunks * a.m[0].RT;
   if (units == 0) return;
   // resident blocks: 256 threads of at most 128 registers leave 2 per SM
-  const unsigned grid = unsigned(std::min<int64_t>(units, int64_t(device_sm_count()) * 2));
+  const unsigned grid = unsigned(std::min<int64_t>((units + G - 1) / G, int64_t(device_sm_count()) * 2));
   NF4FLASH_DISPATCH_ACT(act, "moe_gemv", [&] {
-    auto run = [&](auto kernel) { kernel<<<grid, kMoeWarps * 32, 0, st>>>(a); };
-    // the one-row form for 4-bit experts at bf16/f16 (a decode step's speed); dense experts and f32
-    // compute take the chunk form for one row too (the same arithmetic, fewer kernels to build)
+    auto run = [&](auto kernel) { launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), 0, st, a); };
     auto by_op = [&](auto tag) {
       constexpr MoeKind K = decltype(tag)::value;
       if constexpr (K != MoeKind::Dense && !std::is_same_v<T, float>) {
-        if (max_pairs == 1) return swiglu ? run(moe_gemv_kernel<T, K, true, 1>) : run(moe_gemv_kernel<T, K, false, 1>);
+        if (one_row) return swiglu ? run(moe_gemv_kernel<T, K, true, 1>) : run(moe_gemv_kernel<T, K, false, 1>);
       }
       swiglu ? run(moe_gemv_kernel<T, K, true, kMoeChunk>) : run(moe_gemv_kernel<T, K, false, kMoeChunk>);
     };
@@ -41,7 +48,7 @@ void moe_combine(const MoeCombineArgs& a, DType act, cudaStream_t st) {
   if (a.T == 0) return;
   const dim3 grid(unsigned((a.cols + 255) / 256), unsigned(a.T));
   NF4FLASH_DISPATCH_ACT(act, "moe_combine", [&] {
-    moe_combine_kernel<T><<<grid, 256, 0, st>>>(a);
+    launch_k(moe_combine_kernel<T>, grid, dim3(256), 0, st, a);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -40,7 +40,9 @@ constexpr int kMoeWarps = 8, kMoeLaneExperts = kMoeMaxExperts / 32;
 __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeRouteArgs a) {
   __shared__ int cnt[kMoeMaxExperts], first[kMoeMaxExperts], cur[kMoeMaxExperts], cbase[kMoeMaxExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E, K = a.K;
+  pdl_trigger();
   for (int e = tid; e < E; e += blockDim.x) cnt[e] = cur[e] = 0;
+  pdl_wait();  // the router's logits; the previous step's readers of the routing arrays are done
   __syncthreads();
   for (int t = warp; t < a.T; t += blockDim.x / 32) {
     const float* l = a.logits + int64_t(t) * E;
@@ -112,15 +114,32 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeRouteArgs a) {
     }
   }
   __syncthreads();
-  if (tid == 0) {
+  if (warp == 0) {  // exclusive prefix sums of the pairs and chunks per expert: lane l owns experts
+    // [l * kMoeLaneExperts, (l + 1) * kMoeLaneExperts)
+    const int e0 = lane * kMoeLaneExperts;
     int q = 0, c = 0;
-    for (int e = 0; e < E; ++e) {
-      first[e] = q;
-      cbase[e] = c;
-      q += cnt[e];
-      c += (cnt[e] + kMoeChunk - 1) / kMoeChunk;
+    for (int i = 0; i < kMoeLaneExperts && e0 + i < E; ++i) {
+      q += cnt[e0 + i];
+      c += (cnt[e0 + i] + kMoeChunk - 1) / kMoeChunk;
     }
-    *a.n_chunks = c;
+    int qs = q, cs = c;  // inclusive scans over the lanes
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int qn = __shfl_up_sync(0xffffffffu, qs, o), cn = __shfl_up_sync(0xffffffffu, cs, o);
+      if (lane >= o) {
+        qs += qn;
+        cs += cn;
+      }
+    }
+    q = qs - q;
+    c = cs - c;
+    for (int i = 0; i < kMoeLaneExperts && e0 + i < E; ++i) {
+      first[e0 + i] = q;
+      cbase[e0 + i] = c;
+      q += cnt[e0 + i];
+      c += (cnt[e0 + i] + kMoeChunk - 1) / kMoeChunk;
+    }
+    if (lane == 31) *a.n_chunks = cs;
   }
   __syncthreads();
   const int P = a.T * K;
@@ -300,72 +319,87 @@ __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], flo
 
 // CH: the most pairs a chunk holds for this launch (1 when every row picks an expert once and
 // there is one row, a decode step; else kMoeChunk). B: 4-bit tiles a warp has in flight per matrix
-// (its loads issued before the first of them is decoded).
+// (its loads issued before the first of them is decoded). a.wpu warps take one unit together (the
+// block holds 8 / wpu units at a time; wpu < 8 only with CH = 1): few tiles per row, as a decode
+// step's down products have, need more units in flight rather than more warps per unit.
 template <typename TA, MoeKind WK, bool SWIGLU, int CH>
 __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
-  constexpr int B = CH == 1 ? 4 : 2;
+  constexpr int B = CH == 1 ? 4 : 1;
   __shared__ float red[SWIGLU ? 2 : 1][kMoeWarps][16][CH];
   __shared__ float s_code[16];
   __shared__ float s_nested[256];
-  __shared__ int32_t s_rows[CH];
-  const int tid = threadIdx.x, warp = tid >> 5;
+  __shared__ int32_t s_rows[kMoeWarps][CH];
+  const int tid = threadIdx.x, warp = tid >> 5, wpu = a.wpu, G = kMoeWarps / wpu;
+  const int grp = warp / wpu, gw = warp - grp * wpu;  // the warp's unit in the block, its rank there
+  pdl_trigger();
   const MoeMatArgs& m0 = a.m[0];
   if (tid < 16) s_code[tid] = m0.code[tid];
   if constexpr (WK == MoeKind::Q4DoubleQuant)
     for (int i = tid; i < 256; i += blockDim.x) s_nested[i] = m0.nested_code[i];
   const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
+  pdl_wait();  // the routing (chunks, row_of) and x
   const int64_t units = int64_t(*a.n_chunks) * RT;
   float acc[2][CH][2] = {};
-  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-    const int64_t c = u / RT, rt = u - c * RT;
-    const int e = a.chunks[3 * c], q0 = a.chunks[3 * c + 1], n = min(a.chunks[3 * c + 2], CH);
+  // every warp runs the same iterations (the barriers); a group past the last unit idles
+  for (int64_t u0 = int64_t(blockIdx.x) * G; u0 < units; u0 += int64_t(gridDim.x) * G) {
+    const int64_t u = u0 + grp;
+    const bool live = u < units;
+    const int64_t c = live ? u / RT : 0, rt = live ? u - c * RT : 0;
+    const int e = live ? a.chunks[3 * c] : 0, q0 = live ? a.chunks[3 * c + 1] : 0;
+    const int n = live ? min(a.chunks[3 * c + 2], CH) : 0;
     __syncthreads();  // s_code, s_nested written; the previous unit's s_rows and red read
-    if (tid < CH) s_rows[tid] = tid < n ? (a.row_of ? a.row_of[q0 + tid] : q0 + tid) : 0;
+    if (gw == 0 && (tid & 31) < CH) {
+      const int j = tid & 31;
+      s_rows[grp][j] = j < n ? (a.row_of ? a.row_of[q0 + j] : q0 + j) : 0;
+    }
     __syncthreads();
     int32_t xrows[CH];
 #pragma unroll
-    for (int j = 0; j < CH; ++j) xrows[j] = s_rows[j];
-    const MoeExpertW x0 = a.m[0].experts[e];
-    MoeExpertW x1{};
-    if constexpr (SWIGLU) x1 = a.m[1].experts[e];
-    for (int64_t kt0 = warp; kt0 < KT; kt0 += kMoeWarps * B) {
-      if constexpr (WK == MoeKind::Dense) {
+    for (int j = 0; j < CH; ++j) xrows[j] = s_rows[grp][j];
+    if (live) {
+      const MoeExpertW x0 = a.m[0].experts[e];
+      MoeExpertW x1{};
+      if constexpr (SWIGLU) x1 = a.m[1].experts[e];
+      for (int64_t kt0 = gw; kt0 < KT; kt0 += int64_t(wpu) * B) {
+        if constexpr (WK == MoeKind::Dense) {
 #pragma unroll
-        for (int b = 0; b < B; ++b) {
-          const int64_t kt = kt0 + kMoeWarps * b;
-          if (kt >= KT) break;
-          float w[2][16], sc[2];
-          moe_dense_weights<TA>(a.m[0], x0, rt, kt, w, sc);
-          moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[0]);
-          if constexpr (SWIGLU) {
-            moe_dense_weights<TA>(a.m[1], x1, rt, kt, w, sc);
-            moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[1]);
-          }
-        }
-      } else {
-        MoeRaw r0[B], r1[B];  // every load of the batch out before the first decode
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-          const int64_t kt = kt0 + kMoeWarps * b;
-          if (kt < KT) {
-            r0[b] = moe_tile_load<WK>(a.m[0], x0, rt, kt);
-            if constexpr (SWIGLU) r1[b] = moe_tile_load<WK>(a.m[1], x1, rt, kt);
-          }
-        }
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-          const int64_t kt = kt0 + kMoeWarps * b;
-          if (kt >= KT) break;
-          if constexpr (CH == 1) {
-            moe_tile_dot1<TA, WK>(r0[b], x0.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[0]);
-            if constexpr (SWIGLU) moe_tile_dot1<TA, WK>(r1[b], x1.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[1]);
-          } else {
+          for (int b = 0; b < B; ++b) {
+            const int64_t kt = kt0 + int64_t(wpu) * b;
+            if (kt >= KT) break;
             float w[2][16], sc[2];
-            moe_tile_decode<WK>(r0[b], x0.offset, s_code, s_nested, w, sc);
+            moe_dense_weights<TA>(a.m[0], x0, rt, kt, w, sc);
             moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[0]);
             if constexpr (SWIGLU) {
-              moe_tile_decode<WK>(r1[b], x1.offset, s_code, s_nested, w, sc);
+              moe_dense_weights<TA>(a.m[1], x1, rt, kt, w, sc);
               moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[1]);
+            }
+          }
+        } else {
+          MoeRaw r0[B], r1[B];  // every load of the batch out before the first decode
+#pragma unroll
+          for (int b = 0; b < B; ++b) {
+            const int64_t kt = kt0 + int64_t(wpu) * b;
+            if (kt < KT) {
+              r0[b] = moe_tile_load<WK>(a.m[0], x0, rt, kt);
+              if constexpr (SWIGLU) r1[b] = moe_tile_load<WK>(a.m[1], x1, rt, kt);
+            }
+          }
+#pragma unroll
+          for (int b = 0; b < B; ++b) {
+            const int64_t kt = kt0 + int64_t(wpu) * b;
+            if (kt >= KT) break;
+            if constexpr (CH == 1) {
+              moe_tile_dot1<TA, WK>(r0[b], x0.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[0]);
+              if constexpr (SWIGLU)
+                moe_tile_dot1<TA, WK>(r1[b], x1.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[1]);
+            } else {
+              float w[2][16], sc[2];
+              moe_tile_decode<WK>(r0[b], x0.offset, s_code, s_nested, w, sc);
+              moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[0]);
+              if constexpr (SWIGLU) {
+                moe_tile_decode<WK>(r1[b], x1.offset, s_code, s_nested, w, sc);
+                moe_tile_dot<TA, CH>(a.x, xrows, n, cols, kt, w, sc, acc[1]);
+              }
             }
           }
         }
@@ -374,18 +408,19 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
     moe_publish<CH>(red[0], acc[0]);
     if constexpr (SWIGLU) moe_publish<CH>(red[1], acc[1]);
     __syncthreads();
-    if (tid < 16 * CH) {
-      const int r = tid / CH, j = tid % CH;
-      const int64_t row = rt * 16 + r;
-      if (j < n && row < rows) {
+    // outputs: (unit group, row, pair) = tid / (16 CH), (tid / CH) % 16, tid % CH
+    if (tid < 16 * CH * G) {
+      const int og = tid / (16 * CH), r = (tid / CH) % 16, j = tid % CH;
+      const int64_t uo = u0 + og, co = uo / RT, row = (uo - co * RT) * 16 + r;
+      const int no = uo < units ? min(a.chunks[3 * co + 2], CH) : 0;
+      if (j < no && row < rows) {
+        const int qo = a.chunks[3 * co + 1];
         float y = 0.f;
-#pragma unroll
-        for (int w = 0; w < kMoeWarps; ++w) y += red[0][w][r][j];
-        TA* out = static_cast<TA*>(a.out) + int64_t(q0 + j) * rows + row;
+        for (int w = og * wpu; w < (og + 1) * wpu; ++w) y += red[0][w][r][j];
+        TA* out = static_cast<TA*>(a.out) + int64_t(qo + j) * rows + row;
         if constexpr (SWIGLU) {
           float up = 0.f;
-#pragma unroll
-          for (int w = 0; w < kMoeWarps; ++w) up += red[1][w][r][j];
+          for (int w = og * wpu; w < (og + 1) * wpu; ++w) up += red[1][w][r][j];
           const float gv = to_f32<TA>(from_f32<TA>(y)), uv = to_f32<TA>(from_f32<TA>(up));
           *out = from_f32<TA>(gv / (1.f + __expf(-gv)) * uv);
         } else {
@@ -399,6 +434,8 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
 template <typename TA>
 __global__ void moe_combine_kernel(const MoeCombineArgs a) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
+  pdl_trigger();
+  pdl_wait();
   if (c >= a.cols) return;
   float s = 0.f;
   for (int k = 0; k < a.K; ++k) {
