@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Profile one decode run of the llama3-8b preset (NF4-dq, bf16, flash, graphs) with Nsight Compute
-# on the GPU machine. Writes to $OUT (default build-gpu/out):
+# Profile one decode run of a preset (llama3-8b unless PROFILE_PRESET names another; NF4-dq, bf16,
+# flash, graphs) with Nsight Compute on the GPU machine. Writes to $OUT (default build-gpu/out):
 #   ncu-times.csv   gpu__time_duration of every kernel (prefill to ctx 512, then 3 decode tokens);
 #                   scripts/ncu-step-table.py turns it into a per-step breakdown
 #   ncu-<regex>.txt the detailed sections for the kernels matching each extra regex argument
@@ -17,7 +17,7 @@ shift || true
 out=${OUT:-build-gpu/out}
 mkdir -p "$out"
 read -ra quant <<<"${PROFILE_QUANT:-nf4 --double-quant}"
-run=("$bin" bench --preset llama3-8b --device cuda --quant "${quant[@]}" --attn flash -p 16 -n 3
+run=("$bin" bench --preset "${PROFILE_PRESET:-llama3-8b}" --device cuda --quant "${quant[@]}" --attn flash -p 16 -n 3
      --ctx 512 -r 1 --warmup 0 -q)
 if [ "${PROFILE_TIMES:-1}" = 1 ]; then
   timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "${run[@]}" \
