@@ -1,20 +1,13 @@
 #include "parallel/rendezvous.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <set>
 #include <thread>
 
 #include "core/error.h"
+#include "parallel/socket_util.h"
 
 namespace nf4flash {
 
@@ -22,7 +15,10 @@ namespace {
 
 constexpr char kMagic[] = "nf4flash-tp";  // 11 bytes on the wire, no terminator
 constexpr size_t kMagicLen = sizeof(kMagic) - 1;
-using Clock = std::chrono::steady_clock;
+using sock::Clock;
+using sock::Fd;
+using sock::io_all;
+using sock::seconds_left;
 
 int parse_int(const char* name, const char* v, long lo, long hi) {
   char* end = nullptr;
@@ -32,51 +28,11 @@ int parse_int(const char* name, const char* v, long lo, long hi) {
   return static_cast<int>(x);
 }
 
-// Closes the descriptor when it goes out of scope.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
-
-double seconds_left(Clock::time_point deadline) {
-  return std::chrono::duration<double>(deadline - Clock::now()).count();
-}
-
-// Reads or writes exactly n bytes before the deadline.
-void io_all(int fd, void* buf, size_t n, bool write, Clock::time_point deadline, const std::string& what) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    const double left = seconds_left(deadline);
-    if (left <= 0) fail(what, ": timed out");
-    pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-    const int pr = ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) fail(what, ": timed out");
-    const ssize_t r = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) fail(what, ": ", r == 0 ? "the connection closed" : std::strerror(errno));
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-}
-
 std::string where(const RankEnv& e) { return cat(e.master_addr, ":", e.master_port); }
 
 std::vector<uint8_t> serve_id(const RankEnv& e, const std::vector<uint8_t>& id, Clock::time_point deadline) {
-  Fd s(::socket(AF_INET, SOCK_STREAM, 0));
-  if (s.fd < 0) fail("tensor parallel rendezvous: socket: ", std::strerror(errno));
-  const int one = 1;
-  ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(e.master_port));
-  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(s.fd, e.world) != 0)
+  Fd s(sock::listen_any(e.master_port, e.world));
+  if (s.fd < 0)
     fail("tensor parallel rendezvous: rank 0 cannot listen on port ", e.master_port, " (MASTER_PORT): ", std::strerror(errno));
   std::set<int> served;
   while (int(served.size()) < e.world - 1) {
@@ -112,14 +68,9 @@ std::vector<uint8_t> serve_id(const RankEnv& e, const std::vector<uint8_t>& id, 
 }
 
 std::vector<uint8_t> fetch_id(const RankEnv& e, Clock::time_point deadline) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  const std::string port = std::to_string(e.master_port);
-  if (::getaddrinfo(e.master_addr.c_str(), port.c_str(), &hints, &res) != 0 || !res)
+  sockaddr_in addr{};
+  if (!sock::resolve_ipv4(e.master_addr, e.master_port, &addr))
     fail("tensor parallel rendezvous: MASTER_ADDR '", e.master_addr, "' does not resolve");
-  const sockaddr_in addr = *reinterpret_cast<const sockaddr_in*>(res->ai_addr);
-  ::freeaddrinfo(res);
   std::string last = "no attempt";
   while (seconds_left(deadline) > 0) {  // rank 0 may not listen yet
     Fd c(::socket(AF_INET, SOCK_STREAM, 0));
@@ -166,7 +117,7 @@ RankEnv rank_env() {
 
 std::vector<uint8_t> exchange_group_id(const RankEnv& e, const std::vector<uint8_t>& id, double timeout_s) {
   if (e.world == 1) return id;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = sock::deadline_in(timeout_s);
   return e.rank == 0 ? serve_id(e, id, deadline) : fetch_id(e, deadline);
 }
 
