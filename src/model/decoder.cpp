@@ -47,7 +47,7 @@ void Decoder::zero(Act a) {
 Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend, const WeightStore& store,
                  const WeightPolicy& policy, int64_t max_rows, const std::function<void(int, int)>& progress,
                  const TpShard& tp, const OffloadSplit& offload)
-    : cfg_(cfg), arch_(arch), shard_(tp), tp_(nf4flash::tp_layout(cfg, tp)), moe_cfg_(cfg), be_(backend),
+    : cfg_(cfg), arch_(arch), shard_(tp), tp_(nf4flash::tp_layout(cfg, tp, policy.quant != QuantType::None || policy.prequantized ? policy.blocksize : 1)), moe_cfg_(cfg), be_(backend),
       max_rows_(max_rows), policy_store_(policy.dense_store) {
   cur_ = &be_;
   if (offload.backend && offload.first_layer < cfg.n_layers) {

@@ -11,7 +11,7 @@ TpRange tp_range(int64_t total, int rank, int world) {
   return {b, e - b};
 }
 
-TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s) {
+TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s, int64_t inter_unit) {
   if (s.world < 1 || s.rank < 0 || s.rank >= s.world)
     fail("tensor parallel: rank ", s.rank, " in a group of ", s.world);
   if (s.world > 1) {
@@ -38,15 +38,17 @@ TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s) {
            " do not read its kv heads ", l.kv_heads.begin, "..", l.kv_heads.end() - 1,
            " as one uniform grouping (num_attention_heads ", nh, ", num_key_value_heads ", nkv, ")");
   }
-  auto split = [&](int64_t total, const char* what) {
-    const TpRange r = tp_range(total, s.rank, s.world);
+  auto split = [&](int64_t total, const char* what, int64_t unit = 1) {
+    if (unit < 1 || total % unit != 0) unit = 1;
+    TpRange r = tp_range(total / unit, s.rank, s.world);
+    r = {r.begin * unit, r.n * unit};
     if (total > 0 && r.n == 0)
       fail(cfg.source, ": tensor parallel over ", s.world, " ranks: ", what, " ", total, " is smaller than the group");
     return r;
   };
-  l.inter = split(cfg.intermediate_size, "intermediate_size");
-  l.expert_inter = split(cfg.moe.expert_intermediate, "the experts' intermediate size");
-  l.shared_inter = split(cfg.moe.shared_intermediate, "the shared expert's intermediate size");
+  l.inter = split(cfg.intermediate_size, "intermediate_size", inter_unit);
+  l.expert_inter = split(cfg.moe.expert_intermediate, "the experts' intermediate size", inter_unit);
+  l.shared_inter = split(cfg.moe.shared_intermediate, "the shared expert's intermediate size", inter_unit);
   l.vocab = split(cfg.vocab_size, "vocab_size");
   return l;
 }

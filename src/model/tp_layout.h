@@ -50,6 +50,8 @@ struct TpLayout {
 
 // The layout of `s` for this model; fails (one line naming the model and the shape) when the
 // group is malformed or a rank's q heads cannot read its kv heads as one uniform GQA grouping.
-TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s);
+// inter_unit: the MLP intermediates split in whole units of it where it divides them (the 4-bit
+// blocksize, so that the down projections' column shards start and end on bitsandbytes blocks).
+TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s, int64_t inter_unit = 1);
 
 }  // namespace nf4flash

@@ -328,23 +328,33 @@ TEST(TensorParallelQuant4, PrequantizedCheckpointTp2) {
   EXPECT_EQ(max_abs_diff(on_load.forward(toks, 0, T), lg2), 0.0);
 }
 
-// A cut inside a 4-bit block is refused with the tensor named: intermediate 704 over 2 ranks is
-// 352 columns of down_proj per rank, not a multiple of 64; so is a pre-quantized checkpoint's.
-TEST(TensorParallelQuant4, RefusesShardsInsideBlocks) {
+// 4-bit MLPs split in whole blocks: intermediate 704 (11 blocks of 64) over 2 ranks is 320 + 384
+// columns of down_proj, quantized on load and pre-quantized alike. Where the blocksize does not
+// divide the intermediate (128: 5.5 blocks) the cut falls inside a block and is refused with the
+// tensor named.
+TEST(TensorParallelQuant4, ShardsFallOnBlocks) {
   for (const char* model : {"llama-gqa-hd64", "llama-gqa-hd64-bnb-nf4"}) {
     WeightPolicy wp = quant_policy(QuantType::NF4, false);
     if (std::string(model).find("bnb") != std::string::npos) {
       wp.quant = QuantType::None;
       wp.prequantized = true;
     }
-    try {
-      TpModel two(model, 2, wp);
-      FAIL() << model << ": expected a refusal";
-    } catch (const Error& e) {
-      const std::string m = e.what();
-      EXPECT_NE(m.find("tensor model.layers.0.mlp.down_proj.weight"), std::string::npos) << m;
-      EXPECT_NE(m.find("do not start and end on a block"), std::string::npos) << m;
-    }
+    TpModel two(model, 2, wp);
+    EXPECT_EQ(two.decoder(0).tp_layout().inter.n, 320) << model;
+    EXPECT_EQ(two.decoder(1).tp_layout().inter.n, 384) << model;
+    const std::vector<int32_t> toks = {1, 5, 9, 14, 3};
+    TpModel one(model, 1, wp);
+    expect_close(two.forward(toks, 0, 5), one.forward(toks, 0, 5), cat(model, " nf4 tp2 in whole blocks"));
+  }
+  WeightPolicy wp = quant_policy(QuantType::NF4, false);
+  wp.blocksize = 128;
+  try {
+    TpModel two("llama-gqa-hd64", 2, wp);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tensor model.layers.0.mlp.down_proj.weight"), std::string::npos) << m;
+    EXPECT_NE(m.find("do not start and end on a block"), std::string::npos) << m;
   }
   // the same model unquantized shards anywhere
   EXPECT_NO_THROW(TpModel("llama-gqa-hd64", 2, f32_policy()));
