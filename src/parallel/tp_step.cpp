@@ -9,12 +9,16 @@ namespace nf4flash {
 
 namespace {
 
-constexpr int32_t kMagic = 0x5450'5331;  // "TPS1"
+constexpr int32_t kMagic = 0x5450'5332;  // "TPS2"
 
 void put_i32(std::vector<uint8_t>& b, int32_t v) {
   const size_t at = b.size();
   b.resize(at + 4);
   std::memcpy(b.data() + at, &v, 4);
+}
+void put_i64(std::vector<uint8_t>& b, int64_t v) {
+  put_i32(b, int32_t(uint32_t(uint64_t(v))));
+  put_i32(b, int32_t(uint32_t(uint64_t(v) >> 32)));
 }
 void put_vec(std::vector<uint8_t>& b, const std::vector<int32_t>& v) {
   put_i32(b, int32_t(v.size()));
@@ -32,6 +36,10 @@ class Reader {
     std::memcpy(&v, b_.data() + at_, 4);
     at_ += 4;
     return v;
+  }
+  int64_t i64() {
+    const uint64_t lo = uint32_t(i32()), hi = uint32_t(i32());
+    return int64_t(lo | hi << 32);
   }
   std::vector<int32_t> vec() {
     const int32_t n = i32();
@@ -54,7 +62,11 @@ class Reader {
 std::vector<uint8_t> encode_step(const TpStep& s) {
   std::vector<uint8_t> b;
   put_i32(b, kMagic);
-  put_i32(b, s.stop ? 1 : 0);
+  put_i32(b, int32_t(s.op));
+  put_i64(b, s.kv_capacity);
+  put_i64(b, s.kv_blocks);
+  put_i32(b, s.kv_block_size);
+  put_i32(b, int32_t(s.kv_dtype));
   put_vec(b, s.ids);
   put_i32(b, s.pos0);
   put_vec(b, s.row_start);
@@ -70,7 +82,16 @@ TpStep decode_step(const std::vector<uint8_t>& bytes) {
   Reader r(bytes);
   if (r.i32() != kMagic) fail("tensor parallel step: the message does not start with the step marker");
   TpStep s;
-  s.stop = r.i32() != 0;
+  const int32_t op = r.i32();
+  if (op < int32_t(TpOp::Forward) || op > int32_t(TpOp::KvCache)) fail("tensor parallel step: unknown operation ", op);
+  s.op = TpOp(op);
+  s.kv_capacity = r.i64();
+  s.kv_blocks = r.i64();
+  s.kv_block_size = r.i32();
+  const int32_t dt = r.i32();
+  if (dt != int32_t(DType::F32) && dt != int32_t(DType::BF16) && dt != int32_t(DType::F16))
+    fail("tensor parallel step: KV cache dtype ", dt);
+  s.kv_dtype = DType(dt);
   s.ids = r.vec();
   s.pos0 = r.i32();
   s.row_start = r.vec();
@@ -85,7 +106,13 @@ TpStep decode_step(const std::vector<uint8_t>& bytes) {
 }
 
 void check_step(const TpStep& s) {
-  if (s.stop) return;
+  if (s.op == TpOp::Stop) return;
+  if (s.op == TpOp::KvCache) {
+    if (s.kv_blocks < 0 || (s.kv_blocks == 0 && s.kv_capacity < 1) || (s.kv_blocks > 0 && s.kv_block_size < 1))
+      fail("tensor parallel step: a KV cache of ", s.kv_capacity, " tokens, ", s.kv_blocks, " blocks of ",
+           s.kv_block_size);
+    return;
+  }
   const int64_t T = int64_t(s.ids.size());
   if (T == 0) fail("tensor parallel step: a forward of no tokens");
   if (s.pos0 < 0) fail("tensor parallel step: position ", s.pos0);
@@ -119,10 +146,45 @@ Act TpStepRunner::scratch_logits(int64_t n_logits) {
   return Act{logits_->data(), DType::F32, n_logits, V};
 }
 
+void TpStepRunner::kv(const TpStep& s) {
+  const ModelConfig& c = dec_.config();
+  const KVCacheDesc d{c.n_layers, dec_.kv_heads(), c.head_dim, s.kv_capacity, s.kv_dtype};
+  if (s.kv_blocks > 0) dec_.kv_allocate_paged(d, s.kv_blocks, s.kv_block_size);
+  else dec_.kv_allocate(d);
+}
+
+void TpStepRunner::run_graphed(int32_t id, int32_t pos, Act logits) {
+  if (!g_id_) {
+    g_id_ = be_.alloc(4);
+    g_pos_ = be_.alloc(4);
+  }
+  be_.upload(g_id_->data(), &id, 4);
+  be_.upload(g_pos_->data(), &pos, 4);
+  StepState st;
+  st.pos0 = static_cast<int32_t*>(g_pos_->data());
+  // the capture holds the workspace's, the KV cache's and the logits' addresses
+  if (graph_ >= 0 && (graph_ws_epoch_ != dec_.workspace_epoch() || graph_kv_epoch_ != be_.kv_epoch() ||
+                      graph_logits_ != logits.data))
+    graph_ = -1;
+  if (graph_ < 0) {
+    graph_ws_epoch_ = dec_.workspace_epoch();
+    graph_kv_epoch_ = be_.kv_epoch();
+    graph_logits_ = logits.data;
+    st.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
+    be_.capture_begin();
+    dec_.forward(static_cast<const int32_t*>(g_id_->data()), 1, st, logits, 1);
+    graph_ = be_.capture_end();
+  }
+  be_.replay(graph_);
+}
+
 void TpStepRunner::run(const TpStep& s, Act logits) {
+  NF4FLASH_CHECK(s.op == TpOp::Forward, "tensor parallel step: run() takes forwards");
   const int64_t T = int64_t(s.ids.size());
   NF4FLASH_CHECK(logits.dtype == DType::F32 && logits.rows == s.n_logits && logits.cols == dec_.config().vocab_size,
                  "tensor parallel step: logits must be f32 [", s.n_logits, ", ", dec_.config().vocab_size, "]");
+  if (graphs_ && be_.graphs_supported() && T == 1 && s.row_start.empty() && s.logit_rows.empty())
+    return run_graphed(s.ids[0], s.pos0, logits);
   const int32_t* ids = put(ids_, s.ids);
   const int32_t* logit_rows = s.logit_rows.empty() ? nullptr : put(logit_rows_, s.logit_rows);
   StepState st;
@@ -154,9 +216,22 @@ void TpLeader::forward(const TpStep& s, Act logits) {
   runner_.run(s, logits);
 }
 
+void TpLeader::kv_allocate(int64_t capacity, DType dtype, int64_t n_blocks, int block_size) {
+  TpStep s;
+  s.op = TpOp::KvCache;
+  s.kv_capacity = capacity;
+  s.kv_dtype = dtype;
+  s.kv_blocks = n_blocks;
+  s.kv_block_size = block_size;
+  check_step(s);
+  std::vector<uint8_t> bytes = encode_step(s);
+  comm_.broadcast_bytes(bytes);
+  runner_.kv(s);
+}
+
 void TpLeader::stop() {
   TpStep s;
-  s.stop = true;
+  s.op = TpOp::Stop;
   std::vector<uint8_t> bytes = encode_step(s);
   comm_.broadcast_bytes(bytes);
 }
@@ -168,7 +243,11 @@ int64_t tp_follow(Communicator& comm, TpStepRunner& runner) {
     std::vector<uint8_t> bytes;
     comm.broadcast_bytes(bytes);
     const TpStep s = decode_step(bytes);
-    if (s.stop) return n;
+    if (s.op == TpOp::Stop) return n;
+    if (s.op == TpOp::KvCache) {
+      runner.kv(s);
+      continue;
+    }
     runner.run(s, runner.scratch_logits(s.n_logits));
     ++n;
   }

@@ -3,11 +3,15 @@
 // run the same forward on their shards; the followers need no scheduler, tokenizer or sampler.
 //
 //   rank 0:       TpLeader::forward(step, logits)  broadcasts the step, then runs it
+//                 TpLeader::kv_allocate(...)       the KV cache on every rank (contiguous or paged)
 //                 TpLeader::stop()                 tells the followers to return
-//   other ranks:  tp_follow(comm, runner)          runs the steps rank 0 sends until stop
+//   other ranks:  tp_follow(comm, runner)          runs what rank 0 sends until stop
 //
 // A step goes as one broadcast_bytes of its encoding (little-endian int32 fields, sizes first);
 // decode_step checks the sizes against each other, so a malformed message is one clear error.
+// Every rank runs a step through TpStepRunner, which replays one captured CUDA graph for
+// single-token steps on the contiguous cache where the backend has graphs (the NCCL collectives
+// inside it), so rank 0's decode steps and the followers' cost the same launches.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,8 +23,15 @@
 
 namespace nf4flash {
 
+enum class TpOp : int32_t { Forward = 0, Stop = 1, KvCache = 2 };
+
 struct TpStep {
-  bool stop = false;
+  TpOp op = TpOp::Forward;
+  // KvCache: the cache every rank allocates for its kv heads (its decoder's kv_heads()): capacity
+  // tokens contiguous (kv_blocks 0), or kv_blocks paged blocks of kv_block_size positions
+  int64_t kv_capacity = 0, kv_blocks = 0;
+  int32_t kv_block_size = 0;
+  DType kv_dtype = DType::F32;
   std::vector<int32_t> ids;  // the forward's T tokens
   int32_t pos0 = 0;          // contiguous cache: the position of ids[0]
   // the paged cache (empty row_start: contiguous): PagedSeqs' arrays
@@ -43,20 +54,34 @@ class TpStepRunner {
  public:
   TpStepRunner(Decoder& dec, Backend& be);
   void run(const TpStep& s, Act logits);
+  // A KvCache step: the decoder's cache (kv_allocate or kv_allocate_paged) for this rank's heads.
+  void kv(const TpStep& s);
+  // Single-token steps on the contiguous cache replay a captured graph where the backend has them.
+  void set_graphs(bool on) { graphs_ = on; }
   // logits of a step on this rank when the caller has none (followers): [n_logits, vocab] F32
   Act scratch_logits(int64_t n_logits);
 
  private:
   const int32_t* put(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v);
+  void run_graphed(int32_t id, int32_t pos, Act logits);
   Decoder& dec_;
   Backend& be_;
   std::unique_ptr<Buffer> ids_, pos_, row_start_, seq_pos0_, tables_, logit_rows_, logits_;
+  // the captured single-token step, and what its capture holds (recaptured when any moved)
+  bool graphs_ = false;
+  std::unique_ptr<Buffer> g_id_, g_pos_;
+  int graph_ = -1;
+  int64_t graph_ws_epoch_ = -1, graph_kv_epoch_ = -1;
+  void* graph_logits_ = nullptr;
 };
 
 class TpLeader {
  public:
   TpLeader(Communicator& comm, TpStepRunner& runner);
   void forward(const TpStep& s, Act logits);
+  // The KV cache on every rank: `capacity` tokens contiguous (n_blocks 0), else n_blocks paged
+  // blocks of block_size positions.
+  void kv_allocate(int64_t capacity, DType dtype, int64_t n_blocks = 0, int block_size = 0);
   void stop();
 
  private:
@@ -64,7 +89,8 @@ class TpLeader {
   TpStepRunner& runner_;
 };
 
-// Runs rank 0's steps until it stops the group; returns the number of forwards run.
+// Runs rank 0's steps (forwards and KV caches) until it stops the group; returns the number of
+// forwards run.
 int64_t tp_follow(Communicator& comm, TpStepRunner& runner);
 
 }  // namespace nf4flash

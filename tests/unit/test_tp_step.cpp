@@ -39,7 +39,7 @@ TpStep paged_step() {
 TEST(TpStep, EncodingRoundTrips) {
   const TpStep s = paged_step();
   const TpStep d = decode_step(encode_step(s));
-  EXPECT_FALSE(d.stop);
+  EXPECT_EQ(d.op, TpOp::Forward);
   EXPECT_EQ(d.ids, s.ids);
   EXPECT_EQ(d.row_start, s.row_start);
   EXPECT_EQ(d.seq_pos0, s.seq_pos0);
@@ -54,8 +54,20 @@ TEST(TpStep, EncodingRoundTrips) {
   EXPECT_EQ(dc.pos0, 17);
   EXPECT_TRUE(dc.row_start.empty());
   TpStep stop;
-  stop.stop = true;
-  EXPECT_TRUE(decode_step(encode_step(stop)).stop);
+  stop.op = TpOp::Stop;
+  EXPECT_EQ(decode_step(encode_step(stop)).op, TpOp::Stop);
+  TpStep kv;
+  kv.op = TpOp::KvCache;
+  kv.kv_capacity = int64_t(3) << 33;  // past 32 bits
+  kv.kv_blocks = 1000;
+  kv.kv_block_size = 16;
+  kv.kv_dtype = DType::BF16;
+  const TpStep k2 = decode_step(encode_step(kv));
+  EXPECT_EQ(k2.op, TpOp::KvCache);
+  EXPECT_EQ(k2.kv_capacity, kv.kv_capacity);
+  EXPECT_EQ(k2.kv_blocks, 1000);
+  EXPECT_EQ(k2.kv_block_size, 16);
+  EXPECT_EQ(k2.kv_dtype, DType::BF16);
 }
 
 TEST(TpStep, MalformedMessagesAreOneClearError) {
