@@ -42,6 +42,7 @@ struct EngineReport {
   size_t offloaded_bytes = 0;    // of weight_bytes, on the offload device
   size_t kv_offloaded_bytes = 0; // of kv_bytes, on the offload device
   int64_t ctx_size = 0;
+  int tp = 1;                    // tensor-parallel ranks (weight_bytes and kv_bytes: rank 0's shard)
   int64_t ubatch = 0;            // prompt rows per prefill chunk
   double load_ms = 0;             // config, weights and backend setup
   size_t checkpoint_bytes = 0;    // tensor bytes in the folder's safetensors files (0: a preset)

@@ -38,6 +38,9 @@ struct LoadOptions {
   // Engine::load_preset: the tokenizer (tokenizer.json, tokenizer_config.json's chat template) of this
   // folder, for serving a synthetic model with a real tokenizer; empty: none.
   std::string tokenizer_dir;
+  // Tensor parallel over tp ranks, one process and GPU each (parallel/tp_process.h: this process
+  // leads as rank 0; `--tp N` on one host starts the other ranks itself). 1: none.
+  int tp = 1;
 };
 
 struct SamplingParams {

@@ -184,6 +184,7 @@ nlohmann::json report_to_json(const EngineReport& r) {
           {"offloaded_bytes", r.offloaded_bytes},
           {"kv_offloaded_bytes", r.kv_offloaded_bytes},
           {"ctx_size", r.ctx_size},
+          {"tp", r.tp},
           {"ubatch", r.ubatch},
           {"load_ms", r.load_ms},
           {"checkpoint_bytes", r.checkpoint_bytes},

@@ -1,5 +1,4 @@
-// Small TCP helpers of the rendezvous (parallel/rendezvous.cpp) and the host-memory group over
-// sockets (parallel/tcp_group.cpp): an owning descriptor, deadlines, exact-length reads and writes
+// Small TCP helpers of the group over sockets (parallel/tcp_group.cpp): an owning descriptor, deadlines, exact-length reads and writes
 // bounded by a deadline or without one, IPv4 name resolution, listening and connecting sockets.
 // Internal to parallel/.
 #pragma once

@@ -111,6 +111,10 @@ class BatchRunner {
   // Enters the deferred requests whose sibling has computed their blocks or ended.
   void release_deferred();
   const int32_t* upload(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v);
+  // One step's forward over the paged cache on this process's decoder (rank 0's TpLeader sends it
+  // to the other ranks instead under tensor parallel).
+  void forward(const std::vector<int32_t>& ids, const std::vector<int32_t>& row_start, const std::vector<int32_t>& pos0,
+               const std::vector<int32_t>& tables, int max_blocks, const std::vector<int32_t>& logit_rows, Act lg);
 
   Engine& engine_;
   std::function<bool(int64_t, int32_t)> on_token_;

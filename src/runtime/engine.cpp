@@ -50,17 +50,32 @@ void Engine::Impl::forward_tokens(const int32_t* tokens, int64_t n, int64_t pos0
     if (!all_rows && !last) {
       // logits of intermediate chunks are not needed, but the forward must still run
     }
-    be->upload(ids_buf->data(), tokens + c0, static_cast<size_t>(T) * 4);
-    set_pos(pos0 + c0);
     const int64_t nl = all_rows ? T : 1;
     Act lg = logits_act(all_rows ? chunk : 1).slice_rows(0, nl);
-    dec->forward(static_cast<const int32_t*>(ids_buf->data()), T, state, lg, nl);
+    if (tp_leads()) {
+      TpStep s;
+      s.ids.assign(tokens + c0, tokens + c0 + T);
+      s.pos0 = static_cast<int32_t>(pos0 + c0);
+      s.n_logits = static_cast<int32_t>(nl);
+      tp->leader->forward(s, lg);
+    } else {
+      be->upload(ids_buf->data(), tokens + c0, static_cast<size_t>(T) * 4);
+      set_pos(pos0 + c0);
+      dec->forward(static_cast<const int32_t*>(ids_buf->data()), T, state, lg, nl);
+    }
     if (all_rows || last) on_logits(all_rows ? c0 : n - 1, lg);
   }
 }
 
 void Engine::Impl::decode_step(int32_t token, int64_t pos) {
   NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
+  if (tp_leads()) {  // every rank's runner replays its captured step (TpStepRunner)
+    TpStep s;
+    s.ids = {token};
+    s.pos0 = static_cast<int32_t>(pos);
+    tp->leader->forward(s, logits_act(1).slice_rows(0, 1));
+    return;
+  }
   be->upload(ids_buf->data(), &token, 4);
   set_pos(pos);
   run_step(pos);
@@ -89,7 +104,18 @@ void Engine::Impl::run_step(int64_t pos) {
   }
 }
 
+void Engine::Impl::kv_allocate() {
+  if (tp_leads()) tp->leader->kv_allocate(kv.capacity, kv.dtype);
+  else dec->kv_allocate(kv);
+}
+
+void Engine::Impl::kv_allocate_paged(int64_t n_blocks, int block_size) {
+  if (tp_leads()) tp->leader->kv_allocate(kv.capacity, kv.dtype, n_blocks, block_size);
+  else dec->kv_allocate_paged(kv, n_blocks, block_size);
+}
+
 void Engine::Impl::queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot) {
+  NF4FLASH_CHECK(!tp, "pipelined decode under tensor parallel (rank 0 sends each token to the other ranks)");
   run_step(pos);
   // the penalty's history (hist_buf: ctx ids, count in hist_cnt_buf); none without the penalty
   const bool pen = p.repeat_penalty != 1.0f;
@@ -118,19 +144,24 @@ Placement resolve_placement(const LoadOptions& o, const ModelConfig& cfg, const 
 
 std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
                                            const std::string& model_name, const ProgressFn& progress,
-                                           const PrimaryBackendFactory& make_primary) {
+                                           const PrimaryBackendFactory& make_primary,
+                                           const TpFollowerLoad* tp_follower) {
   const auto t0 = Clock::now();
   auto im = std::make_unique<Engine::Impl>();
   im->opts = opts;
   im->arch = resolve_arch(cfg);
   Plan plan = make_plan(opts, cfg);
+  if (opts.tp > 1 || tp_follower) {
+    NF4FLASH_CHECK(!make_primary, "tensor parallel with a test's primary backend");
+    im->tp = tp_engine_begin(opts, plan, model_name, tp_follower);
+  }
   const bool gpu_primary = plan.device == Device::CUDA || make_primary;
   const bool placing = opts.gpu_layers != kAllLayers || opts.max_vram > 0;
   if (placing && !gpu_primary && (opts.gpu_layers != 0 || opts.max_vram > 0))
     fail("--gpu-layers / --max-vram place layers on a GPU, but the model runs on the CPU backend (--device cpu, or no "
          "CUDA device found)");
   if (make_primary) im->be = make_primary(plan);
-  else if (plan.device == Device::CUDA) im->be = make_cuda_backend({plan.compute, 0, opts.tf32, std::nullopt});
+  else if (plan.device == Device::CUDA) im->be = make_cuda_backend({plan.compute, im->tp ? im->tp->local_rank : 0, opts.tf32, std::nullopt});
   std::optional<Placement> placed;
   if (placing && gpu_primary) {
     placed = resolve_placement(opts, cfg, plan, *im->be);
@@ -170,7 +201,9 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   const int64_t max_rows = resolve_ubatch(opts.ubatch, plan.device);
   auto prog = [&](int done, int total) { if (progress) progress("loading weights", done, total); };
   const OffloadSplit split{im->host_be.get(), placed ? placed->gpu_layers : cfg.n_layers};
-  im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog, TpShard{}, split);
+  if (im->tp) tp_engine_connect(*im->tp, *im->be);
+  im->dec = std::make_unique<Decoder>(cfg, im->arch, *im->be, *im->store, wp, max_rows, prog,
+                                      im->tp ? im->tp->shard() : TpShard{}, split);
   im->dec->set_attn_impl(attn);
 
   // context size: requested, else the model's maximum capped by what memory allows
@@ -199,8 +232,9 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   }
   NF4FLASH_CHECK(ctx >= 1, "no memory left for the KV cache");
   im->ctx = ctx;
-  im->kv = {cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, ctx, plan.compute};
-  im->dec->kv_allocate(im->kv);
+  im->kv = {cfg.n_layers, im->dec->kv_heads(), cfg.head_dim, ctx, plan.compute};
+  if (im->tp) tp_engine_finish(*im->tp, *im->dec, *im->be, opts.graphs && im->be->graphs_supported());
+  if (!tp_follower) im->kv_allocate();  // a follower's cache comes with rank 0's (a TpStep)
 
   im->ids_buf = im->be->alloc(static_cast<size_t>(max_rows) * 4);
   im->pos_buf = im->be->alloc(4);
@@ -208,7 +242,8 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   im->hist_cnt_buf = im->be->alloc(4);
   im->state.pos0 = static_cast<int32_t*>(im->pos_buf->data());
   // offloaded, every step waits for the CPU backend's layers: nothing to queue ahead
-  im->pipeline = !im->offloaded() && resolve_decode_pipeline(*im->be);
+  // under tensor parallel each token goes from rank 0's host to the other ranks before its step
+  im->pipeline = !im->offloaded() && !im->tp && resolve_decode_pipeline(*im->be);
 
   EngineReport& r = im->report;
   r.model = model_name;
@@ -233,6 +268,7 @@ std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig 
   r.offloaded_bytes = im->dec->stats().offloaded_bytes;
   r.kv_offloaded_bytes = im->host_be ? im->host_be->kv_bytes() : 0;
   r.ctx_size = ctx;
+  r.tp = im->tp ? im->tp->world : 1;
   r.ubatch = max_rows;
   r.checkpoint_bytes = im->store->total_bytes();
   r.load_ms = ms_since(t0);

@@ -10,6 +10,7 @@
 #include "model/arch.h"
 #include "model/decoder.h"
 #include "nf4flash/engine.h"
+#include "runtime/engine_tp.h"
 #include "runtime/plan.h"
 
 namespace nf4flash {
@@ -68,6 +69,15 @@ struct Engine::Impl {
   void queue_step(int64_t pos, const SamplingParams& p, float uniform, int slot);
   Act logits_act(int64_t rows);
   void set_pos(int64_t pos0);
+  // The KV cache (kv's capacity contiguous, or n_blocks paged blocks) on every rank that runs the
+  // model: the decoder's backends, and under tensor parallel the other ranks too.
+  void kv_allocate();
+  void kv_allocate_paged(int64_t n_blocks, int block_size);
+
+  // Tensor parallel (LoadOptions::tp > 1, or a follower): declared last, so that rank 0 stops the
+  // other ranks before the decoder and the backend go.
+  std::unique_ptr<TpEngine> tp;
+  bool tp_leads() const { return tp && tp->leader; }
 };
 
 // Attaches tokenizer.json (+ tokenizer_config.json) of model_dir when present.
@@ -77,9 +87,12 @@ void load_tokenizer_into(Engine::Impl& im, const std::string& model_dir);
 // --gpu-layers splits run without a GPU); null: the plan's device.
 using PrimaryBackendFactory = std::function<std::unique_ptr<Backend>(const Plan&)>;
 
-// Resolves options and loads weights from `store` (a folder or a synthetic preset).
+// Resolves options and loads weights from `store` (a folder or a synthetic preset). Under tensor
+// parallel (opts.tp > 1) rank 0 first sends the other ranks the load (runtime/engine_tp.h);
+// tp_follower: this rank's part of a load rank 0 sent.
 std::unique_ptr<Engine::Impl> build_engine(const LoadOptions& opts, ModelConfig cfg, std::unique_ptr<WeightStore> store,
                                            const std::string& model_name, const ProgressFn& progress,
-                                           const PrimaryBackendFactory& make_primary = nullptr);
+                                           const PrimaryBackendFactory& make_primary = nullptr,
+                                           const TpFollowerLoad* tp_follower = nullptr);
 
 }  // namespace nf4flash

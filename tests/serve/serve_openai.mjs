@@ -9,6 +9,8 @@
 //           first turn's KV blocks (metrics); /metrics in Prometheus text.
 //   tight:  --max-batch 1 --max-waiting 1 --ignore-eos: a third concurrent request gets 429 with
 //           Retry-After; SIGTERM while a stream runs lets it finish, then exit 0.
+//   tp:     --tp 2 (rank 0 serves, one tp-worker process follows over TCP): the main server's first
+//           reply, stream and not; 4 concurrent streams each equal to their solo reply; SIGTERM, exit 0.
 // usage: node serve_openai.mjs NF4FLASH_BIN MODEL_DIR
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
@@ -347,6 +349,33 @@ await check('SIGTERM lets a running stream finish, then exit 0', async () => {
   }
   assert.equal(finish, 'length');
   assert.equal(await exited, 0, tight.log());
+});
+
+// ---- tensor parallel: the same model over two ranks ---------------------------------------------
+const tp = await start(['--tp', '2', '--max-batch', '4', '--ctx-size', '256', '--block-size', '8']);
+const tpclient = new OpenAI({ baseURL: `http://127.0.0.1:${tp.port}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60_000 });
+await check('--tp 2 gives the main server\'s reply, stream and not', async () => {
+  const r = await tpclient.chat.completions.create(chatReq('Hello there, how are you?'));
+  assert.equal(r.choices[0].message.content, first);
+  const s = await tpclient.chat.completions.create({ ...chatReq('Hello there, how are you?'), stream: true });
+  let text = '';
+  for await (const c of s) if (c.choices.length) text += c.choices[0].delta.content ?? '';
+  assert.equal(text, first);
+});
+await check('--tp 2: 4 concurrent streams each equal their solo reply', async () => {
+  const prompts = Array.from({ length: 4 }, (_, i) => `Question number ${i}: what is ${i} plus ${i * 3}?`);
+  const solo = [];
+  for (const p of prompts) solo.push((await tpclient.chat.completions.create(chatReq(p, { max_tokens: 16 }))).choices[0].message.content);
+  const got = await Promise.all(prompts.map(async (p) => {
+    const s = await tpclient.chat.completions.create({ ...chatReq(p, { max_tokens: 16 }), stream: true });
+    let text = '';
+    for await (const c of s) if (c.choices.length) text += c.choices[0].delta.content ?? '';
+    return text;
+  }));
+  got.forEach((g, i) => assert.equal(g, solo[i], `stream ${i}`));
+});
+await check('--tp 2 server stops on SIGTERM with exit code 0', async () => {
+  assert.equal(await stop(tp), 0, tp.log());
 });
 
 clearTimeout(deadline);

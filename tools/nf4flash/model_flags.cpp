@@ -33,6 +33,10 @@ void ModelFlags::add(CLI::App& app, bool require_model) {
   app.add_option("--max-vram", max_vram,
                  "GPU memory the model may take, e.g. 10GiB (default: free memory less 1 GiB); implies --gpu-layers auto");
   app.add_option("--threads,-t", threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 1024));
+  app.add_option("--tp", tp,
+                 "tensor parallel over N GPUs of this host: starts N-1 `nf4flash tp-worker` ranks (under torchrun's "
+                 "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT: rank 0 of that group; see docs/serving.md)")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--quiet,-q", quiet, "no progress or summary lines on stderr");
 }
 
@@ -52,6 +56,7 @@ LoadOptions ModelFlags::to_options() const {
   o.ctx_size = ctx_size;
   o.ubatch = ubatch;
   o.threads = threads;
+  o.tp = tp;
   o.max_vram = max_vram.empty() ? 0 : parse_size("--max-vram", max_vram);
   o.gpu_layers = !gpu_layers.empty() ? parse_gpu_layers(gpu_layers) : o.max_vram > 0 ? kAutoLayers : kAllLayers;
   return o;
@@ -108,7 +113,8 @@ std::string describe_load(const Engine& e) {
   if (r.checkpoint_bytes > 0 && r.load_ms > 0)
     std::snprintf(rate, sizeof rate, " (%.2f GB/s of %.2f GB safetensors)", r.checkpoint_bytes / (r.load_ms * 1e6),
                   r.checkpoint_bytes / 1e9);
-  return cat("loaded ", r.architecture, " on ", r.backend, " in ", static_cast<int>(r.load_ms), " ms", rate, " | weights ",
+  return cat("loaded ", r.architecture, " on ", r.backend, " in ", static_cast<int>(r.load_ms), " ms", rate,
+             r.tp > 1 ? cat(" | tensor parallel over ", r.tp, " ranks (rank 0's shard:)") : std::string(), " | weights ",
              human_bytes(r.weight_bytes), " resident | kv cache ", human_bytes(r.kv_bytes), " (ctx ", r.ctx_size, ")",
              r.tokenizer_ms > 0 ? cat(" | tokenizer ", static_cast<int>(r.tokenizer_ms + 0.5), " ms") : std::string());
 }

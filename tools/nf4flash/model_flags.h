@@ -12,7 +12,7 @@ namespace nf4flash::cli {
 struct ModelFlags {
   std::string model, device = "auto", quant = "auto", compute = "auto", attn = "auto", tf32 = "off";
   bool double_quant = false, quant_lm_head = false, no_cache = false, no_graphs = false, quiet = false;
-  int blocksize = 64, threads = 0;
+  int blocksize = 64, threads = 0, tp = 1;
   int64_t ctx_size = 0, ubatch = 0;  // ubatch 0: auto (4096 on CUDA, 512 on CPU)
   std::string gpu_layers, max_vram;  // "": all layers on the GPU, or auto when --max-vram is given
 
