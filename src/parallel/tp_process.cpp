@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -126,9 +127,20 @@ void shutdown_group() {
     }
   }
   p->control.reset();
+  // the ranks it spawned return once told; one that does not within 10 s (stuck in a collective
+  // whose peer is gone) is killed
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (int pid : p->children) {
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    for (;;) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r != 0 && !(r < 0 && errno == EINTR)) break;  // reaped here or by the watch, or gone
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 }

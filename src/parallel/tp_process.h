@@ -12,7 +12,7 @@
 //
 // A spawned rank that exits while rank 0 runs ends rank 0 with one error line naming it (NCCL
 // collectives would otherwise wait for it forever). At exit rank 0 tells the other ranks to
-// return and waits for the ones it spawned.
+// return and waits for the ones it spawned (10 s, then kills them).
 #pragma once
 #include <memory>
 #include <string>

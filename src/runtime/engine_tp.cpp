@@ -50,9 +50,16 @@ LoadOptions options_from(const json& j) {
 }  // namespace
 
 TpEngine::~TpEngine() {
-  if (!leader) return;
+  if (rank != 0 || !comm) return;
   try {
-    leader->stop();
+    if (leader) {
+      leader->stop();
+    } else {  // rank 0's load failed after the others started theirs: they stop once loaded
+      TpStep s;
+      s.op = TpOp::Stop;
+      std::vector<uint8_t> bytes = encode_step(s);
+      comm->broadcast_bytes(bytes);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "warning: tensor parallel: the other ranks could not be stopped: %s\n", e.what());
   }

@@ -105,6 +105,10 @@ TEST(CliTensorParallel, BadCombinationsAreOneError) {
   r = run_cli(cat("run -m ", m, " --device cpu -q --prompt-tokens 1,2 -n 2 --tp 2"), "", "WORLD_SIZE=3 RANK=0");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--tp 2 but WORLD_SIZE is 3"), std::string::npos) << r.err;
+  // rank 0's load fails after the worker started its own: one error, no rank left waiting
+  r = run_cli(cat("run -m ", m, " --device cpu -q --prompt-tokens 1,2 -n 2 --tp 2 --ctx-size 1000000"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--ctx-size 1000000 exceeds"), std::string::npos) << r.err;
   r = run_cli("tp-worker -q");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("WORLD_SIZE is not set"), std::string::npos) << r.err;
