@@ -81,7 +81,7 @@ class Engine {
  public:
   static std::unique_ptr<Engine> load(const LoadOptions& opts, const ProgressFn& progress = nullptr);
   // A synthetic model (random weights, never zeros) of a known shape (bench/presets.h lists them:
-  // llama3-8b, llama3.2-1b, qwen2.5-7b, mistral-7b, tiny; gemma2-9b, phi3-mini, mixtral-8x7b and
+  // llama3-8b, llama3.2-1b, qwen2.5-7b, mistral-7b, llama3-70b, tiny; gemma2-9b, phi3-mini, mixtral-8x7b and
   // qwen3-30b-a3b). opts.model_dir is ignored.
   static std::unique_ptr<Engine> load_preset(const std::string& preset, const LoadOptions& opts,
                                              const ProgressFn& progress = nullptr);

@@ -32,6 +32,7 @@ constexpr PresetRow kPresets[] = {
     {"llama3.2-1b", "LlamaForCausalLM", 128256, 2048, 8192, 16, 32, 8, 64, 131072, 500000.0, true, false, "llama3", 32.0, 8192},
     {"qwen2.5-7b", "Qwen2ForCausalLM", 152064, 3584, 18944, 28, 28, 4, 128, 32768, 1000000.0, false, true, "default", 1.0, 0},
     {"mistral-7b", "MistralForCausalLM", 32000, 4096, 14336, 32, 32, 8, 128, 32768, 1000000.0, false, false, "default", 1.0, 0},
+    {"llama3-70b", "LlamaForCausalLM", 128256, 8192, 28672, 80, 64, 8, 128, 131072, 500000.0, false, false, "llama3", 8.0, 8192},
     {"tiny", "LlamaForCausalLM", 1024, 256, 704, 3, 4, 2, 64, 4096, 10000.0, false, false, "default", 1.0, 0},
     // the other families (their extras in family_extras)
     {"gemma2-9b", "Gemma2ForCausalLM", 256000, 3584, 14336, 42, 16, 8, 256, 8192, 10000.0, true, false, "default", 1.0, 0},

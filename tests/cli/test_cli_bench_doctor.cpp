@@ -239,11 +239,12 @@ TEST_F(BenchDoctorCli, DoctorPlanOnlyForABigPreset) {
   EXPECT_EQ(j["model"]["head_dim"], 128);
 }
 
-// The family presets at full size, plan only: NF4-dq weights near 0.52 bytes a parameter of the
-// quantized linears (every expert of a mixture) plus the bf16 embeddings and heads.
+// The family presets and the 70B shape at full size, plan only: NF4-dq weights near 0.52 bytes a
+// parameter of the quantized linears (every expert of a mixture) plus the bf16 embeddings and heads.
 TEST_F(BenchDoctorCli, DoctorPlansTheFamilyPresets) {
   const std::pair<const char*, double> cases[] = {
-      {"gemma2-9b", 6.1e9}, {"phi3-mini", 2.27e9}, {"mixtral-8x7b", 24.5e9}, {"qwen3-30b-a3b", 16.7e9}};
+      {"gemma2-9b", 6.1e9}, {"phi3-mini", 2.27e9}, {"mixtral-8x7b", 24.5e9}, {"qwen3-30b-a3b", 16.7e9},
+      {"llama3-70b", 39.5e9}};
   for (const auto& [preset, bytes] : cases) {
     const nf4flash::test::CliResult r =
         run(std::string("doctor --preset ") + preset + " --device cpu --quant nf4 --double-quant --no-load --json");
