@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/hf_config.h"
+#include "model/tp_layout.h"
 #include "model_flags.h"
 #include "runtime/env_settings.h"
 #include "runtime/placement.h"
@@ -58,7 +59,30 @@ struct Estimate {
   size_t kv_per_token = 0, workspace_bytes = 0;
 };
 
-// The plan's sizes, and the weights' as dense and as NF4 with double quantization.
+// The most kv heads a rank of `tp` holds (model/tp_layout.h: a rank keeps the kv heads its q heads
+// read, replicated where several ranks read one).
+int64_t kv_heads_a_rank(const ModelConfig& c, int tp) {
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  int64_t most = 0;
+  for (int r = 0; r < tp; ++r) {
+    const TpRange q = tp_range(c.n_heads, r, tp);
+    if (q.n > 0) most = std::max(most, (q.end() - 1) / group - q.begin / group + 1);
+  }
+  return most;
+}
+
+// Of a model sharded over tp ranks (model/tp_layout.h), what one rank holds: the layers' and the
+// head's weights split (a tied table gains a vocabulary-split copy for the head), the embedding
+// and final norm replicated.
+size_t rank_weights(const ModelBytes& m, int tp) {
+  if (tp <= 1) return m.weights();
+  size_t layers = 0;
+  for (size_t b : m.layer) layers += b;
+  return m.embed + m.final_norm + ((m.head ? m.head : m.embed) + layers) / size_t(tp);
+}
+
+// The plan's sizes (a rank's under tensor parallel), and the weights' as dense and as NF4 with
+// double quantization.
 Estimate estimate(const ModelConfig& c, const Plan& p, const LoadOptions& o) {
   const ModelBytes m = model_bytes(c, p, o);
   Plan dense = p, nf4 = p;
@@ -69,10 +93,11 @@ Estimate estimate(const ModelConfig& c, const Plan& p, const LoadOptions& o) {
   o64.blocksize = 64;
   o64.quant_lm_head = false;
   Estimate e;
-  e.weight_bytes = m.weights();
-  e.dense_weight_bytes = model_bytes(c, dense, o).weights();
-  e.nf4_weight_bytes = model_bytes(c, nf4, o64).weights();
+  e.weight_bytes = rank_weights(m, o.tp);
+  e.dense_weight_bytes = rank_weights(model_bytes(c, dense, o), o.tp);
+  e.nf4_weight_bytes = rank_weights(model_bytes(c, nf4, o64), o.tp);
   e.kv_per_token = m.kv_token_layer * size_t(c.n_layers);
+  if (o.tp > 1) e.kv_per_token = e.kv_per_token / size_t(c.n_kv_heads) * size_t(kv_heads_a_rank(c, o.tp));
   e.workspace_bytes = m.workspace;
   return e;
 }
@@ -198,6 +223,11 @@ class Doctor {
       warn("attn_unavailable", attn_why, gpu ? "--attn sdpa (or auto)" : "--attn eager (or auto), or --device cuda");
 
     Estimate est = estimate(cfg, plan, o);
+    if (o.tp > 1)
+      info("tensor_parallel",
+           cat("--tp ", o.tp, ": each rank holds ~", format_bytes(est.weight_bytes), " of weights (embeddings replicated) and ",
+               format_bytes(est.kv_per_token), " of KV cache a token; the memory line is one rank's"),
+           "each rank's device needs that much free");
     size_t free_b = 0, total_b = 0;
     if (gpu) {
       gpu_memory(0, &free_b, &total_b);
@@ -272,6 +302,7 @@ class Doctor {
     const int64_t pool_tokens =
         gpu && free_b > reserve && est.kv_per_token ? static_cast<int64_t>((free_b - reserve) / est.kv_per_token) : 0;
     out_["memory"] = {{"where", gpu ? "gpu" : "host"},
+                      {"tp", o.tp},  // > 1: one rank's share of what follows
                       {"free_bytes", free_b},
                       {"total_bytes", total_b},
                       {"weight_bytes", weight_bytes},
