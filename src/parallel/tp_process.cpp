@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,8 @@ std::mutex g_mu;
 std::unique_ptr<TpProcess> g_proc;
 std::vector<std::string> g_worker_cmd;
 std::atomic<bool> g_shutting_down{false};
+// set in the environment of the ranks --tp spawns: rank 0's pid
+constexpr const char* kParentVar = "NF4FLASH_TP_PARENT";
 
 int free_port() {
   const int s = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -69,14 +72,21 @@ int spawn_rank(const std::vector<std::string>& cmd, int r, int world, int port) 
   env.push_back(cat("LOCAL_RANK=", r));
   env.push_back("MASTER_ADDR=127.0.0.1");
   env.push_back(cat("MASTER_PORT=", port));
+  env.push_back(cat(kParentVar, "=", ::getpid()));
   if (!std::getenv("NCCL_NVLS_ENABLE")) env.push_back("NCCL_NVLS_ENABLE=0");
   std::vector<char*> argv, envp;
   for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  // a process group of its own: a terminal's Ctrl-C reaches rank 0, which ends the group in order
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attr, 0);
   pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, cmd[0].c_str(), nullptr, nullptr, argv.data(), envp.data());
+  const int rc = ::posix_spawn(&pid, cmd[0].c_str(), nullptr, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   if (rc != 0) fail("tensor parallel: cannot start rank ", r, " (", cmd[0], "): ", std::strerror(rc));
   return int(pid);
 }
@@ -180,6 +190,10 @@ TpProcess* tp_process_if_joined() {
 TpProcess& tp_process_from_env() {
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_proc) return *g_proc;
+  if (const char* parent = std::getenv(kParentVar)) {  // spawned by --tp: end with rank 0, however it ends
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (std::to_string(::getppid()) != parent) fail("tp-worker: rank 0 (pid ", parent, ") is gone");
+  }
   const RankEnv e = rank_env();
   if (e.world < 2)
     fail("tp-worker: WORLD_SIZE is not set above 1; a worker is rank RANK of WORLD_SIZE ranks whose rank 0 listens on "

@@ -5,7 +5,8 @@
 //                      parallel/rendezvous.h) the process is the rank they name, on any host.
 //                      Without them (`--tp N` on one host) the process becomes rank 0 and spawns
 //                      ranks 1..n-1 as `<this executable> tp-worker` on 127.0.0.1 and a free port,
-//                      with LOCAL_RANK r (GPU r) and NCCL_NVLS_ENABLE=0.
+//                      with LOCAL_RANK r (GPU r) and NCCL_NVLS_ENABLE=0, each in a process group of
+//                      its own (a terminal's Ctrl-C reaches rank 0 alone) and killed with rank 0.
 //   control            a TCP star between the ranks (parallel/tcp_group.h): rank 0 sends each
 //                      engine load to the others over it (the CPU backend's collectives run on
 //                      it too; CUDA ranks make an NCCL communicator per engine).

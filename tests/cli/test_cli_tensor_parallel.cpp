@@ -121,4 +121,24 @@ TEST(CliTensorParallel, BadCombinationsAreOneError) {
   EXPECT_NE(r.err.find("127.0.0.1:9"), std::string::npos) << r.err;
 }
 
+// `s` as one single-quoted shell word
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// A worker started by --tp ends with rank 0 however rank 0 ends (here: SIGKILL mid-generation).
+TEST(CliTensorParallel, WorkersEndWithRankZero) {
+  const std::string script = cat(
+      "'", NF4FLASH_BIN, "' run -m ", model_dir("llama-gqa-hd64"), " --device cpu -t 1 -q --prompt-tokens 1,2 -n 4000 ",
+      "--ignore-eos --tp 2 >/dev/null 2>&1 & p=$!; w=; for i in $(seq 50); do ",
+      "w=$(cat /proc/$p/task/$p/children 2>/dev/null); [ -n \"$w\" ] && break; sleep 0.1; done; sleep 0.5; ",
+      "kill -9 $p; wait $p 2>/dev/null; for i in $(seq 50); do kill -0 $w 2>/dev/null || { echo gone $w; exit 0; }; ",
+      "sleep 0.1; done; echo alive $w");
+  const nf4flash::test::CliResult r = nf4flash::test::run_program("/bin/bash", "-c " + shell_quote(script));
+  EXPECT_EQ(r.out.rfind("gone ", 0), 0u) << r.out << r.err;
+  EXPECT_GT(r.out.size(), 6u) << "no worker was seen: " << r.out;
+}
+
 }  // namespace
