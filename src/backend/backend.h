@@ -194,7 +194,9 @@ class Backend {
 
   // ---- ops ----------------------------------------------------------------------------------
   // out[t, :] = table[ids[t], :]           ids: backend memory, out.rows of them
-  virtual void embed(const Weight& table, const int32_t* ids, Act out) = 0;
+  // shard_row0 >= 0: the table holds vocabulary rows [shard_row0, shard_row0 + its rows) (a
+  // tensor-parallel rank's shard); ids outside them give zero rows.
+  virtual void embed(const Weight& table, const int32_t* ids, Act out, int64_t shard_row0 = -1) = 0;
   // out[r, :] = x[r, :] / sqrt(mean(x[r,:]^2) + eps) * w     (x may alias out; w has x.cols entries)
   virtual void rms_norm(Act x, const Weight& w, float eps, Act out) = 0;
   // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]); out.dtype may be F32 (logits) or act dtype

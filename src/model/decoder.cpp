@@ -77,9 +77,20 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     const TensorInfo& e = store.get("model.embed_tokens.weight");
     if (e.shape.size() != 2 || e.shape[0] != V || e.shape[1] != H)
       fail(e.file, ": model.embed_tokens.weight has shape ", e.shape_str(), ", expected [", V, ", ", H, "]");
-    // a tied table is the lm_head too, unless --quant-lm-head makes a 4-bit copy of it for that or
-    // the ranks split it by vocabulary for that (each rank looks up every id in the whole table)
-    embed_ = be_.upload_embedding(e, policy.dense_store, cfg.tie_embeddings && !policy.quant_lm_head && !sharded);
+    // a tied table is the lm_head too, unless --quant-lm-head makes a 4-bit copy of it for that.
+    // Sharded: this rank's vocabulary rows (the lookup gives zeros for the others' ids, and the
+    // ranks' rows are summed), which are also its lm_head rows when tied.
+    const bool tied_head = cfg.tie_embeddings && !policy.quant_lm_head;
+    if (sharded) {
+      TensorInfo cut = e;
+      const size_t row = size_t(H) * dtype_size(e.dtype);
+      cut.shape = {tp_.vocab.n, H};
+      cut.data = e.data + size_t(tp_.vocab.begin) * row;
+      cut.nbytes = size_t(tp_.vocab.n) * row;
+      embed_ = be_.upload_embedding(cut, policy.dense_store, tied_head);
+    } else {
+      embed_ = be_.upload_embedding(e, policy.dense_store, tied_head);
+    }
     stats_.weight_bytes += embed_->resident_bytes();
   }
   tick();
@@ -148,11 +159,11 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     // --quant-lm-head: the output projection quantized like the other linears, from lm_head.weight
     // or, when tied, from the embedding table (which stays dense for the lookups); a dense lm_head
     // of a pre-quantized checkpoint (bitsandbytes keeps it so) is quantized on load. Sharded: this
-    // rank's vocabulary rows, of the tied table too.
+    // rank's vocabulary rows.
     const char* head = cfg.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     WeightPolicy hp = policy;
     if (policy.quant_lm_head && store.get(head).dtype != DType::U8) hp.prequantized = false;
-    if (!cfg.tie_embeddings || policy.quant_lm_head || sharded)
+    if (!cfg.tie_embeddings || policy.quant_lm_head)
       lm_head_ = linear_weight(store, head, V, H, hp, policy.quant_lm_head, rows_cut(tp_.vocab));
   }
   tick();
@@ -484,7 +495,8 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   bool o_pending = false;  // the last sublayer's output, not yet added to x
   // the embeddings and the primary's layers
   auto head = [&](const StepState& st) {
-    be_.embed(*embed_, ids, x);
+    be_.embed(*embed_, ids, x, tp_.sharded() ? tp_.vocab.begin : -1);
+    if (tp_.sharded()) all_reduce(x);  // each id's row from the rank that holds it, zeros elsewhere
     if (arch_.gemma) be_.scale(x, embed_scale_);
     run_layers({&be_, &rope_, &rope_local_, moe_block_.get(), 0}, v, 0, split, st, fused);
     o_pending = !fused && split > 0;

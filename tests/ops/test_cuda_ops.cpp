@@ -77,6 +77,25 @@ void run_elementwise(DType dt) {
   b.cpu->embed(*ec, ic.ptr(), ac.act);
   b.gpu->embed(*eg, ig.ptr(), ag.act);
   EXPECT_LT(rel_err(ag.get(), ac.get()), tol_for(dt)) << "embed";
+  // a vocabulary shard, rows [50, 1000): ids 77, 999, 123 give their rows, 5, 0 and 1000 zeros,
+  // on both backends
+  const std::vector<float> part(E.begin() + 50 * hidden, E.begin() + 1000 * hidden);
+  auto sc = b.cpu->upload_dense(f32_tensor(part, {950, hidden}), DType::F32);
+  auto sg = b.gpu->upload_dense(f32_tensor(part, {950, hidden}), dt);
+  DevAct sca(*b.cpu, int64_t(ids.size()), hidden), sga(*b.gpu, int64_t(ids.size()), hidden);
+  sga.poison();
+  b.cpu->embed(*sc, ic.ptr(), sca.act, 50);
+  b.gpu->embed(*sg, ig.ptr(), sga.act, 50);
+  const std::vector<float> full = ac.get(), shard_cpu = sca.get(), shard_gpu = sga.get();
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const bool mine = ids[t] >= 50 && ids[t] < 1000;
+    for (int64_t c = 0; c < hidden; ++c) {
+      const size_t i = t * size_t(hidden) + size_t(c);
+      EXPECT_EQ(shard_cpu[i], mine ? full[i] : 0.0f) << "cpu shard, id " << ids[t];
+      if (!mine) EXPECT_EQ(shard_gpu[i], 0.0f) << "gpu shard, id " << ids[t];
+    }
+  }
+  EXPECT_LT(rel_err(shard_gpu, shard_cpu), tol_for(dt)) << "embed shard";
 }
 
 TEST(CudaOps, Elementwise) {

@@ -71,14 +71,14 @@ int64_t kv_heads_a_rank(const ModelConfig& c, int tp) {
   return most;
 }
 
-// Of a model sharded over tp ranks (model/tp_layout.h), what one rank holds: the layers' and the
-// head's weights split (a tied table gains a vocabulary-split copy for the head), the embedding
-// and final norm replicated.
+// Of a model sharded over tp ranks (model/tp_layout.h), what one rank holds: the layers', the
+// embedding's and the head's weights split by heads, rows and vocabulary (a tied table's rows are
+// the rank's head too), the final norm replicated.
 size_t rank_weights(const ModelBytes& m, int tp) {
   if (tp <= 1) return m.weights();
   size_t layers = 0;
   for (size_t b : m.layer) layers += b;
-  return m.embed + m.final_norm + ((m.head ? m.head : m.embed) + layers) / size_t(tp);
+  return m.final_norm + (m.embed + m.head + layers) / size_t(tp);
 }
 
 // The plan's sizes (a rank's under tensor parallel), and the weights' as dense and as NF4 with
@@ -225,7 +225,7 @@ class Doctor {
     Estimate est = estimate(cfg, plan, o);
     if (o.tp > 1)
       info("tensor_parallel",
-           cat("--tp ", o.tp, ": each rank holds ~", format_bytes(est.weight_bytes), " of weights (embeddings replicated) and ",
+           cat("--tp ", o.tp, ": each rank holds ~", format_bytes(est.weight_bytes), " of weights and ",
                format_bytes(est.kv_per_token), " of KV cache a token; the memory line is one rank's"),
            "each rank's device needs that much free");
     size_t free_b = 0, total_b = 0;

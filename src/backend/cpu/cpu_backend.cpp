@@ -172,12 +172,20 @@ class CpuBackend final : public Backend {
     return std::make_unique<CpuQuant4>(std::move(q), panels);
   }
 
-  void embed(const Weight& table, const int32_t* ids, Act out) override {
+  void embed(const Weight& table, const int32_t* ids, Act out, int64_t shard_row0) override {
     const auto& d = dense(table, "embed");
     NF4FLASH_CHECK(d.cols() == out.cols, "embed: table width ", d.cols(), " != ", out.cols);
     for (int64_t t = 0; t < out.rows; ++t) {
+      float* o = f32p(out) + t * out.cols;
+      if (shard_row0 >= 0) {
+        NF4FLASH_CHECK(ids[t] >= 0, "token id ", ids[t], " is negative");
+        const int64_t r = ids[t] - shard_row0;
+        if (r >= 0 && r < d.rows()) d.row(r, o);
+        else std::fill(o, o + out.cols, 0.0f);
+        continue;
+      }
       NF4FLASH_CHECK(ids[t] >= 0 && ids[t] < d.rows(), "token id ", ids[t], " is outside the vocabulary (size ", d.rows(), ")");
-      d.row(ids[t], f32p(out) + t * out.cols);
+      d.row(ids[t], o);
     }
   }
 

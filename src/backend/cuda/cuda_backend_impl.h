@@ -65,11 +65,11 @@ class CudaBackend : public Backend {
   std::unique_ptr<Weight> upload_quant4(std::shared_ptr<const Quant4Tensor> qp) override;
 
   // ---- elementwise ops ----
-  void embed(const Weight& table, const int32_t* ids, Act out) override {
+  void embed(const Weight& table, const int32_t* ids, Act out, int64_t shard_row0) override {
     const CudaDense& t = as_dense(table, "embed");
     check_act(out, "embed");
     NF4FLASH_CHECK(out.cols == t.cols(), "embed: hidden ", out.cols, " != table cols ", t.cols());
-    cuda::embed(t.data->data(), t.dtype(), t.rows(), t.cols(), ids, out.rows, out.data, act_, stream_);
+    cuda::embed(t.data->data(), t.dtype(), t.rows(), t.cols(), ids, out.rows, out.data, act_, stream_, shard_row0);
   }
   void rms_norm(Act x, const Weight& w, float eps, Act out) override {
     check_act(x, "rms_norm");

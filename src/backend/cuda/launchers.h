@@ -190,8 +190,10 @@ void gemv_dense_multi(const GemvDenseMultiArgs& a, cudaStream_t st);
 
 // ---- elementwise ------------------------------------------------------------------------------
 void convert(const void* src, DType st_, void* dst, DType dt, int64_t n, cudaStream_t st);
+// vocab: the table's rows; shard_row0 >= 0: they are vocabulary rows [shard_row0, + vocab), other
+// ids give zero rows (a tensor-parallel rank's shard)
 void embed(const void* table, DType table_dtype, int64_t vocab, int64_t hidden, const int32_t* ids,
-           int64_t T, void* out, DType act, cudaStream_t st);
+           int64_t T, void* out, DType act, cudaStream_t st, int64_t shard_row0 = -1);
 void rms_norm(const void* x, const float* w, float eps, int64_t rows, int64_t cols, void* out,
               DType act, cudaStream_t st);
 // x += delta (rounded to act), then out = rms_norm(x); x, delta, out [rows, cols].

@@ -23,13 +23,14 @@ void convert(const void* src, DType sd, void* dst, DType dd, int64_t n, cudaStre
 }
 
 void embed(const void* table, DType tdt, int64_t vocab, int64_t hidden, const int32_t* ids, int64_t T_,
-           void* out, DType act, cudaStream_t st) {
+           void* out, DType act, cudaStream_t st, int64_t shard_row0) {
   if (T_ == 0) return;
   NF4FLASH_DISPATCH_ACT(act, "embed", [&] {
     using TA = T;
     NF4FLASH_DISPATCH_ACT(tdt, "embed (table)", [&] {
       dim3 grid(static_cast<unsigned>(std::min<int64_t>((hidden + 255) / 256, 64)), static_cast<unsigned>(T_));
-      launch_k(embed_kernel<T, TA>, grid, dim3(256), 0, st, static_cast<const T*>(table), vocab, hidden, ids, static_cast<TA*>(out));
+      launch_k(embed_kernel<T, TA>, grid, dim3(256), 0, st, static_cast<const T*>(table), vocab, hidden, ids, static_cast<TA*>(out),
+               shard_row0);
       CUDA_CHECK_LAUNCH();
     });
   });

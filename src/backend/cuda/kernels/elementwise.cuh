@@ -1,5 +1,6 @@
 // Small per-token kernels of the decoder step, f32 math, one rounding to the compute dtype.
-//  embed     out[t, :] = table[ids[t], :]                      table [vocab, hidden] (any float dtype)
+//  embed     out[t, :] = table[ids[t], :]                      table [vocab, hidden] (any float dtype);
+//            a vocabulary shard (shard_row0 >= 0): table[ids[t] - shard_row0], zeros outside it
 //  rms_norm  out[r, :] = x[r, :] * rsqrt(mean(x[r,:]^2) + eps) * w     x, out [rows, cols]; w f32 [cols]
 //            (per-head q/k norm: the caller's [T*heads, head_dim] view). Warp per row for cols <= 512;
 //            above, one 256-thread block per row holding the row in registers (16-byte loads, all
@@ -28,11 +29,19 @@ __global__ void convert_kernel(const TS* __restrict__ s, TD* __restrict__ d, int
 
 template <typename TT, typename TA>
 __global__ void embed_kernel(const TT* __restrict__ table, int64_t vocab, int64_t hidden,
-                             const int32_t* __restrict__ ids, TA* __restrict__ out) {
+                             const int32_t* __restrict__ ids, TA* __restrict__ out, int64_t shard_row0) {
   pdl_trigger();
   pdl_wait();
   const int64_t t = blockIdx.y;
   int64_t id = ids[t];
+  if (shard_row0 >= 0) {  // a vocabulary shard: the other ranks' ids give zeros
+    id -= shard_row0;
+    if (id < 0 || id >= vocab) {
+      for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < hidden; c += int64_t(gridDim.x) * blockDim.x)
+        out[t * hidden + c] = from_f32<TA>(0.0f);
+      return;
+    }
+  }
   id = id < 0 ? 0 : (id >= vocab ? vocab - 1 : id);  // the runtime validates ids on the host
   for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < hidden; c += int64_t(gridDim.x) * blockDim.x)
     out[t * hidden + c] = from_f32<TA>(to_f32<TT>(table[id * hidden + c]));
