@@ -159,7 +159,7 @@ TpProcess& join(const RankEnv& e, std::vector<int> children) {
   auto p = std::make_unique<TpProcess>();
   p->env = e;
   p->children = std::move(children);
-  p->control = make_tcp_communicator(e, tp_timeout_s());
+  p->control = make_tcp_communicator(e, tp_settings_from_env().timeout_s);
   if (!p->children.empty()) watch_children(p->children);
   g_proc = std::move(p);
   std::atexit(shutdown_group);
@@ -168,13 +168,19 @@ TpProcess& join(const RankEnv& e, std::vector<int> children) {
 
 }  // namespace
 
-double tp_timeout_s() {
-  const char* v = std::getenv("NF4FLASH_TP_TIMEOUT");
-  if (!v || !*v) return 120;
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (*end || !(s > 0)) fail("NF4FLASH_TP_TIMEOUT='", v, "': expected seconds > 0");
-  return s;
+TpSettings tp_settings_from_env() {
+  TpSettings t;
+  if (const char* v = std::getenv("NF4FLASH_TP_TIMEOUT"); v && *v) {
+    char* end = nullptr;
+    t.timeout_s = std::strtod(v, &end);
+    if (*end || !(t.timeout_s > 0)) fail("NF4FLASH_TP_TIMEOUT=", v, ": expected seconds > 0");
+  }
+  if (const char* v = std::getenv(kParentVar); v && *v) {
+    char* end = nullptr;
+    t.parent_pid = std::strtol(v, &end, 10);
+    if (*end || t.parent_pid <= 0) fail(kParentVar, "=", v, ": expected a process id (set by --tp, not by hand)");
+  }
+  return t;
 }
 
 void set_tp_worker_command(std::vector<std::string> argv) {
@@ -190,9 +196,9 @@ TpProcess* tp_process_if_joined() {
 TpProcess& tp_process_from_env() {
   std::lock_guard<std::mutex> lk(g_mu);
   if (g_proc) return *g_proc;
-  if (const char* parent = std::getenv(kParentVar)) {  // spawned by --tp: end with rank 0, however it ends
+  if (const long parent = tp_settings_from_env().parent_pid) {  // spawned by --tp: end with rank 0, however it ends
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (std::to_string(::getppid()) != parent) fail("tp-worker: rank 0 (pid ", parent, ") is gone");
+    if (::getppid() != parent) fail("tp-worker: rank 0 (pid ", parent, ") is gone");
   }
   const RankEnv e = rank_env();
   if (e.world < 2)

@@ -42,7 +42,12 @@ TpProcess& tp_process_from_env();
 // with `tp-worker`).
 void set_tp_worker_command(std::vector<std::string> argv);
 
-// Seconds a rank waits for the others at the rendezvous (NF4FLASH_TP_TIMEOUT, default 120).
-double tp_timeout_s();
+// The tensor-parallel NF4FLASH_* settings (listed in runtime/env_settings.h's table).
+struct TpSettings {
+  double timeout_s = 120;  // NF4FLASH_TP_TIMEOUT: seconds a rank waits for the others to connect
+  long parent_pid = 0;     // NF4FLASH_TP_PARENT: set by --tp in the ranks it starts; 0: unset
+};
+// The settings from the environment; an invalid value is an error naming the variable.
+TpSettings tp_settings_from_env();
 
 }  // namespace nf4flash

@@ -5,6 +5,7 @@
 
 #include "backend/cuda_tuning.h"
 #include "core/error.h"
+#include "parallel/tp_process.h"
 #include "runtime/plan.h"
 
 extern char** environ;
@@ -24,6 +25,8 @@ const std::vector<EnvSetting>& env_settings() {
       {"NF4FLASH_VRAM_TRACE", "0|1", "device memory in use after each setup step, on stderr (default 0)"},
       {"NF4FLASH_DECODE_PIPELINE", "0|1", "queue the next decode step before the sampled id reaches the host "
                                           "(default 1 on CUDA, 0 on the CPU)"},
+      {"NF4FLASH_TP_TIMEOUT", "seconds > 0", "how long a tensor-parallel rank waits for the others to connect (default 120)"},
+      {"NF4FLASH_TP_PARENT", "a process id", "set by --tp in the ranks it starts: the rank 0 they end with (not set by hand)"},
   };
   return s;
 }
@@ -31,6 +34,7 @@ const std::vector<EnvSetting>& env_settings() {
 std::vector<std::string> check_env_settings() {
   (void)cuda_tuning_from_env();
   (void)decode_pipeline_from_env();
+  (void)tp_settings_from_env();
   std::vector<std::string> warnings;
   for (char** e = environ; e && *e; ++e) {
     const char* kv = *e;

@@ -1,5 +1,5 @@
-// The NF4FLASH_* environment settings the engine reads (CudaTuning's, backend/cuda_tuning.h, and
-// the decode loop's NF4FLASH_DECODE_PIPELINE): one table, and the check the CLI runs before any
+// The NF4FLASH_* environment settings the engine reads (CudaTuning's, backend/cuda_tuning.h, the
+// decode loop's NF4FLASH_DECODE_PIPELINE and TpSettings', parallel/tp_process.h): one table, and the check the CLI runs before any
 // subcommand, so that an invalid value is an error naming the variable whatever the device.
 #pragma once
 #include <string>
