@@ -46,7 +46,7 @@ class EngineAdapter final : public BenchEngine {
       return cat("--graphs on: the ", im.report.device, " backend has no step graphs (CUDA graphs need --device cuda; use --graphs off or auto)");
     if (impl != im.dec->attn_impl()) {
       im.dec->set_attn_impl(impl);
-      im.graph_id = -1;  // a captured decode step holds the previous attention kernel
+      im.step_graph.reset();  // a captured decode step holds the previous attention kernel
       // the engine's reporting rule (build_engine): CPU runs its eager kernel; CUDA auto = the
       // first of flash, sdpa, eager that serves (what the backend runs for auto)
       AttnImpl ran = impl;

@@ -80,17 +80,9 @@ Decoder::Decoder(const ModelConfig& cfg, const ArchFlags& arch, Backend& backend
     // a tied table is the lm_head too, unless --quant-lm-head makes a 4-bit copy of it for that.
     // Sharded: this rank's vocabulary rows (the lookup gives zeros for the others' ids, and the
     // ranks' rows are summed), which are also its lm_head rows when tied.
-    const bool tied_head = cfg.tie_embeddings && !policy.quant_lm_head;
-    if (sharded) {
-      TensorInfo cut = e;
-      const size_t row = size_t(H) * dtype_size(e.dtype);
-      cut.shape = {tp_.vocab.n, H};
-      cut.data = e.data + size_t(tp_.vocab.begin) * row;
-      cut.nbytes = size_t(tp_.vocab.n) * row;
-      embed_ = be_.upload_embedding(cut, policy.dense_store, tied_head);
-    } else {
-      embed_ = be_.upload_embedding(e, policy.dense_store, tied_head);
-    }
+    std::vector<uint8_t> keep;
+    embed_ = be_.upload_embedding(cut_dense(e, V, H, rows_cut(tp_.vocab), keep), policy.dense_store,
+                                  cfg.tie_embeddings && !policy.quant_lm_head);
     stats_.weight_bytes += embed_->resident_bytes();
   }
   tick();

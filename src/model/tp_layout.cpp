@@ -11,6 +11,12 @@ TpRange tp_range(int64_t total, int rank, int world) {
   return {b, e - b};
 }
 
+TpRange tp_kv_heads(const ModelConfig& cfg, TpRange q_heads) {
+  if (q_heads.n == 0) return {};
+  const int64_t group = cfg.n_heads / cfg.n_kv_heads, h0 = q_heads.begin, h1 = q_heads.end();
+  return {h0 / group, (h1 - 1) / group - h0 / group + 1};
+}
+
 TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s, int64_t inter_unit) {
   if (s.world < 1 || s.rank < 0 || s.rank >= s.world)
     fail("tensor parallel: rank ", s.rank, " in a group of ", s.world);
@@ -29,7 +35,7 @@ TpLayout tp_layout(const ModelConfig& cfg, const TpShard& s, int64_t inter_unit)
     // the kv heads of q heads [h0, h1): h / group for each; the backend reads local kv head
     // j / (n_q / n_kv) for local q head j, which must name the same head
     const int64_t h0 = l.q_heads.begin, h1 = l.q_heads.end();
-    l.kv_heads = {h0 / group, (h1 - 1) / group - h0 / group + 1};
+    l.kv_heads = tp_kv_heads(cfg, l.q_heads);
     const int64_t nq = l.q_heads.n, nk = l.kv_heads.n;
     bool uniform = nq % nk == 0;
     for (int64_t j = 0; uniform && j < nq; ++j) uniform = (h0 + j) / group - l.kv_heads.begin == j / (nq / nk);

@@ -37,6 +37,8 @@ struct TpRange {
 };
 // Items [rank*total/world, (rank+1)*total/world).
 TpRange tp_range(int64_t total, int rank, int world);
+// The kv heads q heads [q.begin, q.end()) read (q head h reads h / (n_heads / n_kv_heads)).
+TpRange tp_kv_heads(const ModelConfig& cfg, TpRange q_heads);
 
 struct TpLayout {
   int rank = 0, world = 1;

@@ -46,6 +46,8 @@ Quant4Tensor cut_quant4(Quant4Tensor q, const std::string& name, const WeightCut
   return q;
 }
 
+}  // namespace
+
 // A dense [rows, cols] tensor's cut as a tensor of its own; `keep` holds the bytes of a column
 // cut (a row cut is a view of the checkpoint).
 TensorInfo cut_dense(const TensorInfo& t, int64_t rows, int64_t cols, const WeightCut& cut, std::vector<uint8_t>& keep) {
@@ -67,8 +69,6 @@ TensorInfo cut_dense(const TensorInfo& t, int64_t rows, int64_t cols, const Weig
   part.nbytes = size_t(part.shape[0] * part.shape[1]) * es;
   return part;
 }
-
-}  // namespace
 
 std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store, const std::string& name,
                                            int64_t rows, int64_t cols, const WeightPolicy& p, bool allow_quant,

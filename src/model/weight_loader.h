@@ -24,6 +24,10 @@ struct WeightCut {
   static WeightCut cols(int64_t b, int64_t n) { return {Axis::Cols, b, n}; }
 };
 
+// A dense [rows, cols] tensor's cut as a tensor of its own (`t` unchanged for no cut); `keep`
+// holds the bytes of a column cut (a row cut is a view of the checkpoint).
+TensorInfo cut_dense(const TensorInfo& t, int64_t rows, int64_t cols, const WeightCut& cut, std::vector<uint8_t>& keep);
+
 std::unique_ptr<Weight> load_linear_weight(Backend& be, const WeightStore& store, const std::string& name,
                                            int64_t rows, int64_t cols, const WeightPolicy& p, bool allow_quant,
                                            const WeightCut& cut = {});

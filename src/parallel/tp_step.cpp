@@ -162,20 +162,8 @@ void TpStepRunner::run_graphed(int32_t id, int32_t pos, Act logits) {
   be_.upload(g_pos_->data(), &pos, 4);
   StepState st;
   st.pos0 = static_cast<int32_t*>(g_pos_->data());
-  // the capture holds the workspace's, the KV cache's and the logits' addresses
-  if (graph_ >= 0 && (graph_ws_epoch_ != dec_.workspace_epoch() || graph_kv_epoch_ != be_.kv_epoch() ||
-                      graph_logits_ != logits.data))
-    graph_ = -1;
-  if (graph_ < 0) {
-    graph_ws_epoch_ = dec_.workspace_epoch();
-    graph_kv_epoch_ = be_.kv_epoch();
-    graph_logits_ = logits.data;
-    st.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
-    be_.capture_begin();
-    dec_.forward(static_cast<const int32_t*>(g_id_->data()), 1, st, logits, 1);
-    graph_ = be_.capture_end();
-  }
-  be_.replay(graph_);
+  st.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
+  graph_.run(dec_, be_, logits.data, [&] { dec_.forward(static_cast<const int32_t*>(g_id_->data()), 1, st, logits, 1); });
 }
 
 void TpStepRunner::run(const TpStep& s, Act logits) {
@@ -229,11 +217,13 @@ void TpLeader::kv_allocate(int64_t capacity, DType dtype, int64_t n_blocks, int 
   runner_.kv(s);
 }
 
-void TpLeader::stop() {
+void TpLeader::stop() { tp_stop(comm_); }
+
+void tp_stop(Communicator& comm) {
   TpStep s;
   s.op = TpOp::Stop;
   std::vector<uint8_t> bytes = encode_step(s);
-  comm_.broadcast_bytes(bytes);
+  comm.broadcast_bytes(bytes);
 }
 
 int64_t tp_follow(Communicator& comm, TpStepRunner& runner) {

@@ -19,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "model/decoder.h"
+#include "model/step_graph.h"
 #include "parallel/communicator.h"
 
 namespace nf4flash {
@@ -67,12 +68,10 @@ class TpStepRunner {
   Decoder& dec_;
   Backend& be_;
   std::unique_ptr<Buffer> ids_, pos_, row_start_, seq_pos0_, tables_, logit_rows_, logits_;
-  // the captured single-token step, and what its capture holds (recaptured when any moved)
+  // the captured single-token step and its inputs' fixed buffers
   bool graphs_ = false;
   std::unique_ptr<Buffer> g_id_, g_pos_;
-  int graph_ = -1;
-  int64_t graph_ws_epoch_ = -1, graph_kv_epoch_ = -1;
-  void* graph_logits_ = nullptr;
+  StepGraph graph_;
 };
 
 class TpLeader {
@@ -88,6 +87,10 @@ class TpLeader {
   Communicator& comm_;
   TpStepRunner& runner_;
 };
+
+// Rank 0 tells the followers to return (what TpLeader::stop sends; also where rank 0 has no
+// leader yet because its load failed).
+void tp_stop(Communicator& comm);
 
 // Runs rank 0's steps (forwards and KV caches) until it stops the group; returns the number of
 // forwards run.

@@ -12,35 +12,6 @@ namespace nf4flash {
 
 // A step's input in backend memory: the buffer grows (to twice the need) and is reused, so steady
 // steps allocate nothing.
-const int32_t* BatchRunner::upload(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v) {
-  Backend& be = *engine_.internals().be;
-  const size_t bytes = std::max<size_t>(v.size(), 1) * 4;
-  if (!b || b->bytes() < bytes) {
-    b.reset();
-    b = be.alloc(2 * bytes);
-  }
-  be.upload(b->data(), v.data(), v.size() * 4);
-  return static_cast<const int32_t*>(b->data());
-}
-
-void BatchRunner::forward(const std::vector<int32_t>& ids, const std::vector<int32_t>& row_start,
-                          const std::vector<int32_t>& pos0, const std::vector<int32_t>& tables, int max_blocks,
-                          const std::vector<int32_t>& logit_rows, Act lg) {
-  PagedSeqs ps;
-  ps.n_seqs = int(pos0.size());
-  const int32_t* dev_ids = upload(buf_ids_, ids);
-  ps.row_start = upload(buf_row_start_, row_start);
-  ps.pos0 = upload(buf_pos0_, pos0);
-  ps.block_tables = upload(buf_tables_, tables);
-  ps.row_start_host = row_start.data();
-  ps.pos0_host = pos0.data();
-  ps.max_blocks = max_blocks;
-  const int32_t* dev_logit_rows = upload(buf_logit_rows_, logit_rows);
-  StepState s;
-  s.paged = &ps;
-  engine_.internals().dec->forward(dev_ids, int64_t(ids.size()), s, lg, lg.rows, dev_logit_rows);
-}
-
 BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(engine), on_token_(o.on_token) {
   Engine::Impl& im = engine.internals();
   NF4FLASH_CHECK(o.block_size >= 1, "batch: block size ", o.block_size);
@@ -63,6 +34,7 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
     n_blocks = std::min<int64_t>(n_blocks, int64_t((avail - reserve) / block_bytes));
   }
   pool_ = std::make_unique<KvBlockPool>(n_blocks, o.block_size);
+  if (!im.tp_leads()) runner_ = std::make_unique<TpStepRunner>(*im.dec, *im.be);
   im.kv_allocate_paged(n_blocks, o.block_size);  // Error naming the backend without it
   im.kv_tokens.clear();
   kv_ = std::make_unique<PoolAdmission>(*pool_);
@@ -240,19 +212,16 @@ std::vector<BatchOutput> BatchRunner::step() {
       buf_logits_ = be.alloc(lbytes);
     }
     const Act lg{buf_logits_->data(), DType::F32, n_logits, V};
-    if (im.tp_leads()) {
-      TpStep ts;
-      ts.ids = std::move(ids);
-      ts.row_start = std::move(row_start);
-      ts.seq_pos0 = std::move(pos0);
-      ts.block_tables = std::move(tables);
-      ts.max_blocks = max_blocks;
-      ts.n_logits = int32_t(n_logits);
-      ts.logit_rows = std::move(logit_rows);
-      im.tp->leader->forward(ts, lg);
-    } else {
-      forward(ids, row_start, pos0, tables, max_blocks, logit_rows, lg);
-    }
+    TpStep ts;
+    ts.ids = std::move(ids);
+    ts.row_start = std::move(row_start);
+    ts.seq_pos0 = std::move(pos0);
+    ts.block_tables = std::move(tables);
+    ts.max_blocks = max_blocks;
+    ts.n_logits = int32_t(n_logits);
+    ts.logit_rows = std::move(logit_rows);
+    if (im.tp_leads()) im.tp->leader->forward(ts, lg);  // the other ranks run it too
+    else runner_->run(ts, lg);
     // the computed full blocks enter the prefix cache (before a finish releases them)
     for (const StepEntry& e : plan.seqs) kv_->computed(e.seq_id, seqs_.at(e.seq_id).tokens);
     // one token per sampling sequence, each with its own parameters and random stream: on the

@@ -16,6 +16,7 @@
 #include "backend/backend.h"
 #include "kv/block_pool.h"
 #include "nf4flash/engine.h"
+#include "parallel/tp_step.h"
 #include "runtime/kv_admission.h"
 #include "runtime/scheduler.h"
 #include "sampling/sampler.h"
@@ -110,11 +111,6 @@ class BatchRunner {
   SubmitResult enter(Seq& q);
   // Enters the deferred requests whose sibling has computed their blocks or ended.
   void release_deferred();
-  const int32_t* upload(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v);
-  // One step's forward over the paged cache on this process's decoder (rank 0's TpLeader sends it
-  // to the other ranks instead under tensor parallel).
-  void forward(const std::vector<int32_t>& ids, const std::vector<int32_t>& row_start, const std::vector<int32_t>& pos0,
-               const std::vector<int32_t>& tables, int max_blocks, const std::vector<int32_t>& logit_rows, Act lg);
 
   Engine& engine_;
   std::function<bool(int64_t, int32_t)> on_token_;
@@ -126,8 +122,10 @@ class BatchRunner {
   std::vector<BatchOutput> done_;
   StepInfo last_;
   std::map<int64_t, TokenLogprobs> step_lp_;  // this step's, for the requests that ask
-  // a step's inputs and logits in backend memory, reused from step to step
-  std::unique_ptr<Buffer> buf_ids_, buf_row_start_, buf_pos0_, buf_tables_, buf_logit_rows_, buf_logits_;
+  // a step's forward on this process's decoder (its inputs' buffers reused from step to step;
+  // under tensor parallel rank 0's TpLeader runs it instead), and the step's logits
+  std::unique_ptr<TpStepRunner> runner_;
+  std::unique_ptr<Buffer> buf_logits_;
 };
 
 }  // namespace nf4flash

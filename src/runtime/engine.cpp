@@ -28,7 +28,6 @@ Act Engine::Impl::logits_act(int64_t rows) {
     logits_buf.reset();
     logits_buf = be->alloc(static_cast<size_t>(rows) * cfg.vocab_size * 4);
     logits_rows = rows;
-    graph_id = -1;  // the captured step wrote into the old buffer
   }
   return logits_buf->as_act(DType::F32, rows, cfg.vocab_size);
 }
@@ -85,17 +84,10 @@ void Engine::Impl::run_step(int64_t pos) {
   NF4FLASH_CHECK(pos + 1 <= ctx, "context of ", pos + 1, " tokens exceeds the context size ", ctx);
   Act lg = logits_act(1).slice_rows(0, 1);
   if (graphs_on()) {
-    // the captured step holds the workspace's and the KV cache's addresses: recapture when either moved
-    if (graph_id >= 0 && (graph_ws_epoch != dec->workspace_epoch() || graph_kv_epoch != be->kv_epoch())) graph_id = -1;
-    if (graph_id < 0) {
-      graph_ws_epoch = dec->workspace_epoch();
-      graph_kv_epoch = be->kv_epoch();
+    step_graph.run(*dec, *be, lg.data, [&] {
       state.pos0_host = -1;  // replays run at other positions: nothing may depend on this one
-      be->capture_begin();
       dec->forward(static_cast<const int32_t*>(ids_buf->data()), 1, state, lg, 1);
-      graph_id = be->capture_end();
-    }
-    be->replay(graph_id);
+    });
   } else {
     state.pos0_host = pos;
     dec->set_step_graphs(opts.graphs && be->graphs_supported());  // the GPU's parts of an offloaded step

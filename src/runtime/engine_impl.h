@@ -10,6 +10,7 @@
 #include "model/arch.h"
 #include "model/decoder.h"
 #include "nf4flash/engine.h"
+#include "model/step_graph.h"
 #include "runtime/engine_tp.h"
 #include "runtime/plan.h"
 
@@ -34,9 +35,7 @@ struct Engine::Impl {
   // device buffers
   std::unique_ptr<Buffer> ids_buf, pos_buf, hist_buf, hist_cnt_buf, logits_buf;  // hist: ctx ids and their count
   int64_t logits_rows = 0;
-  int graph_id = -1;
-  int64_t graph_ws_epoch = -1;  // the decoder workspace the captured step uses
-  int64_t graph_kv_epoch = -1;  // and the KV cache (Backend::kv_epoch)
+  StepGraph step_graph;  // the captured decode step (graphs_on)
   StepState state;
   // Tokens whose K/V occupy cache positions [0, size): what generate() may reuse. Anything else
   // that writes the cache (score, bench) clears it.

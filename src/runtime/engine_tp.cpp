@@ -52,14 +52,8 @@ LoadOptions options_from(const json& j) {
 TpEngine::~TpEngine() {
   if (rank != 0 || !comm) return;
   try {
-    if (leader) {
-      leader->stop();
-    } else {  // rank 0's load failed after the others started theirs: they stop once loaded
-      TpStep s;
-      s.op = TpOp::Stop;
-      std::vector<uint8_t> bytes = encode_step(s);
-      comm->broadcast_bytes(bytes);
-    }
+    // without a leader rank 0's load failed after the others started theirs: they stop once loaded
+    tp_stop(*comm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "warning: tensor parallel: the other ranks could not be stopped: %s\n", e.what());
   }

@@ -62,12 +62,8 @@ struct Estimate {
 // The most kv heads a rank of `tp` holds (model/tp_layout.h: a rank keeps the kv heads its q heads
 // read, replicated where several ranks read one).
 int64_t kv_heads_a_rank(const ModelConfig& c, int tp) {
-  const int64_t group = c.n_heads / c.n_kv_heads;
   int64_t most = 0;
-  for (int r = 0; r < tp; ++r) {
-    const TpRange q = tp_range(c.n_heads, r, tp);
-    if (q.n > 0) most = std::max(most, (q.end() - 1) / group - q.begin / group + 1);
-  }
+  for (int r = 0; r < tp; ++r) most = std::max(most, tp_kv_heads(c, tp_range(c.n_heads, r, tp)).n);
   return most;
 }
 
