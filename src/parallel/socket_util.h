@@ -101,6 +101,21 @@ inline int listen_any(int port, int backlog) {
   return fd;
 }
 
+// A TCP port on 127.0.0.1 that was free a moment ago (its socket closed again); -1 with errno set
+// on failure.
+inline int free_loopback_port() {
+  Fd s(::socket(AF_INET, SOCK_STREAM, 0));
+  if (s.fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return -1;
+  return ntohs(a.sin_port);
+}
+
 // What send_all / recv_all throw: why is "" when the other end closed (or reset) the connection,
 // else the errno text; incoming: send_all stopped because the other end has data for us or has
 // closed its end.

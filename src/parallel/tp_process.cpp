@@ -1,11 +1,9 @@
 // The tensor-parallel group of this process (parallel/tp_process.h).
 #include "parallel/tp_process.h"
 
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +17,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "parallel/socket_util.h"
 #include "parallel/tcp_group.h"
 
 extern char** environ;
@@ -35,18 +34,9 @@ std::atomic<bool> g_shutting_down{false};
 constexpr const char* kParentVar = "NF4FLASH_TP_PARENT";
 
 int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (s < 0) fail("tensor parallel: no socket for a free port: ", std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(s);
-  if (!ok) fail("tensor parallel: cannot find a free port on 127.0.0.1: ", std::strerror(errno));
-  return ntohs(a.sin_port);
+  const int port = sock::free_loopback_port();
+  if (port < 0) fail("tensor parallel: cannot find a free port on 127.0.0.1: ", std::strerror(errno));
+  return port;
 }
 
 std::vector<std::string> worker_command() {

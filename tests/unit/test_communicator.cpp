@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "parallel/communicator.h"
+#include "rank_test_util.h"
 
 using namespace nf4flash;
 
@@ -34,11 +35,6 @@ std::vector<std::string> on_ranks(InProcessGroup& g, const std::function<void(in
   return errs;
 }
 
-void expect_no_errors(const std::vector<std::string>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) EXPECT_EQ(errs[r], "") << "rank " << r;
-}
-
-Act f32_act(std::vector<float>& v, int64_t rows, int64_t cols) { return Act{v.data(), DType::F32, rows, cols}; }
 
 // 1e8 + 1 rounds back to 1e8 in f32, so the order of the additions shows in the result:
 // ((1e8 + 1) - 1e8) + 1 = 1, while e.g. ((1e8 - 1e8) + 1) + 1 = 2.

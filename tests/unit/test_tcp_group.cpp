@@ -19,7 +19,9 @@
 
 #include "core/error.h"
 #include "parallel/communicator.h"
+#include "parallel/socket_util.h"
 #include "parallel/tcp_group.h"
+#include "rank_test_util.h"
 #include "test_util.h"
 
 namespace nf4flash {
@@ -29,15 +31,9 @@ using Clock = std::chrono::steady_clock;
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  const int port = sock::free_loopback_port();
+  EXPECT_GT(port, 0);
+  return port;
 }
 
 RankEnv env(int rank, int world, int port) {
@@ -72,11 +68,6 @@ std::vector<std::string> on_ranks(int world, const std::function<void(int, Commu
   return errs;
 }
 
-void expect_no_errors(const std::vector<std::string>& errs) {
-  for (size_t r = 0; r < errs.size(); ++r) EXPECT_EQ(errs[r], "") << "rank " << r;
-}
-
-Act f32_act(std::vector<float>& v, int64_t rows, int64_t cols) { return Act{v.data(), DType::F32, rows, cols}; }
 
 std::vector<float> random_floats(std::mt19937& rng, size_t n) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
