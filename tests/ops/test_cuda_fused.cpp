@@ -229,13 +229,16 @@ TEST(CudaFused, GemmQ4Multi) {
                                MultiCase{QuantType::FP4, true, 192, {2050, 512, 130}, 300},
                                MultiCase{QuantType::NF4, true, 1536, {333, 70}, 600},
                                MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 300},
-                               MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290}})
+                               MultiCase{QuantType::FP4, false, 768, {2048, 700, 1500}, 290},
+                               MultiCase{QuantType::NF4, true, 4096, {1024, 256, 256}, 32},
+                               MultiCase{QuantType::NF4, true, 512, {2100, 2100}, 17}})
       run_multi(dt, c, fused);
     for (auto [type, dq, I, H, T, bias] : {std::tuple{QuantType::NF4, true, int64_t{1000}, int64_t{512}, int64_t{65}, true},
                                            std::tuple{QuantType::NF4, true, int64_t{2048}, int64_t{1024}, int64_t{257}, false},
                                            std::tuple{QuantType::FP4, false, int64_t{40}, int64_t{128}, int64_t{40}, false},
                                            std::tuple{QuantType::NF4, false, int64_t{200}, int64_t{256}, int64_t{700}, true},
-                                           std::tuple{QuantType::NF4, true, int64_t{2100}, int64_t{512}, int64_t{300}, true}})
+                                           std::tuple{QuantType::NF4, true, int64_t{2100}, int64_t{512}, int64_t{300}, true},
+                                           std::tuple{QuantType::NF4, true, int64_t{1000}, int64_t{1024}, int64_t{24}, false}})
       run_swiglu(dt, type, dq, I, H, T, bias, fused);
   }
   run_multi(DType::BF16, MultiCase{QuantType::NF4, true, 4096, {4096, 1024, 1024}, 512});

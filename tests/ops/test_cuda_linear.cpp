@@ -137,9 +137,10 @@ TEST(CudaOps, LinearQuant4Chunked) {
 }
 
 // The fused wgmma GEMM (Hopper): ragged rows (row tiles past the matrix), ragged tokens (token tiles
-// past T), one to 64 column tiles, blocksizes 64 / 128 / 256, NF4 / FP4, plain / double-quant
-// absmax, bias, f32 and 16-bit output, launches that split their last partial wave along K; and
-// the dequantize path (what every other GPU takes) on the same cases.
+// past T; 32-token tiles at batched-decode rows), one to 224 column tiles, odd and even, blocksizes
+// 64 / 128 / 256, NF4 / FP4, plain / double-quant absmax, bias, f32 and 16-bit output, launches
+// that split their last partial wave along K; and the dequantize path (what every other GPU takes)
+// on the same cases.
 TEST(CudaOps, LinearQuant4FusedGemm) {
   NF4FLASH_REQUIRE_CUDA();
   const Q4Case cases[] = {
@@ -149,6 +150,9 @@ TEST(CudaOps, LinearQuant4FusedGemm) {
       {QuantType::NF4, true, 4100, 256, 64, 65, false},   {QuantType::NF4, true, 4096, 1024, 64, 300, false},
       {QuantType::FP4, false, 4000, 1024, 128, 290, false},
       {QuantType::NF4, true, 4096, 14336, 64, 256, false},  // a down-projection shape: a split tail
+      // batched-decode rows (32-token tiles), an odd number of column tiles, a split tail
+      {QuantType::NF4, true, 300, 512, 64, 20, false},    {QuantType::FP4, false, 129, 192, 128, 9, false},
+      {QuantType::NF4, true, 4096, 14336, 64, 32, false},
   };
   const CudaTuning dequant = tuning_with([](CudaTuning& t) { t.q4_gemm = Q4GemmMode::Dequant; });
   for (Q4Case c : cases) run_q4_linear(DType::BF16, c, dequant);

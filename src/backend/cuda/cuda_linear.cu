@@ -515,7 +515,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemm_q4_skinny ", qn, " (tile16x64, ", act, " mma.sync, f32 accum, stream-K over all SMs; q/k/v one "
                  "launch, gate+up one launch + silu_mul)");
     case LinearPlan::Q4FusedGemm:
-      return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q4->dev.RT + 7) / 8),
+      return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q4->dev.RT + 7) / 8, q4->dev.cols),
                  ", codes decoded to ", act, " in registers, f32 accum; last partial wave split along K; q/k/v one "
                  "launch, gate+up one launch + silu_mul)");
     case LinearPlan::Q4DequantGemm: {

@@ -124,9 +124,9 @@ struct GemmQ4MultiArgs {
   Q4SplitWs split;  // as GemmQ4Args
 };
 void gemm_q4_wgmma_multi(const GemmQ4MultiArgs& a, cudaStream_t st);
-// The block configuration the launch of T rows over row_blocks blocks of 128 weight rows takes
+// The block configuration the launch of T rows over row_blocks blocks of 128 weight rows of K columns takes
 // (e.g. "ws-n128s6": warp-specialized, 128 tokens a block, 6 stages), for the reported path.
-std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks);
+std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks, int64_t K);
 
 // The skinny 4-bit GEMM (kernels/gemm_q4_skinny.cuh): the batched decode step's linears,
 // out[i] = x W_i^T + bias[i] for up to 3 weights sharing x, cols and quantization parameters (the

@@ -14,8 +14,8 @@
 //     (columns 16s + 2t, +1, +8, +9 of K step s), each byte becomes two f32 codes through a
 //     per-lane copy of a byte -> code-pair table in shared memory (one 8-byte LDS), times the f32
 //     absmax (two FMUL), rounded into one 16-bit pair (one cvt);
-//   - the 4 wgmma m64nBNk16 of a column tile against the x tile [BN x 64] in the 128-byte swizzled
-//     K-major layout (wgmma's B operand, kernels/wgmma.cuh);
+//   - the 4 wgmma m64nBNk16 of each column tile of a step (1 or 2 tiles) against its x tile
+//     [BN x 64] in the 128-byte swizzled K-major layout (wgmma's B operand, kernels/wgmma.cuh);
 //   - the store of the accumulators (+ bias). Rows beyond `rows` (the layout pads to 16) and tokens
 //     beyond T are never stored.
 #pragma once
@@ -77,27 +77,31 @@ struct Q4gNested {
   }
 };
 
-// Issue one column tile's 4 wgmma m64nBNk16 (A = the decoded fragments, B = the x tile at shared
-// address xs) as one committed group.
-template <typename TA, int BN>
-__device__ __forceinline__ void q4g_mma_tile(float (&acc)[BN / 2], const uint32_t (&A)[16], uint32_t xs) {
-  const uint64_t db = wgmma_desc_sw128(xs);
+// Issue the wgmma m64nBNk16 of a step's KS column tiles as one committed group: tile j's 4 K steps
+// with A = A[16j ..] (the decoded fragments) and B = the x tile at shared address xs[j].
+template <typename TA, int BN, int KS>
+__device__ __forceinline__ void q4g_mma_tiles(float (&acc)[BN / 2], const uint32_t (&A)[16 * KS],
+                                              const uint32_t (&xs)[KS]) {
   wgmma_fence_regs(acc);
   wgmma_fence();
 #pragma unroll
-  for (int s = 0; s < 4; ++s) wgmma_rs<BN, std::is_same_v<TA, __nv_bfloat16>>(acc, &A[4 * s], db + 2 * s, 1);
+  for (int j = 0; j < KS; ++j) {
+    const uint64_t db = wgmma_desc_sw128(xs[j]);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) wgmma_rs<BN, std::is_same_v<TA, __nv_bfloat16>>(acc, &A[16 * j + 4 * s], db + 2 * s, 1);
+  }
   wgmma_commit();
   wgmma_fence_regs(acc);
 }
 
-// Decode one row tile's column tile into the A fragments of its 4 K steps (16 registers, see
+// Decode one row tile's column tile into the A fragments of its 4 K steps (A[0..15], see
 // wgmma_rs): wq = shared address of the tile's 512 code bytes, sca = of its absmax (16 f32, or 16
 // u8 codes: then s_nested / nab0, nab1 / offset give the double-quant value), lut_s = the
 // code-pair table, lane8 = 8 * lane.
 template <typename TA, bool DQ>
 __device__ __forceinline__ void q4g_decode_a(uint32_t wq, uint32_t sca, uint32_t lut_s, uint32_t lane8, int g, int t,
                                              const float* s_nested, float nab0, float nab1, float offset,
-                                             uint32_t (&A)[16]) {
+                                             uint32_t* A) {
   uint4 q;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "r"(wq));
   float s0, s1;

@@ -9,10 +9,11 @@
 //              bytes] (over [RT, KT * 64 or 16 bytes]); rows past T or RT arrive zero-filled;
 //   warps 4-11 two consumer warpgroups (setmaxnreg up to 232), 64 weight rows each (consumer warp
 //              c = warp - 4 decodes row tile c), BN tokens.
-// Consumers issue tile kt's 4 wgmma m64nBNk16, decode tile kt + 1 (waiting on its full[slot])
-// while those run, then, once tile kt - 1's group has completed (wgmma_wait<1>), release that
-// tile's slot: one arrival per warp on empty[slot] (8 per phase). No block-wide barrier in the K
-// loop: the warpgroups drift freely.
+// Consumers work in steps of KS column tiles (1 or 2; two give each warp two independent decode
+// chains between waits): issue step q's 4 KS wgmma m64nBNk16 as one group, decode step q + 1's
+// tiles (waiting on their full[slot]) while those run, then, once step q - 1's group has completed
+// (wgmma_wait<1>), release its tiles' slots: one arrival per warp on empty[slot] (8 per phase).
+// No block-wide barrier in the K loop: the warpgroups drift freely.
 // Several weights in one launch (Q4gWsParams, up to 3 with the same in_features and quant
 // parameters: q, k and v, or gate and up): row blocks of weight 0, then of 1, then of 2
 // (blk_end = running sums of ceil(RT_i / 8)); each block works on one weight as above.
@@ -85,13 +86,13 @@ __device__ __forceinline__ void q4g_sum_slices(float (&acc)[BN / 2], const float
   }
 }
 
-template <typename TA, typename TO, bool DQ, int BN, int S>
+template <typename TA, typename TO, bool DQ, int BN, int S, int KS>
 __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __grid_constant__ Q4gWsParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int RTB = 8, ABS = DQ ? 16 : 64, XS = BN * 128, WS = RTB * 512, SS = RTB * ABS;
   constexpr int RTW = 8;  // row tiles of the weight per block
   constexpr int SST = SS;  // absmax bytes of a stage
-  static_assert(S >= 2, "gemm_q4_ws: stages");
+  static_assert(S >= 3 * KS && (KS == 1 || KS == 2), "gemm_q4_ws: stages");
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t base_s = (raw_s + 1023u) & ~1023u;
@@ -151,44 +152,64 @@ __global__ void __launch_bounds__(kQ4gWsThreads, 1) gemm_q4_ws_kernel(const __gr
   const float w_offset = W.offset;
   const uint32_t my_abs = uint32_t(cw * ABS);
   const Q4gNested<DQ> nested(W, my_rt, g);
-  float nab0 = 0.f, nab1 = 0.f;
-  nested.load(kt0, nab0, nab1);
+  float nab0[KS] = {}, nab1[KS] = {};  // DQ: the nested absmax of the next step's tiles
+  auto nested_load = [&](int q) {
+#pragma unroll
+    for (int j = 0; j < KS; ++j) nested.load(kt0 + q * KS + j, nab0[j], nab1[j]);
+  };
+  if constexpr (DQ) nested_load(0);
   float acc[BN / 2];
 #pragma unroll
   for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
   const uint32_t lane8 = 8u * lane;
+  constexpr int AR = 16 * KS;  // A registers of a step
+  const int NQ = NK / KS;  // steps of KS column tiles (the host makes NK a multiple of KS)
 
-  // Software-pipelined over this block's column tiles i = 0 .. NK - 1 (tile kt0 + i): issue tile
-  // i's wgmmas (A decoded one step earlier), then decode tile i + 1 while they (and i - 1's) run,
-  // then wait for i - 1's group and release its slot. Three A register sets: i - 1's and i's stay
-  // untouched while their groups are in flight.
-  auto decode = [&](int i, uint32_t (&A)[16]) {
-    const int slot = i % S;
-    mbar_wait(&full[slot], uint32_t(i / S) & 1u);
-    q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SST + my_abs, lut_s, lane8, g,
-                         t, s_nested, nab0, nab1, w_offset, A);
-    if (DQ && i + 1 < NK) nested.load(kt0 + i + 1, nab0, nab1);
+  // Software-pipelined over this block's steps q = 0 .. NQ - 1 (column tiles kt0 + q KS ..): issue
+  // step q's wgmmas (A decoded one step earlier), then decode step q + 1 while they (and q - 1's)
+  // run, then wait for q - 1's group and release its tiles' slots. Three A register sets: q - 1's
+  // and q's stay untouched while their groups are in flight. A step holds at most 3 KS slots (S >=
+  // 3 KS: the producer fills the others ahead).
+  auto decode = [&](int q, uint32_t (&A)[AR]) {
+#pragma unroll
+    for (int j = 0; j < KS; ++j) {
+      const int i = q * KS + j;
+      mbar_wait(&full[i % S], uint32_t(i / S) & 1u);
+    }
+#pragma unroll
+    for (int j = 0; j < KS; ++j) {
+      const int slot = (q * KS + j) % S;
+      q4g_decode_a<TA, DQ>(wq_s + slot * WS + cw * 512 + lane * 16, sc_s + slot * SST + my_abs, lut_s, lane8, g, t,
+                           s_nested, nab0[j], nab1[j], w_offset, &A[16 * j]);
+    }
+    if (DQ && q + 1 < NQ) nested_load(q + 1);
   };
-  auto step = [&](int i, const uint32_t (&Ai)[16], uint32_t (&An)[16]) {
-    q4g_mma_tile<TA, BN>(acc, Ai, xs_s + (i % S) * XS);
-    if (i + 1 < NK) decode(i + 1, An);
-    wgmma_wait<1>();  // tile i - 1's group is done: its slot may be refilled
-    if (i > 0) {
+  auto step = [&](int q, const uint32_t (&Aq)[AR], uint32_t (&An)[AR]) {
+    uint32_t xs[KS];
+#pragma unroll
+    for (int j = 0; j < KS; ++j) xs[j] = xs_s + uint32_t(((q * KS + j) % S) * XS);
+    q4g_mma_tiles<TA, BN, KS>(acc, Aq, xs);
+    if (q + 1 < NQ) decode(q + 1, An);
+    wgmma_wait<1>();  // step q - 1's group is done: its slots may be refilled
+    if (q > 0) {
       __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[(i - 1) % S]);
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < KS; ++j) mbar_arrive(&empty[((q - 1) * KS + j) % S]);
+      }
     }
   };
 
-  uint32_t A0[16], A1[16], A2[16];
+  uint32_t A0[AR], A1[AR], A2[AR];
   decode(0, A0);
-  int i = 0;
-  for (; i + 2 < NK; i += 3) {
-    step(i, A0, A1);
-    step(i + 1, A1, A2);
-    step(i + 2, A2, A0);
+  int q = 0;
+  for (; q + 2 < NQ; q += 3) {
+    step(q, A0, A1);
+    step(q + 1, A1, A2);
+    step(q + 2, A2, A0);
   }
-  if (i < NK) step(i, A0, A1);
-  if (i + 1 < NK) step(i + 1, A1, A2);
+  if (q < NQ) step(q, A0, A1);
+  if (q + 1 < NQ) step(q + 1, A1, A2);
   wgmma_wait<0>();
   wgmma_fence_regs(acc);
   if (split) {  // store this split's slice; the last of the unit's splits sums all of them in z order

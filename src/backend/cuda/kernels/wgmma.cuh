@@ -1,7 +1,7 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) helpers: shared-memory matrix descriptors for the
 // 128-byte-swizzled K-major layout, the fence / commit / wait instructions and the
 // D[64 x N] (f32) += A[64 x 16] * B[N x 16]^T step with A in registers and B in shared memory
-// (RS), for N = 64, 128, 256 and bf16 or f16 inputs, B K-major or (TRANS_B) MN-major; and the
+// (RS), for N = 32, 64, 128, 256 and bf16 or f16 inputs, B K-major or (TRANS_B) MN-major; and the
 // m64n64k16 step with A in shared memory too (SS).
 //
 // Shared-memory operand layout ("K-major, 128B swizzle", CUTLASS's Layout_K_SW128): a tile of R
@@ -50,7 +50,7 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The m64nNk16 RS instruction, N = 64, 128, 256: operands %0 .. %(N/2 - 1) are the accumulators
+// The m64nNk16 RS instruction, N = 32, 64, 128, 256: operands %0 .. %(N/2 - 1) are the accumulators
 // (NF4FLASH_D32(i): d[i .. i + 31]), then the 4 A registers, the B descriptor and the scale-d flag.
 #define NF4FLASH_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
     "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -69,6 +69,9 @@ __device__ __forceinline__ void wgmma_fence_regs(float (&d)[R]) {
                ", p, 1, 1, " TB ";\n}\n"                                                                       \
                : __VA_ARGS__                                                                                    \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
+#define NF4FLASH_WGMMA_RS_N32(TY, TB)                                                                           \
+  NF4FLASH_WGMMA_RS_ASM("m64n32k16", TY, TB, NF4FLASH_OPS16_0, "%16, %17, %18, %19", "%20", "%21", NF4FLASH_D8(0), \
+                        NF4FLASH_D8(8))
 #define NF4FLASH_WGMMA_RS_N64(TY, TB)                                                                           \
   NF4FLASH_WGMMA_RS_ASM("m64n64k16", TY, TB, NF4FLASH_OPS16_0 "," NF4FLASH_OPS16_1, "%32, %33, %34, %35", "%36", \
                         "%37", NF4FLASH_D32(0))
@@ -98,12 +101,14 @@ __device__ __forceinline__ void wgmma_rs(float* d, const uint32_t* a, uint64_t d
   } else {                                                            \
     if constexpr (TRANS_B) M("f16", "1"); else M("f16", "0");         \
   }
-  if constexpr (N == 64) {
+  if constexpr (N == 32) {
+    NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N32)
+  } else if constexpr (N == 64) {
     NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N64)
   } else if constexpr (N == 128) {
     NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N128)
   } else {
-    static_assert(N == 256, "wgmma_rs: N is 64, 128 or 256");
+    static_assert(N == 256, "wgmma_rs: N is 32, 64, 128 or 256");
     NF4FLASH_WGMMA_PICK(NF4FLASH_WGMMA_RS_N256)
   }
 #undef NF4FLASH_WGMMA_PICK

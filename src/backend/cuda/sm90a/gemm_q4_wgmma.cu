@@ -19,13 +19,23 @@ namespace nf4flash::cuda {
 
 namespace {
 
-// The warp-specialized kernel's configurations: BN tokens a block, S pipeline stages. f32 output
-// (the prompt's logits) takes ws-n128s6 alone.
+// The warp-specialized kernel's configurations: BN tokens a block, S pipeline stages, KS column
+// tiles a consumer step (2 needs an even number of column tiles a block; the KS = 1 forms of n32 and
+// n64 serve the others), and the measured time of one block (unit) per 4096 columns. n64 / n128 /
+// n256: H200, nf4-dq, T=512 (one-wave launches 1024x4096 n64 35.9 us, 4096x4096 n128 44.8 / n256
+// 59.6; 14336x4096 n128 4 waves 172.4, n256 2 waves 121.5). n32 and the KS = 2 forms: H100,
+// one-wave 14336x4096 at 32 / 64 rows: n32s16k2 31.1, n32s16 32.3, n64s12k2 34.7, n64s8 35.2 us.
+// f32 output (the prompt's logits) takes ws-n128s6 alone.
 struct Cfg {
   const char* name;
-  int bn, stages;
+  int bn, stages, ks;
+  double unit_us;
 };
-constexpr Cfg kCfgs[] = {{"ws-n64s8", 64, 8}, {"ws-n128s6", 128, 6}, {"ws-n256s4", 256, 4}};
+constexpr Cfg kCfgs[] = {{"ws-n32s16k2", 32, 16, 2, 31.1}, {"ws-n32s16", 32, 16, 1, 32.3},
+                         {"ws-n64s12k2", 64, 12, 2, 34.7}, {"ws-n64s8", 64, 8, 1, 35.2},
+                         {"ws-n128s6", 128, 6, 1, 44.0},   {"ws-n256s4", 256, 4, 1, 60.0}};
+constexpr const Cfg& kCfgF32 = kCfgs[4];
+static_assert(kCfgs[4].bn == 128 && kCfgs[4].ks == 1, "the f32-output configuration");
 
 int device_sms() {
   static int n = [] {
@@ -37,25 +47,21 @@ int device_sms() {
   return n;
 }
 
-// Measured time of one block (unit) per 4096 columns on the H200, by token tile: n64 35 us, n128
-// 44, n256 60 (kernel microbenchmark, nf4-dq, T=512: one-wave launches 1024x4096
-// n64 35.9, 4096x4096 n128 44.8 / n256 59.6; 14336x4096 n128 4 waves 172.4, n256 2 waves 121.5;
-// the c0fa985 calibration, 30 / 36 / 55, had n128 20% low).
-double unit_us(const Cfg& c) { return c.bn == 64 ? 35.0 : c.bn == 128 ? 44.0 : 60.0; }
-
 // Configuration for rb row blocks (of 8 row tiles; all weights of the launch) x T tokens. A
 // block's time hardly shrinks with its token tile (prologue, pipeline fill, decode latency), so
-// the pick is by waves: minimize ceil(blocks / SMs) x unit_us of that tile. It reproduces every
-// measured pick at T=512 (14336x4096 n256, 4096x14336 and 4096x4096 n128, 1024x4096 n64) and
-// n256 on every shape at T=4096.
-const Cfg& pick(int64_t T, DType out_dtype, int64_t rb) {
-  if (out_dtype == DType::F32) return kCfgs[1];
+// the pick is by waves: minimize ceil(blocks / SMs) x unit_us of that tile. Over n64 / n128 / n256
+// it reproduced every measured pick at T=512 (14336x4096 n256, 4096x14336 and 4096x4096 n128,
+// 1024x4096 n64) and n256 on every shape at T=4096; a batched decode step's 9-64 rows take n32 or
+// n64.
+const Cfg& pick(int64_t T, DType out_dtype, int64_t rb, int64_t K) {
+  if (out_dtype == DType::F32) return kCfgF32;
   const int64_t sms = std::max(1, device_sms());
   const Cfg* best = nullptr;
   double best_cost = 0;
   for (const Cfg& c : kCfgs) {
+    if ((K / 64) % c.ks) continue;  // a block's column tiles come in steps of ks
     const int64_t blocks = rb * ((T + c.bn - 1) / c.bn);
-    const double cost = double((blocks + sms - 1) / sms) * unit_us(c);
+    const double cost = double((blocks + sms - 1) / sms) * c.unit_us;
     if (!best || cost < best_cost || (cost == best_cost && c.bn > best->bn)) best = &c, best_cost = cost;
   }
   return *best;
@@ -79,7 +85,7 @@ Sched tail_sched(const Cfg& c, int64_t T, int64_t rb, int64_t K, int s, const Q4
   Sched r{&c, 1, units, units};
   const int64_t tail = units % sms;
   const int64_t KT = K / 64, kps = (KT + s - 1) / s;
-  if (s <= 1 || tail == 0 || (KT + kps - 1) / kps != s) return r;
+  if (s <= 1 || tail == 0 || (KT + kps - 1) / kps != s || kps % c.ks) return r;
   if (tail > ws.n_tickets || tail * s * c.bn * 128 > ws.floats || !ws.partial || !ws.tickets) return r;
   r.split = s;
   r.dp_units = units - tail;
@@ -90,7 +96,7 @@ Sched tail_sched(const Cfg& c, int64_t T, int64_t rb, int64_t K, int s, const Q4
 // table fill, pipeline fill) and the slice traffic (each split writes BN x 128 floats, the last
 // one reads them back; ~45 GB/s per SM from L2).
 double sched_us(const Sched& sc, int64_t K) {
-  const double sms = std::max(1, device_sms()), t = unit_us(*sc.cfg) * double(K) / 4096.0;
+  const double sms = std::max(1, device_sms()), t = sc.cfg->unit_us * double(K) / 4096.0;
   const double whole = std::ceil(double(sc.dp_units) / sms) * t;
   if (sc.split == 1) return whole;
   const double tail_blocks = double(sc.units - sc.dp_units) * sc.split;
@@ -101,13 +107,14 @@ double sched_us(const Sched& sc, int64_t K) {
 // The schedule of a launch: pick()'s configuration unsplit, unless a split tail (2-4 ways, any
 // configuration) is predicted 5% faster; 16-bit output only.
 Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, const Q4SplitWs& ws) {
-  const Cfg& base = pick(T, out_dtype, rb);
+  const Cfg& base = pick(T, out_dtype, rb, K);
   Sched best = tail_sched(base, T, rb, K, 1, ws);
   if (out_dtype != act) return best;
   const double unsplit = sched_us(best, K);
   double best_us = 0.95 * unsplit;
   for (int s : {2, 3, 4})
     for (const Cfg& cfg : kCfgs) {
+      if ((K / 64) % cfg.ks) continue;
       const Sched c = tail_sched(cfg, T, rb, K, s, ws);
       if (c.split != s) continue;
       if (const double us = sched_us(c, K); us < best_us) best = c, best_us = us;
@@ -128,9 +135,9 @@ void smem_opt_in(int smem) {
 // One launch over the weights of m (1-3): x [T, cols] as a 2D tensor map (boxes of BN rows x 64
 // columns, 128-byte swizzle); each weight's codes as [RT, KT * 128 u32] (boxes of one 512-byte
 // column tile x 8 row tiles) and absmax as [RT, KT * 16] f32 or u8 (boxes of 16 x 8).
-template <typename TA, typename TO, bool DQ, int BN, int S>
+template <typename TA, typename TO, bool DQ, int BN, int S, int KS>
 void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
-  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S>;
+  constexpr auto kernel = gemm_q4_ws_kernel<TA, TO, DQ, BN, S, KS>;
   constexpr int smem = q4g_ws_smem_bytes(BN, S);
   constexpr uint32_t rtw = 8;
   NF4FLASH_CHECK(reinterpret_cast<uintptr_t>(m.x) % 16 == 0, "gemm_q4_wgmma: x not 16-byte aligned");
@@ -167,6 +174,8 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
   p.dp_units = int(sc.split == 1 ? units : sc.dp_units);
   p.ksplit = sc.split;
   p.kps = (KT + sc.split - 1) / sc.split;
+  NF4FLASH_CHECK(KT % KS == 0 && p.kps % KS == 0, "gemm_q4_wgmma: ", KT, " column tiles (", p.kps,
+                 " a split) in steps of ", KS);
   NF4FLASH_CHECK(sc.split == 1 || ((KT + p.kps - 1) / p.kps == sc.split && m.split.partial && m.split.tickets),
                  "gemm_q4_wgmma: split tail without a workspace or with an empty split");
   p.partial = m.split.partial;
@@ -180,11 +189,15 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
 template <typename TA, typename TO, bool DQ>
 void launch_sched(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
   if constexpr (std::is_same_v<TO, float>) {  // the n128 configuration only
-    launch_ws<TA, TO, DQ, 128, 6>(m, st, sc);
+    launch_ws<TA, TO, DQ, 128, 6, 1>(m, st, sc);
   } else {
-    if (sc.cfg->bn == 64) launch_ws<TA, TO, DQ, 64, 8>(m, st, sc);
-    else if (sc.cfg->bn == 128) launch_ws<TA, TO, DQ, 128, 6>(m, st, sc);
-    else launch_ws<TA, TO, DQ, 256, 4>(m, st, sc);
+    const Cfg& c = *sc.cfg;
+    if (c.bn == 32 && c.ks == 2) launch_ws<TA, TO, DQ, 32, 16, 2>(m, st, sc);
+    else if (c.bn == 32) launch_ws<TA, TO, DQ, 32, 16, 1>(m, st, sc);
+    else if (c.bn == 64 && c.ks == 2) launch_ws<TA, TO, DQ, 64, 12, 2>(m, st, sc);
+    else if (c.bn == 64) launch_ws<TA, TO, DQ, 64, 8, 1>(m, st, sc);
+    else if (c.bn == 128) launch_ws<TA, TO, DQ, 128, 6, 1>(m, st, sc);
+    else launch_ws<TA, TO, DQ, 256, 4, 1>(m, st, sc);
   }
 }
 
@@ -220,8 +233,8 @@ void check_launch(int64_t T, const Q4Device& w) {
 }
 }  // namespace
 
-std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks) {
-  return pick(T, out_dtype, row_blocks).name;
+std::string gemm_q4_wgmma_cfg(int64_t T, DType out_dtype, int64_t row_blocks, int64_t K) {
+  return pick(T, out_dtype, row_blocks, K).name;
 }
 
 void gemm_q4_wgmma(const GemmQ4Args& g, cudaStream_t st) {
