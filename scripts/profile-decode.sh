@@ -11,6 +11,10 @@
 #   (default: skip 8, profile 4 = one layer's four GEMVs when the regex matches them);
 #   PROFILE_QUANT="none" profiles the bf16-weight model (default "nf4 --double-quant");
 #   PROFILE_SOURCE=1 adds ncu-<regex>-sass.csv: per-SASS-instruction counts and stall samples
+#   PROFILE_CMD="..." profiles that command instead of the decode run, e.g. the fused 4-bit GEMM at
+#   32 rows: PROFILE_TIMES=0 PROFILE_SKIP=0 NF4FLASH_Q4_SKINNY_MAX_ROWS=0 \
+#     PROFILE_CMD="build-gpu/bench/kernels/nf4flash-kernel-bench --gemv-only" scripts/profile-decode.sh - gemm_q4_ws
+#   The detail sections include the memory tables (shared-memory bank conflicts per instruction kind).
 set -uo pipefail
 bin=${1:-build-gpu/nf4flash}
 shift || true
@@ -19,6 +23,7 @@ mkdir -p "$out"
 read -ra quant <<<"${PROFILE_QUANT:-nf4 --double-quant}"
 run=("$bin" bench --preset "${PROFILE_PRESET:-llama3-8b}" --device cuda --quant "${quant[@]}" --attn flash -p 16 -n 3
      --ctx 512 -r 1 --warmup 0 -q)
+[ -n "${PROFILE_CMD:-}" ] && read -ra run <<<"$PROFILE_CMD"
 if [ "${PROFILE_TIMES:-1}" = 1 ]; then
   timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv "${run[@]}" \
     >"$out/ncu-times.csv" 2>"$out/ncu-times.err" || echo "ncu timing run failed (see ncu-times.err)"
@@ -27,7 +32,7 @@ for rx in "$@"; do
   name=$(echo "$rx" | tr -c 'A-Za-z0-9_\n' '_')
   timeout 300 ncu --clock-control none -k "regex:$rx" --launch-skip "${PROFILE_SKIP:-8}" -c "${PROFILE_COUNT:-4}" --print-details all \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section InstructionStats --section SchedulerStats \
     --section LaunchStats --section SourceCounters "${run[@]}" >"$out/ncu-$name.txt" 2>&1 \
     || echo "ncu detail run for $rx failed (see ncu-$name.txt)"
   if [ "${PROFILE_SOURCE:-0}" = 1 ]; then
