@@ -132,9 +132,14 @@ void check_step(const TpStep& s) {
 
 TpStepRunner::TpStepRunner(Decoder& dec, Backend& be) : dec_(dec), be_(be) {}
 
+// A step's input in backend memory: the buffer grows to twice the need and is reused, so steps
+// whose tables and rows grow a little at a time allocate rarely.
 const int32_t* TpStepRunner::put(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v) {
   const size_t bytes = std::max<size_t>(v.size(), 1) * 4;
-  if (!b || b->bytes() < bytes) b = be_.alloc(bytes);
+  if (!b || b->bytes() < bytes) {
+    b.reset();
+    b = be_.alloc(2 * bytes);
+  }
   if (!v.empty()) be_.upload(b->data(), v.data(), v.size() * 4);
   return static_cast<const int32_t*>(b->data());
 }

@@ -10,8 +10,6 @@
 
 namespace nf4flash {
 
-// A step's input in backend memory: the buffer grows (to twice the need) and is reused, so steady
-// steps allocate nothing.
 BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(engine), on_token_(o.on_token) {
   Engine::Impl& im = engine.internals();
   NF4FLASH_CHECK(o.block_size >= 1, "batch: block size ", o.block_size);

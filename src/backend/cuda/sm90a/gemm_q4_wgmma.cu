@@ -78,14 +78,14 @@ struct Sched {
 // The DP + split-tail schedule of c with s splits: whole waves of units run unsplit, the units of
 // the last, partial wave (all of them when there is less than a wave) split s ways. Not splittable
 // (returns split 1) when there is no partial wave, K's column tiles do not make s non-empty
-// splits, or the workspace is too small.
+// splits of whole steps of c.ks tiles, or the workspace is too small.
 Sched tail_sched(const Cfg& c, int64_t T, int64_t rb, int64_t K, int s, const Q4SplitWs& ws) {
   const int64_t sms = std::max(1, device_sms());
   const int64_t units = rb * ((T + c.bn - 1) / c.bn);
   Sched r{&c, 1, units, units};
   const int64_t tail = units % sms;
   const int64_t KT = K / 64, kps = (KT + s - 1) / s;
-  if (s <= 1 || tail == 0 || (KT + kps - 1) / kps != s || kps % c.ks) return r;
+  if (s <= 1 || tail == 0 || (KT + kps - 1) / kps != s || KT % c.ks || kps % c.ks) return r;
   if (tail > ws.n_tickets || tail * s * c.bn * 128 > ws.floats || !ws.partial || !ws.tickets) return r;
   r.split = s;
   r.dp_units = units - tail;
@@ -114,7 +114,6 @@ Sched pick_sched(int64_t T, DType out_dtype, int64_t rb, int64_t K, DType act, c
   double best_us = 0.95 * unsplit;
   for (int s : {2, 3, 4})
     for (const Cfg& cfg : kCfgs) {
-      if ((K / 64) % cfg.ks) continue;
       const Sched c = tail_sched(cfg, T, rb, K, s, ws);
       if (c.split != s) continue;
       if (const double us = sched_us(c, K); us < best_us) best = c, best_us = us;
