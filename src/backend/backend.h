@@ -329,6 +329,10 @@ class Backend {
   // Changes whenever the KV cache is allocated again (kv_allocate, kv_allocate_paged): a captured
   // step holds the cache's addresses and is valid only for the epoch it was captured in.
   int64_t kv_epoch() const { return kv_epoch_; }
+  // Changes whenever a workspace the backend keeps for its ops (attention splits, the 4-bit GEMMs'
+  // split slices, dequantize scratch, ...) is allocated again for a larger step: a captured step
+  // holds their addresses too.
+  int64_t scratch_epoch() const { return scratch_epoch_; }
   virtual size_t kv_bytes() const = 0;
 
   // Which attention implementations can serve this request; empty string = yes, else why not.
@@ -382,6 +386,7 @@ class Backend {
  protected:
   [[noreturn]] void unsupported(const char* op) const { fail(op, ": not supported on the ", name(), " backend"); }
   int64_t kv_epoch_ = 0;  // incremented by every kv_allocate
+  mutable int64_t scratch_epoch_ = 0;  // incremented whenever an op workspace is allocated again (const ops grow them too)
 };
 
 struct CpuBackendOptions {

@@ -1,6 +1,7 @@
 // The tensor-parallel step protocol (parallel/tp_step.h).
 #include "parallel/tp_step.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -171,6 +172,58 @@ void TpStepRunner::run_graphed(int32_t id, int32_t pos, Act logits) {
   graph_.run(dec_, be_, logits.data, [&] { dec_.forward(static_cast<const int32_t*>(g_id_->data()), 1, st, logits, 1); });
 }
 
+// A decode-only step on the paged cache (row i is sequence i's one token and gives logits row i)
+// through the graph of its shape: the step's arrays go into that shape's fixed buffers, the block
+// tables padded to the shape's width (entries past a sequence's blocks are never read).
+bool TpStepRunner::run_paged_graphed(const TpStep& s, Act logits) {
+  const int n = int(s.seq_pos0.size());
+  if (int(s.ids.size()) != n || s.n_logits != n) return false;
+  for (int i = 0; i <= n; ++i)
+    if (s.row_start[size_t(i)] != i) return false;
+  for (int i = 0; i < int(s.logit_rows.size()); ++i)
+    if (s.logit_rows[size_t(i)] != i) return false;
+  int width = 8;
+  while (width < s.max_blocks) width *= 2;
+  PagedGraph& g = paged_[{n, width}];
+  if (!g.ids) {
+    g.ids = be_.alloc(size_t(n) * 4);
+    g.row_start = be_.alloc(size_t(n + 1) * 4);
+    g.pos0 = be_.alloc(size_t(n) * 4);
+    g.tables = be_.alloc(size_t(n) * width * 4);
+    be_.upload(g.row_start->data(), s.row_start.data(), size_t(n + 1) * 4);
+  }
+  std::vector<int32_t> tables(size_t(n) * width, 0);
+  for (int i = 0; i < n; ++i)
+    std::copy_n(s.block_tables.begin() + size_t(i) * s.max_blocks, s.max_blocks, tables.begin() + size_t(i) * width);
+  be_.upload(g.ids->data(), s.ids.data(), size_t(n) * 4);
+  be_.upload(g.pos0->data(), s.seq_pos0.data(), size_t(n) * 4);
+  be_.upload(g.tables->data(), tables.data(), tables.size() * 4);
+  PagedSeqs ps;
+  ps.n_seqs = n;
+  ps.row_start = static_cast<const int32_t*>(g.row_start->data());
+  ps.pos0 = static_cast<const int32_t*>(g.pos0->data());
+  ps.block_tables = static_cast<const int32_t*>(g.tables->data());
+  ps.max_blocks = width;  // no host view of the rows: every row takes flash-decoding, as captured
+  StepState st;
+  st.paged = &ps;
+  const int32_t* ids = static_cast<const int32_t*>(g.ids->data());
+  auto forward = [&] { dec_.forward(ids, n, st, logits, n); };
+  if (!g.warmed) {
+    forward();
+    g.warmed = true;
+  } else {
+    g.graph.run(dec_, be_, logits.data, forward);
+    g.captured = true;
+  }
+  return true;
+}
+
+size_t TpStepRunner::paged_graphs() const {
+  size_t k = 0;
+  for (const auto& [shape, g] : paged_) k += g.captured ? 1 : 0;
+  return k;
+}
+
 void TpStepRunner::run(const TpStep& s, Act logits) {
   NF4FLASH_CHECK(s.op == TpOp::Forward, "tensor parallel step: run() takes forwards");
   const int64_t T = int64_t(s.ids.size());
@@ -178,6 +231,9 @@ void TpStepRunner::run(const TpStep& s, Act logits) {
                  "tensor parallel step: logits must be f32 [", s.n_logits, ", ", dec_.config().vocab_size, "]");
   if (graphs_ && be_.graphs_supported() && T == 1 && s.row_start.empty() && s.logit_rows.empty())
     return run_graphed(s.ids[0], s.pos0, logits);
+  if (graphs_ && be_.graphs_supported() && !s.row_start.empty() &&
+      dec_.offload_first_layer() == dec_.config().n_layers && run_paged_graphed(s, logits))
+    return;
   const int32_t* ids = put(ids_, s.ids);
   const int32_t* logit_rows = s.logit_rows.empty() ? nullptr : put(logit_rows_, s.logit_rows);
   StepState st;

@@ -9,12 +9,15 @@
 //
 // A step goes as one broadcast_bytes of its encoding (little-endian int32 fields, sizes first);
 // decode_step checks the sizes against each other, so a malformed message is one clear error.
-// Every rank runs a step through TpStepRunner, which replays one captured CUDA graph for
-// single-token steps on the contiguous cache where the backend has graphs (the NCCL collectives
-// inside it), so rank 0's decode steps and the followers' cost the same launches.
+// Every rank runs a step through TpStepRunner, which replays captured CUDA graphs where the backend
+// has them (the NCCL collectives inside): one for single-token steps on the contiguous cache, and
+// one per (sequences, block-table width) for the batched engine's decode-only steps on the paged
+// cache; so rank 0's steps and the followers' cost the same launches.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -57,14 +60,20 @@ class TpStepRunner {
   void run(const TpStep& s, Act logits);
   // A KvCache step: the decoder's cache (kv_allocate or kv_allocate_paged) for this rank's heads.
   void kv(const TpStep& s);
-  // Single-token steps on the contiguous cache replay a captured graph where the backend has them.
+  // Where the backend has graphs, single-token steps on the contiguous cache and decode-only steps
+  // on the paged cache (one row per sequence, each giving logits) replay captured graphs. A paged
+  // shape (sequences, block-table width rounded up to a power of two) runs uncaptured the first
+  // time (sizing every workspace), captured from the second.
   void set_graphs(bool on) { graphs_ = on; }
+  // paged decode-only shapes captured so far (tests)
+  size_t paged_graphs() const;
   // logits of a step on this rank when the caller has none (followers): [n_logits, vocab] F32
   Act scratch_logits(int64_t n_logits);
 
  private:
   const int32_t* put(std::unique_ptr<Buffer>& b, const std::vector<int32_t>& v);
   void run_graphed(int32_t id, int32_t pos, Act logits);
+  bool run_paged_graphed(const TpStep& s, Act logits);
   Decoder& dec_;
   Backend& be_;
   std::unique_ptr<Buffer> ids_, pos_, row_start_, seq_pos0_, tables_, logit_rows_, logits_;
@@ -72,6 +81,14 @@ class TpStepRunner {
   bool graphs_ = false;
   std::unique_ptr<Buffer> g_id_, g_pos_;
   StepGraph graph_;
+  // decode-only paged steps by (sequences, table width): the graph and its inputs' fixed buffers
+  struct PagedGraph {
+    StepGraph graph;
+    std::unique_ptr<Buffer> ids, row_start, pos0, tables;
+    bool warmed = false;  // one uncaptured run done
+    bool captured = false;
+  };
+  std::map<std::pair<int, int>, PagedGraph> paged_;
 };
 
 class TpLeader {

@@ -32,7 +32,10 @@ BatchRunner::BatchRunner(Engine& engine, const BatchRunnerOptions& o) : engine_(
     n_blocks = std::min<int64_t>(n_blocks, int64_t((avail - reserve) / block_bytes));
   }
   pool_ = std::make_unique<KvBlockPool>(n_blocks, o.block_size);
-  if (!im.tp_leads()) runner_ = std::make_unique<TpStepRunner>(*im.dec, *im.be);
+  if (!im.tp_leads()) {
+    runner_ = std::make_unique<TpStepRunner>(*im.dec, *im.be);
+    runner_->set_graphs(im.graphs_on());  // decode-only steps replay a graph per shape
+  }
   im.kv_allocate_paged(n_blocks, o.block_size);  // Error naming the backend without it
   im.kv_tokens.clear();
   kv_ = std::make_unique<PoolAdmission>(*pool_);
@@ -150,6 +153,12 @@ TokenLogprobs token_logprobs(const float* l, int64_t V, int32_t token, int top_n
     for (int i = 0; i < n; ++i) r.top.emplace_back(idx[size_t(i)], float(double(l[idx[size_t(i)]]) - lse));
   }
   return r;
+}
+
+size_t BatchRunner::step_graphs() const {
+  Engine::Impl& im = engine_.internals();
+  const TpStepRunner* r = runner_ ? runner_.get() : im.tp->runner.get();
+  return r->paged_graphs();
 }
 
 bool BatchRunner::cancel(int64_t id) {

@@ -85,6 +85,9 @@ class BatchRunner {
   };
   const StepInfo& last_step() const { return last_; }
   const KvBlockPool& pool() const { return *pool_; }
+  // Decode-only step shapes replayed as captured graphs so far (0 where the backend has none or
+  // graphs are off).
+  size_t step_graphs() const;
   const Scheduler& scheduler() const { return *sched_; }
   // During on_token: the log-probabilities of the token just sampled for `id`, when its request
   // asked for them (else null).

@@ -7,6 +7,7 @@
 //  - BatchRunner (continuous batching, chunked prompts sharing steps with decodes, a prefix shared
 //    by several requests): each request's greedy tokens equal the same prompt generated alone, and
 //    with f32 compute seeded sampling gives the same tokens too; every block is free after the run.
+//  - Decode-only steps replayed as captured graphs give the tokens of uncaptured steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -236,6 +237,76 @@ TEST_P(GpuBatch, BatchRunnerTokensEqualEachAlone) {
   EXPECT_GT(cached, 0) << "no prefix-cache hit";
   GenerateOptions g0 = gens[0];
   EXPECT_EQ(e->generate(prompts[0], g0).tokens, alone[0].tokens) << "the contiguous cache after the runner";
+}
+
+// Decode-only steps replay one captured graph per shape (sequences, block-table width): the
+// tokens equal those of the same requests run with graphs off, through sequences joining and
+// leaving (shapes of 1-4 sequences), a sequence's table outgrowing a width (past 8 blocks), a long
+// prompt arriving after graphs were captured (its chunks grow workspaces: recaptured), and seeded
+// sampling (same kernels, same draws).
+TEST_P(GpuBatch, GraphedDecodeStepsEqualUncaptured) {
+  NF4FLASH_REQUIRE_CUDA();
+  const BatchCase c = GetParam();
+  Golden g(c.model);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(g.i32(cat("tokens_", i)));
+  auto run = [&](bool graphs, size_t& captured) {
+    LoadOptions o;
+    o.model_dir = model_dir(c.model);
+    o.device = DeviceChoice::CUDA;
+    o.compute = c.compute;
+    o.quant = c.quant;
+    o.double_quant = c.dq;
+    o.attn = c.attn;
+    o.ctx_size = 256;
+    o.load_tokenizer = false;
+    o.graphs = graphs;
+    auto e = Engine::load(o);
+    const int64_t V = e->vocab_size();
+    std::vector<int32_t> lng;
+    for (int k = 0; k < 100; ++k) lng.push_back(int32_t((5 + 37 * k) % (V - 1) + 1));
+    BatchRunnerOptions bo;
+    bo.block_size = 16;
+    bo.sched.max_seqs_per_step = 4;
+    bo.sched.max_tokens_per_step = 32;
+    std::map<int64_t, std::vector<int32_t>> got;
+    BatchRunner r(*e, bo);
+    for (int i = 0; i < 3; ++i) {
+      GenerateOptions gen;
+      gen.max_new_tokens = i == 0 ? 140 : 12 + 9 * i;  // request 0 ends past 128 positions: 9+ blocks
+      gen.ignore_eos = true;
+      gen.reuse_cache = false;
+      if (i == 2) {
+        gen.sampling.temperature = 0.8f;
+        gen.sampling.top_k = 20;
+        gen.sampling.seed = 7;
+      }
+      EXPECT_TRUE(r.submit({int64_t(i), prompts[size_t(i)], gen}).ok());
+    }
+    size_t before_long = 0;
+    for (int s = 0; r.has_work() && s < 2000; ++s) {
+      for (BatchOutput& b : r.step()) got[b.id] = b.tokens;
+      if (s == 30) {  // decode-only steps have run: a prompt of 4 chunks joins
+        before_long = r.step_graphs();
+        GenerateOptions gen;
+        gen.max_new_tokens = 20;
+        gen.ignore_eos = true;
+        gen.reuse_cache = false;
+        EXPECT_TRUE(r.submit({3, lng, gen}).ok());
+      }
+    }
+    EXPECT_FALSE(r.has_work());
+    EXPECT_EQ(before_long > 0, graphs) << "graphs " << graphs << ": decode steps captured before the long prompt";
+    captured = r.step_graphs();
+    return got;
+  };
+  size_t on = 0, off = 0;
+  const auto with = run(true, on), without = run(false, off);
+  EXPECT_GT(on, size_t{2}) << case_name(c) << ": decode-only shapes captured";
+  EXPECT_EQ(off, size_t{0});
+  ASSERT_EQ(with.size(), size_t{4});
+  ASSERT_EQ(without.size(), size_t{4});
+  for (const auto& [id, toks] : without) EXPECT_EQ(with.at(id), toks) << case_name(c) << " request " << id;
 }
 
 const BatchCase kBatchCases[] = {

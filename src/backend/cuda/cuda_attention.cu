@@ -130,6 +130,7 @@ AttnArgs CudaBackend::attn_args(int layer, const Act& q, const Act& out, const A
     if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
       NF4FLASH_CHECK(!capturing_, "attention: decode workspace must be sized before graph capture");
       attn_ws_ = std::make_unique<CudaBuffer>(size_t(need) * 4);
+      ++scratch_epoch_;
     }
     a.workspace = static_cast<float*>(attn_ws_->data());
     a.workspace_floats = need;
@@ -151,6 +152,7 @@ void CudaBackend::attention_eager_run(const AttnArgs& a, int64_t pos0_host) {
                    " MiB) must be allocated before graph capture; run an uncaptured step first");
     eager_ws_.reset();
     eager_ws_ = std::make_unique<CudaBuffer>(need);
+    ++scratch_epoch_;
   }
   attention_eager(a, pos0_host, cublas_, tf32_, eager_ws_->data(), eager_ws_->bytes(), stream_);
 }

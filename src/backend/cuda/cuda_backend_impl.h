@@ -180,6 +180,7 @@ class CudaBackend : public Backend {
     if (!scratch_ || scratch_->bytes() < need) {
       scratch_.reset();
       scratch_ = std::make_unique<CudaBuffer>(need);
+      ++scratch_epoch_;
     }
   }
 

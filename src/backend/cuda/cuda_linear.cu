@@ -100,6 +100,7 @@ Q4SplitWs CudaBackend::q4_split_ws(int64_t floats, int64_t tickets) const {
     split_ws_ = std::make_unique<CudaBuffer>(size_t(floats) * 4);
     split_tickets_ = std::make_unique<CudaBuffer>(size_t(tickets) * 4);
     CUDA_CHECK(cudaMemsetAsync(split_tickets_->data(), 0, split_tickets_->bytes(), stream_));
+    ++scratch_epoch_;
   }
   return {static_cast<float*>(split_ws_->data()), int64_t(split_ws_->bytes() / 4),
           static_cast<int*>(split_tickets_->data()), int64_t(split_tickets_->bytes() / 4)};
@@ -441,6 +442,7 @@ void CudaBackend::swiglu_sliced(Act x, const Q4Device& g, const Q4Device& u, Act
     sync();  // products still in flight may read the old buffer
     swiglu_tmp_.reset();
     swiglu_tmp_ = std::make_unique<CudaBuffer>(size_t(T * chunk) * es);
+    ++scratch_epoch_;
   }
   for (int64_t n0 = 0; n0 < g.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, g.rows - n0);
