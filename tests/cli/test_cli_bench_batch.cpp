@@ -54,7 +54,8 @@ TEST(BenchBatchCli, CellsPerBatchSizeWithJsonMarkdownSvg) {
 TEST(BenchBatchCli, BadListsAndMatrixFlagsAreOneError) {
   const std::string base = "bench --preset tiny --device cpu -t 2 -n 2 ";
   for (const char* bad : {"-p 8 --batch 0", "-p 8 --batch 2,x", "-p 8 --batch 5000", "-p 8 --batch 2 --quant none,nf4",
-                          "--batch 2 -p 8,16", "-p 8 --batch 2 --no-cache"}) {
+                          "--batch 2 -p 8,16", "-p 8 --batch 2 --no-cache", "-p 8 --batch 2 --graphs on,off",
+                          "-p 8 --batch 2 --graphs on"}) {  // the CPU backend has no step graphs
     const CliResult r = run_cli(base + bad);
     EXPECT_NE(r.code, 0) << bad;
     EXPECT_NE(r.err.find("error"), std::string::npos) << bad << ": " << r.err;

@@ -153,12 +153,13 @@ void write_file(const std::string& path, const std::string& text, const char* fl
 }
 
 // --batch: the batched engine under load at each batch size (bench/bench_batch.h), one
-// configuration (a single --quant and --attn, one -p length).
+// configuration (a single --quant, --attn and --graphs, one -p length).
 int run_batch_bench_cmd(const BenchArgs& a) {
   const BenchSpec spec = make_spec(a);
   NF4FLASH_CHECK(spec.quants.size() == 1 && spec.gpu_layers.size() == 1 && spec.attns.size() == 1 &&
-                     spec.prompts.size() == 1 && !spec.no_cache,
-                 "bench --batch: give one --quant, one --gpu-layers, one --attn and one -p length (no --no-cache)");
+                     spec.graphs.size() == 1 && spec.prompts.size() == 1 && !spec.no_cache,
+                 "bench --batch: give one --quant, one --gpu-layers, one --attn, one --graphs and one -p length "
+                 "(no --no-cache)");
   BatchBenchSpec bs;
   bs.batches.clear();
   for (int64_t b : parse_int_list(a.batch, "--batch", 1, 4096, "a batch size in sequences")) bs.batches.push_back(int(b));
@@ -175,6 +176,7 @@ int run_batch_bench_cmd(const BenchArgs& a) {
   o.double_quant = spec.double_quant && o.quant != QuantChoice::None;
   o.gpu_layers = spec.gpu_layers.front();
   o.attn = spec.attns.front();
+  o.graphs = spec.graphs.front() != 0;  // auto and on: decode-only steps replay graphs where the backend has them
   o.load_tokenizer = false;
   if (o.ctx_size <= 0) o.ctx_size = std::min<int64_t>(bs.prompt + bs.n_gen, spec.model_max_positions);
   const bool quiet = a.model.quiet;
@@ -183,6 +185,9 @@ int run_batch_bench_cmd(const BenchArgs& a) {
   };
   say("loading");
   auto e = spec.preset.empty() ? Engine::load(o) : Engine::load_preset(spec.preset, o);
+  if (spec.graphs.front() == 1 && !e->report().graphs)
+    fail("--graphs on: the ", e->report().device, " backend has no step graphs (CUDA graphs need --device cuda; use "
+         "--graphs off or auto)");
   const BatchBenchResult r = run_batch_bench(*e, bs, spec.preset.empty() ? spec.model : spec.preset, say);
   const std::string md = batch_bench_markdown(r, &meta);
   std::printf("%s", md.c_str());
@@ -258,7 +263,8 @@ capped by the model's max_position_embeddings; a depth beyond it is an error in 
 --batch B1,B2,...: instead of the matrix, B requests of -p random tokens and -n new tokens each,
 submitted at once to the batched engine (continuous batching over the paged KV cache), per B:
 aggregate decode tok/s (steps where every row decodes), per-sequence decode tok/s, TTFT under load,
-end-to-end tok/s, KV blocks used at the peak and the pool's size. One --quant, --attn and -p.
+end-to-end tok/s, KV blocks used at the peak and the pool's size. One --quant, --attn, --graphs
+(auto/on: decode-only steps replay CUDA graphs) and -p.
 
 Example (the reference H200 run):
   nf4flash bench --preset llama3-8b --quant none,nf4 --double-quant --attn flash,sdpa,eager \
