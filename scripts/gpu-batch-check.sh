@@ -5,7 +5,9 @@
 #          into build-base (nf4flash only), both at once
 #   test   the gpu tests of the batched engine (GpuBatch*; GTEST_FILTER overrides)
 #   bench  bench --batch 1,8,32,64 on the reference preset (llama3-8b, NF4 double quant, -p 512 -n 128)
-#          once per NF4FLASH_GEMV_MAX_ROWS value in GEMV_ROWS (default: "" = the built-in default);
+#          once per NF4FLASH_GEMV_MAX_ROWS value in GEMV_ROWS (default: "" = the built-in default)
+#          and per --graphs value in GRAPHS (default "auto"; "off auto off auto" alternates the
+#          uncaptured and the graphed decode steps);
 #          with BASE, the single-sequence NF4 benchmark (-p 512 -n 128 -r 5) of both trees, alternated
 #          ROUNDS times (batch 1 must not get slower)
 # Logs, JSON and Markdown go to $OUT (default build-gpu/out), named after the GPU.
@@ -36,13 +38,17 @@ fi
 
 if [[ " $stages " == *" bench "* ]]; then
   for rows in ${GEMV_ROWS:-default}; do
-    tag=$gpu-batch-gemv$rows
     if [ "$rows" = default ]; then env_set=(); else env_set=(NF4FLASH_GEMV_MAX_ROWS=$rows); fi
-    env "${env_set[@]}" ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant \
-      --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --json "$out/$tag.json" --markdown "$out/$tag.md" \
-      >/dev/null 2>"$out/$tag.err" || { echo "bench --batch ($rows) failed"; tail -3 "$out/$tag.err"; }
-    stamp "bench --batch, GEMV rows $rows"
-    cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+    k=0
+    for graphs in ${GRAPHS:-auto}; do
+      k=$((k + 1))
+      tag=$gpu-batch-gemv$rows-graphs$graphs-$k
+      env "${env_set[@]}" ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant \
+        --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --graphs "$graphs" --json "$out/$tag.json" --markdown "$out/$tag.md" \
+        >/dev/null 2>"$out/$tag.err" || { echo "bench --batch ($rows, graphs $graphs) failed"; tail -3 "$out/$tag.err"; }
+      stamp "bench --batch, GEMV rows $rows, graphs $graphs"
+      cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+    done
   done
   if [ -n "${BASE:-}" ]; then
     for r in $(seq 1 "${ROUNDS:-2}"); do
