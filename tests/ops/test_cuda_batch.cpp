@@ -34,8 +34,9 @@ struct BatchCase {
   AttnChoice attn;
 };
 
-std::unique_ptr<Engine> load_gpu(const BatchCase& c) {
+std::unique_ptr<Engine> load_gpu(const BatchCase& c, bool graphs = true) {
   LoadOptions o;
+  o.graphs = graphs;
   o.model_dir = model_dir(c.model);
   o.device = DeviceChoice::CUDA;
   o.compute = c.compute;
@@ -251,17 +252,7 @@ TEST_P(GpuBatch, GraphedDecodeStepsEqualUncaptured) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 3; ++i) prompts.push_back(g.i32(cat("tokens_", i)));
   auto run = [&](bool graphs, size_t& captured) {
-    LoadOptions o;
-    o.model_dir = model_dir(c.model);
-    o.device = DeviceChoice::CUDA;
-    o.compute = c.compute;
-    o.quant = c.quant;
-    o.double_quant = c.dq;
-    o.attn = c.attn;
-    o.ctx_size = 256;
-    o.load_tokenizer = false;
-    o.graphs = graphs;
-    auto e = Engine::load(o);
+    auto e = load_gpu(c, graphs);
     const int64_t V = e->vocab_size();
     std::vector<int32_t> lng;
     for (int k = 0; k < 100; ++k) lng.push_back(int32_t((5 + 37 * k) % (V - 1) + 1));
