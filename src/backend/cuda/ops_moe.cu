@@ -1,4 +1,5 @@
 // Launchers of the mixture-of-experts kernels (kernels/moe.cuh).
+#include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/kernels/moe.cuh"
@@ -7,7 +8,8 @@ namespace nf4flash::cuda {
 
 void moe_route(const MoeRouteArgs& a, cudaStream_t st) {
   if (a.T == 0) return;
-  launch_k(moe_route_kernel, dim3(1), dim3(1024), 0, st, a);
+  // a warp a row, at most kMoeRouteWarps (the rows past them loop); the grouping runs over the block
+  launch_k(moe_route_kernel, dim3(1), dim3(32 * std::min(a.T, kMoeRouteWarps)), 0, st, a);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -3,7 +3,7 @@
 // device table, so a captured decode step serves whichever experts the router picks) and the
 // weighted sum. T rows, E experts, K experts per row, P = T*K routed pairs; pair p = t*K + k.
 //
-//   moe_route_kernel    one block of 1024 threads. logits [T, E] f32 -> per row t (a warp): the K
+//   moe_route_kernel    one block of min(T, 16) warps. logits [T, E] f32 -> per row t (a warp): the K
 //                       largest p = softmax(logits[t]) (ties: the lower index), renormalized over
 //                       the K when norm (summed in the order chosen), slots k sorted by expert:
 //                       ids[p], wts[p]. Then the pairs grouped by expert: pair p goes to position q
@@ -35,9 +35,9 @@
 
 namespace nf4flash::cuda {
 
-constexpr int kMoeWarps = 8, kMoeLaneExperts = kMoeMaxExperts / 32;
+constexpr int kMoeWarps = 8, kMoeLaneExperts = kMoeMaxExperts / 32, kMoeRouteWarps = 16;
 
-__global__ void __launch_bounds__(1024) moe_route_kernel(const MoeRouteArgs a) {
+__global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const MoeRouteArgs a) {
   __shared__ int cnt[kMoeMaxExperts], first[kMoeMaxExperts], cur[kMoeMaxExperts], cbase[kMoeMaxExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E, K = a.K;
   pdl_trigger();
@@ -63,54 +63,52 @@ __global__ void __launch_bounds__(1024) moe_route_kernel(const MoeRouteArgs a) {
     }
     s = warp_sum(s);
 #pragma unroll
-    for (int i = 0; i < kMoeLaneExperts; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;  // -1: never chosen
-    int sel_e[kMoeMaxTopK];
-    float sel_p[kMoeMaxTopK], norm = 0.f;
+    for (int i = 0; i < kMoeLaneExperts; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
+    // Selection keys: p's bits + 1 (p >= 0 orders as unsigned), 0 = not selectable (e >= E, NaN,
+    // chosen). A round takes the largest key (warp max) and, among its holders, the lowest expert
+    // (warp min); with no key left (NaN logits) the lowest expert not chosen yet, p = 0.
+    uint32_t chosen = 0;  // bit i: expert lane + 32 i is selected, its p in v[i]
+    float norm = 0.f;
     for (int k = 0; k < K; ++k) {
-      float bp = -2.f;
-      int be = 0x7fffffff;
+      uint32_t bk = 0, fe = 0xffffffffu;
+      int bi = 0;
 #pragma unroll
-      for (int i = 0; i < kMoeLaneExperts; ++i)
-        if (v[i] > bp) {  // ascending e within the lane: the first of equal values wins
-          bp = v[i];
-          be = lane + 32 * i;
+      for (int i = 0; i < kMoeLaneExperts; ++i) {
+        const uint32_t key = !((chosen >> i) & 1u) && v[i] >= 0.f ? __float_as_uint(v[i]) + 1u : 0u;
+        if (key > bk) {  // ascending e within the lane: the first of equal keys wins
+          bk = key;
+          bi = i;
         }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float op = __shfl_xor_sync(0xffffffffu, bp, o);
-        const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-        if (op > bp || (op == bp && oe < be)) {
-          bp = op;
-          be = oe;
-        }
+        if (fe == 0xffffffffu && !((chosen >> i) & 1u) && lane + 32 * i < E) fe = uint32_t(lane + 32 * i);
       }
-      if (be >= E) {  // NaN logits: no expert compares larger; keep the index in range
-        be = k;
-        bp = 0.f;
-      }
-      sel_e[k] = be;
-      sel_p[k] = bp;
+      const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
+      const int be = int(m ? __reduce_min_sync(0xffffffffu, bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu)
+                           : __reduce_min_sync(0xffffffffu, fe));
+      const float bp = m ? __uint_as_float(m - 1u) : 0.f;
       norm += bp;
 #pragma unroll
       for (int i = 0; i < kMoeLaneExperts; ++i)
-        if (lane + 32 * i == be) v[i] = -1.f;
+        if (lane + 32 * i == be) {
+          v[i] = bp;
+          chosen |= 1u << i;
+        }
     }
     if (!a.norm) norm = 1.f;
-    if (lane == 0) {
-      for (int i = 1; i < K; ++i)  // slots by ascending expert (the order the outputs are summed in)
-        for (int j = i; j > 0 && sel_e[j - 1] > sel_e[j]; --j) {
-          const int te = sel_e[j];
-          sel_e[j] = sel_e[j - 1];
-          sel_e[j - 1] = te;
-          const float tp = sel_p[j];
-          sel_p[j] = sel_p[j - 1];
-          sel_p[j - 1] = tp;
-        }
-      for (int k = 0; k < K; ++k) {
-        a.ids[t * K + k] = sel_e[k];
-        a.wts[t * K + k] = sel_p[k] / norm;
-        atomicAdd(&cnt[sel_e[k]], 1);
+    // slots by ascending expert (the order the outputs are summed in): a chosen expert's slot is
+    // the number of chosen experts below it
+    const uint32_t below_lane = (1u << lane) - 1u;
+    int before = 0;
+#pragma unroll
+    for (int i = 0; i < kMoeLaneExperts; ++i) {
+      const bool mine = (chosen >> i) & 1u;
+      const uint32_t mk = __ballot_sync(0xffffffffu, mine);
+      if (mine) {
+        const int slot = t * K + before + __popc(mk & below_lane), e = lane + 32 * i;
+        a.ids[slot] = e;
+        a.wts[slot] = v[i] / norm;
+        atomicAdd(&cnt[e], 1);
       }
+      before += __popc(mk);
     }
   }
   __syncthreads();
