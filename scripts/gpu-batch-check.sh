@@ -7,9 +7,10 @@
 #   bench  bench --batch 1,8,32,64 on the reference preset (llama3-8b, NF4 double quant, -p 512 -n 128)
 #          once per NF4FLASH_GEMV_MAX_ROWS value in GEMV_ROWS (default: "" = the built-in default)
 #          and per --graphs value in GRAPHS (default "auto"; "off auto off auto" alternates the
-#          uncaptured and the graphed decode steps);
-#          with BASE, the single-sequence NF4 benchmark (-p 512 -n 128 -r 5) of both trees, alternated
-#          ROUNDS times (batch 1 must not get slower)
+#          uncaptured and the graphed decode steps); with BASE, each of them for the base tree, then
+#          this one (the A/B of two trees in one call: GRAPHS="auto auto" for two rounds);
+#          with BASE, also the single-sequence NF4 benchmark (-p 512 -n 128 -r 5) of both trees,
+#          alternated ROUNDS times (batch 1 must not get slower)
 # Logs, JSON and Markdown go to $OUT (default build-gpu/out), named after the GPU.
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=${SERVE:-OFF})
@@ -37,17 +38,21 @@ if [[ " $stages " == *" test "* ]]; then
 fi
 
 if [[ " $stages " == *" bench "* ]]; then
+  trees="gpu"
+  [ -n "${BASE:-}" ] && trees="base gpu"
   for rows in ${GEMV_ROWS:-default}; do
     if [ "$rows" = default ]; then env_set=(); else env_set=(NF4FLASH_GEMV_MAX_ROWS=$rows); fi
     k=0
     for graphs in ${GRAPHS:-auto}; do
       k=$((k + 1))
-      tag=$gpu-batch-gemv$rows-graphs$graphs-$k
-      env "${env_set[@]}" ./build-gpu/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant \
-        --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --graphs "$graphs" --json "$out/$tag.json" --markdown "$out/$tag.md" \
-        >/dev/null 2>"$out/$tag.err" || { echo "bench --batch ($rows, graphs $graphs) failed"; tail -3 "$out/$tag.err"; }
-      stamp "bench --batch, GEMV rows $rows, graphs $graphs"
-      cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+      for t in $trees; do
+        tag=$gpu-batch-$t-gemv$rows-graphs$graphs-$k
+        env "${env_set[@]}" ./build-$t/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant \
+          --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --graphs "$graphs" --json "$out/$tag.json" --markdown "$out/$tag.md" \
+          >/dev/null 2>"$out/$tag.err" || { echo "bench --batch ($t, $rows, graphs $graphs) failed"; tail -3 "$out/$tag.err"; }
+        stamp "bench --batch, tree $t, GEMV rows $rows, graphs $graphs"
+        cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+      done
     done
   done
   if [ -n "${BASE:-}" ]; then
