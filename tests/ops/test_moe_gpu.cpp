@@ -3,12 +3,14 @@
 //  - the op against the CPU's host routing (MoeBlock on the CPU backend) on the same weights and the
 //    same router logits: 128 experts, top 8, and 16 experts of wider shapes, 1, 5 and 40 rows
 //    (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense experts, f32 and
-//    bf16 compute, top-k weights renormalized or not;
+//    bf16 compute, top-k weights renormalized or not; router logits tied exactly (the lower expert wins);
 //  - Mixtral, Qwen2-MoE (shared expert with its gate) and Qwen3-MoE against their transformers
 //    goldens (f32 with sdpa and eager, bf16 with flash, sdpa and eager), decode steps against the prefill's logits, NF4/FP4 on the GPU against
 //    the CPU (f32 compute), and greedy decoding with the step captured in a CUDA graph equal to without and to
 //    transformers' greedy ids.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "cuda_test_util.h"
 #include "model/moe.h"
@@ -28,9 +30,12 @@ struct Experts {
   MoeWeights cpu, gpu;
 };
 
-Experts make_experts(Backends& b, DType compute, ExpertKind kind, int E, int64_t H, int64_t I) {
+// period > 0: router row e is row e % period (logits tie exactly in groups of experts).
+Experts make_experts(Backends& b, DType compute, ExpertKind kind, int E, int64_t H, int64_t I, int period = 0) {
   Experts x;
-  const auto R = randn(size_t(E * H), 0.5f);
+  auto R = randn(size_t(E * H), 0.5f);
+  if (period > 0)
+    for (int e = period; e < E; ++e) std::copy_n(R.begin() + (e % period) * H, H, R.begin() + e * H);
   x.cpu.router = b.cpu->upload_dense(f32_tensor(R, {E, H}), DType::F32);
   x.gpu.router = b.gpu->upload_dense(f32_tensor(R, {E, H}), compute);
   auto one = [&](int64_t rows, int64_t cols, std::unique_ptr<Weight>& c, std::unique_ptr<Weight>& g) {
@@ -64,11 +69,11 @@ struct MoeShape {
   int64_t H, I;
 };
 
-void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind) {
+void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind, int period = 0) {
   const int E = sh.E, K = sh.K;
   const int64_t H = sh.H, I = sh.I;
   Backends b(compute);
-  Experts x = make_experts(b, compute, kind, E, H, I);
+  Experts x = make_experts(b, compute, kind, E, H, I, period);
   ASSERT_TRUE(x.gpu.set) << "the CUDA backend bundles the experts";
   for (bool norm : {true, false}) {
     ModelConfig cfg;
@@ -79,7 +84,8 @@ void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind) {
     cfg.moe.norm_topk = norm;
     MoeBlock ref(*b.cpu, cfg);
     for (int64_t T : {1, 5, 40}) {
-      SCOPED_TRACE(cat(E, " experts ", H, "x", I, " ", dtype_name(compute), " kind ", int(kind), " norm ", norm, " T ", T));
+      SCOPED_TRACE(cat(E, " experts ", H, "x", I, " ", dtype_name(compute), " kind ", int(kind), " norm ", norm, " T ", T,
+                       " period ", period));
       const auto xv = rounded(randn(size_t(T * H)), compute);
       DevAct xc(*b.cpu, T, H), oc(*b.cpu, T, H), lc(*b.cpu, T, E, DType::F32);
       xc.set(xv);
@@ -105,6 +111,14 @@ TEST(MoeGpu, ExpertsMatchHostRouting) {
     for (ExpertKind kind : {ExpertKind::Nf4Dq, ExpertKind::Fp4, ExpertKind::Dense})
       expect_experts_match({128, 8, 256, 128}, compute, kind);
   expect_experts_match({16, 4, 1024, 768}, DType::BF16, ExpertKind::Nf4Dq);
+}
+
+// Exact ties between router logits: every expert alike (period 1: experts 0..7 win), and groups
+// of 3 alike (period 43: the top 8 cut a group of 3, the lower experts of it win), as on the CPU.
+TEST(MoeGpu, TiedRouterLogitsPickTheLowerExperts) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (int period : {1, 43})
+    for (DType compute : {DType::F32, DType::BF16}) expect_experts_match({128, 8, 256, 128}, compute, ExpertKind::Nf4Dq, period);
 }
 
 TEST(MoeGpu, ScoreMatchesGoldens) {
