@@ -3,7 +3,8 @@
 # "build test bench"):
 #   build  this tree into build-gpu (nf4flash + gpu tests) and, with BASE=DIR, another source tree
 #          into build-base (nf4flash only), both at once
-#   test   the gpu tests of the batched engine (GpuBatch*; GTEST_FILTER overrides)
+#   test   the gpu tests of the batched engine (*GpuBatch*: the parametrized suite Models/GpuBatch;
+#          GTEST_FILTER overrides)
 #   bench  bench --batch 1,8,32,64 on the reference preset (llama3-8b, NF4 double quant, -p 512 -n 128)
 #          once per NF4FLASH_GEMV_MAX_ROWS value in GEMV_ROWS (default: "" = the built-in default)
 #          and per --graphs value in GRAPHS (default "auto"; "off auto off auto" alternates the
@@ -32,7 +33,7 @@ if [[ " $stages " == *" build "* ]]; then
 fi
 
 if [[ " $stages " == *" test "* ]]; then
-  ./build-gpu/tests/nf4flash_gpu_tests --gtest_filter="${GTEST_FILTER:-GpuBatch*}" >"$out/batch-tests.log" 2>&1
+  ./build-gpu/tests/nf4flash_gpu_tests --gtest_filter="${GTEST_FILTER:-*GpuBatch*}" >"$out/batch-tests.log" 2>&1
   stamp "tests rc=$?"
   grep -E "FAILED|Failure|Expected|Which is|rel_l2|request [0-9]|PASSED" "$out/batch-tests.log" | head -60
 fi
