@@ -129,8 +129,7 @@ AttnArgs CudaBackend::attn_args(int layer, const Act& q, const Act& out, const A
     const int64_t need = attention_decode_workspace_floats(kDecodeMaxRows, p.n_heads, p.head_dim);
     if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
       NF4FLASH_CHECK(!capturing_, "attention: decode workspace must be sized before graph capture");
-      attn_ws_ = std::make_unique<CudaBuffer>(size_t(need) * 4);
-      ++scratch_epoch_;
+      renew_workspace(attn_ws_, size_t(need) * 4);
     }
     a.workspace = static_cast<float*>(attn_ws_->data());
     a.workspace_floats = need;
@@ -150,9 +149,7 @@ void CudaBackend::attention_eager_run(const AttnArgs& a, int64_t pos0_host) {
   if (!eager_ws_ || eager_ws_->bytes() < need) {
     NF4FLASH_CHECK(!capturing_, "attention (eager): the score buffer (", need >> 20,
                    " MiB) must be allocated before graph capture; run an uncaptured step first");
-    eager_ws_.reset();
-    eager_ws_ = std::make_unique<CudaBuffer>(need);
-    ++scratch_epoch_;
+    renew_workspace(eager_ws_, need);
   }
   attention_eager(a, pos0_host, cublas_, tf32_, eager_ws_->data(), eager_ws_->bytes(), stream_);
 }

@@ -175,13 +175,16 @@ class CudaBackend : public Backend {
     check_act(out, what);
     NF4FLASH_CHECK(gate.numel() == up.numel() && out.numel() == gate.numel(), what, ": size mismatch");
   }
+  // An op workspace allocated again at `bytes` (the old one freed first); a captured step holding
+  // the old address captures again (scratch_epoch).
+  void renew_workspace(std::unique_ptr<CudaBuffer>& b, size_t bytes) const {
+    b.reset();
+    b = std::make_unique<CudaBuffer>(bytes);
+    ++scratch_epoch_;
+  }
   void reserve_scratch(int64_t numel) {
     const size_t need = size_t(numel) * dtype_size(act_);
-    if (!scratch_ || scratch_->bytes() < need) {
-      scratch_.reset();
-      scratch_ = std::make_unique<CudaBuffer>(need);
-      ++scratch_epoch_;
-    }
+    if (!scratch_ || scratch_->bytes() < need) renew_workspace(scratch_, need);
   }
 
   // ---- linear helpers (cuda_linear.cu) ----

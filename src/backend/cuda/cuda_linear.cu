@@ -95,12 +95,9 @@ Q4SplitWs CudaBackend::q4_split_ws(int64_t floats, int64_t tickets) const {
     if (split_ws_) CUDA_CHECK(cudaStreamSynchronize(stream_));
     floats = std::max(floats, have_f);
     tickets = std::max(tickets, have_t);
-    split_ws_.reset();
-    split_tickets_.reset();
-    split_ws_ = std::make_unique<CudaBuffer>(size_t(floats) * 4);
-    split_tickets_ = std::make_unique<CudaBuffer>(size_t(tickets) * 4);
+    renew_workspace(split_ws_, size_t(floats) * 4);
+    renew_workspace(split_tickets_, size_t(tickets) * 4);
     CUDA_CHECK(cudaMemsetAsync(split_tickets_->data(), 0, split_tickets_->bytes(), stream_));
-    ++scratch_epoch_;
   }
   return {static_cast<float*>(split_ws_->data()), int64_t(split_ws_->bytes() / 4),
           static_cast<int*>(split_tickets_->data()), int64_t(split_tickets_->bytes() / 4)};
@@ -440,9 +437,7 @@ void CudaBackend::swiglu_sliced(Act x, const Q4Device& g, const Q4Device& u, Act
   if (!swiglu_tmp_ || swiglu_tmp_->bytes() < size_t(T * chunk) * es) {
     NF4FLASH_CHECK(!capturing_, "linear_swiglu: its gate chunk buffer must be allocated before graph capture");
     sync();  // products still in flight may read the old buffer
-    swiglu_tmp_.reset();
-    swiglu_tmp_ = std::make_unique<CudaBuffer>(size_t(T * chunk) * es);
-    ++scratch_epoch_;
+    renew_workspace(swiglu_tmp_, size_t(T * chunk) * es);
   }
   for (int64_t n0 = 0; n0 < g.rows; n0 += chunk) {
     const int64_t nc = std::min(chunk, g.rows - n0);

@@ -61,9 +61,7 @@ void CudaBackend::attention_paged(const AttnArgs& base, AttnImpl impl, const Ste
     const int64_t need = attention_paged_workspace_floats(a);
     if (!attn_ws_ || attn_ws_->bytes() < size_t(need) * 4) {
       NF4FLASH_CHECK(!capturing_, "attention (paged): the decode workspace must be sized before graph capture");
-      attn_ws_.reset();
-      attn_ws_ = std::make_unique<CudaBuffer>(size_t(need) * 4);
-      ++scratch_epoch_;
+      renew_workspace(attn_ws_, size_t(need) * 4);
     }
     a.workspace = static_cast<float*>(attn_ws_->data());
     a.workspace_floats = int64_t(attn_ws_->bytes() / 4);
