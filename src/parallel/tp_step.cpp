@@ -173,8 +173,9 @@ void TpStepRunner::run_graphed(int32_t id, int32_t pos, Act logits) {
 }
 
 // A decode-only step on the paged cache (row i is sequence i's one token and gives logits row i)
-// through the graph of its shape: the step's arrays go into that shape's fixed buffers, the block
-// tables padded to the shape's width (entries past a sequence's blocks are never read).
+// through the graph of its shape: the step's arrays go into that shape's fixed buffer in one
+// upload, [ids n][pos0 n][row_start n + 1][tables n x width], the block tables padded to the
+// shape's width (entries past a sequence's blocks are never read).
 bool TpStepRunner::run_paged_graphed(const TpStep& s, Act logits) {
   const int n = int(s.seq_pos0.size());
   if (int(s.ids.size()) != n || s.n_logits != n) return false;
@@ -185,29 +186,27 @@ bool TpStepRunner::run_paged_graphed(const TpStep& s, Act logits) {
   int width = 8;
   while (width < s.max_blocks) width *= 2;
   PagedGraph& g = paged_[{n, width}];
-  if (!g.ids) {
-    g.ids = be_.alloc(size_t(n) * 4);
-    g.row_start = be_.alloc(size_t(n + 1) * 4);
-    g.pos0 = be_.alloc(size_t(n) * 4);
-    g.tables = be_.alloc(size_t(n) * width * 4);
-    be_.upload(g.row_start->data(), s.row_start.data(), size_t(n + 1) * 4);
-  }
-  std::vector<int32_t> tables(size_t(n) * width, 0);
+  const size_t words = size_t(n) * (3 + width) + 1;
+  if (!g.inputs) g.inputs = be_.alloc(words * 4);
+  std::vector<int32_t>& h = paged_host_;
+  h.assign(words, 0);
+  std::copy_n(s.ids.begin(), n, h.begin());
+  std::copy_n(s.seq_pos0.begin(), n, h.begin() + n);
+  std::copy_n(s.row_start.begin(), n + 1, h.begin() + 2 * n);
   for (int i = 0; i < n; ++i)
-    std::copy_n(s.block_tables.begin() + size_t(i) * s.max_blocks, s.max_blocks, tables.begin() + size_t(i) * width);
-  be_.upload(g.ids->data(), s.ids.data(), size_t(n) * 4);
-  be_.upload(g.pos0->data(), s.seq_pos0.data(), size_t(n) * 4);
-  be_.upload(g.tables->data(), tables.data(), tables.size() * 4);
+    std::copy_n(s.block_tables.begin() + size_t(i) * s.max_blocks, s.max_blocks,
+                h.begin() + (3 * n + 1) + size_t(i) * width);
+  be_.upload(g.inputs->data(), h.data(), words * 4);
+  const int32_t* in = static_cast<const int32_t*>(g.inputs->data());
   PagedSeqs ps;
   ps.n_seqs = n;
-  ps.row_start = static_cast<const int32_t*>(g.row_start->data());
-  ps.pos0 = static_cast<const int32_t*>(g.pos0->data());
-  ps.block_tables = static_cast<const int32_t*>(g.tables->data());
+  ps.pos0 = in + n;
+  ps.row_start = in + 2 * n;
+  ps.block_tables = in + 3 * n + 1;
   ps.max_blocks = width;  // no host view of the rows: every row takes flash-decoding, as captured
   StepState st;
   st.paged = &ps;
-  const int32_t* ids = static_cast<const int32_t*>(g.ids->data());
-  auto forward = [&] { dec_.forward(ids, n, st, logits, n); };
+  auto forward = [&] { dec_.forward(in, n, st, logits, n); };
   if (!g.warmed) {
     forward();
     g.warmed = true;

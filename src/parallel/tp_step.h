@@ -81,14 +81,15 @@ class TpStepRunner {
   bool graphs_ = false;
   std::unique_ptr<Buffer> g_id_, g_pos_;
   StepGraph graph_;
-  // decode-only paged steps by (sequences, table width): the graph and its inputs' fixed buffers
+  // decode-only paged steps by (sequences, table width): the graph and its inputs' fixed buffer
   struct PagedGraph {
     StepGraph graph;
-    std::unique_ptr<Buffer> ids, row_start, pos0, tables;
+    std::unique_ptr<Buffer> inputs;  // ids, pos0, row_start, padded tables (run_paged_graphed)
     bool warmed = false;  // one uncaptured run done
     bool captured = false;
   };
   std::map<std::pair<int, int>, PagedGraph> paged_;
+  std::vector<int32_t> paged_host_;  // the host staging of a paged step's inputs (reused)
 };
 
 class TpLeader {
