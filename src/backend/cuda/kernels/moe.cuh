@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
     uint32_t chosen = 0;  // bit i: expert lane + 32 i is selected, its p in v[i]
     float norm = 0.f;
     for (int k = 0; k < K; ++k) {
-      uint32_t bk = 0, fe = 0xffffffffu;
+      uint32_t bk = 0;
       int bi = 0;
 #pragma unroll
       for (int i = 0; i < kMoeLaneExperts; ++i) {
@@ -79,11 +79,16 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
           bk = key;
           bi = i;
         }
-        if (fe == 0xffffffffu && !((chosen >> i) & 1u) && lane + 32 * i < E) fe = uint32_t(lane + 32 * i);
       }
       const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
-      const int be = int(m ? __reduce_min_sync(0xffffffffu, bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu)
-                           : __reduce_min_sync(0xffffffffu, fe));
+      uint32_t cand = bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu;
+      if (!m) {  // warp-uniform: no key left, the lane's lowest expert not chosen yet
+        cand = 0xffffffffu;
+#pragma unroll
+        for (int i = kMoeLaneExperts - 1; i >= 0; --i)
+          if (!((chosen >> i) & 1u) && lane + 32 * i < E) cand = uint32_t(lane + 32 * i);
+      }
+      const int be = int(__reduce_min_sync(0xffffffffu, cand));
       const float bp = m ? __uint_as_float(m - 1u) : 0.f;
       norm += bp;
 #pragma unroll
