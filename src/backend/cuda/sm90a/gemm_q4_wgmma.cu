@@ -169,7 +169,8 @@ void launch_ws(const GemmQ4MultiArgs& m, cudaStream_t st, const Sched& sc) {
   p.n_tt = int(gy);
   const int64_t units = blocks * gy, grid = units + (sc.split == 1 ? 0 : (units - sc.dp_units) * (sc.split - 1));
   NF4FLASH_CHECK(grid <= 0x7fffffff, "gemm_q4_wgmma: grid of ", grid, " blocks too large");
-  NF4FLASH_CHECK(sc.cfg->bn == BN && (sc.split == 1 || sc.units == units), "gemm_q4_wgmma: schedule of another configuration");
+  NF4FLASH_CHECK(sc.cfg->bn == BN && sc.cfg->stages == S && sc.cfg->ks == KS && (sc.split == 1 || sc.units == units),
+                 "gemm_q4_wgmma: schedule of another configuration");
   p.dp_units = int(sc.split == 1 ? units : sc.dp_units);
   p.ksplit = sc.split;
   p.kps = (KT + sc.split - 1) / sc.split;
