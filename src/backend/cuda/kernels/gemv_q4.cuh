@@ -57,18 +57,52 @@ __device__ __forceinline__ void q4_word_lds(uint32_t lut_s, uint32_t lane_b, uin
   }
 }
 
-// One tile: the lane's 4 code words through the table (q4_word_lds), each against its x
+// The 16 codes as two byte planes in registers (lo[i] byte j = low byte of code 4i + j, hi the
+// high bytes), for q4_word_prmt. s_bits: the 16 codes as 16-bit values.
+struct Q4RegTable {
+  uint32_t lo[4], hi[4];
+};
+__device__ __forceinline__ Q4RegTable q4_reg_table(const uint32_t* s_bits) {
+  Q4RegTable r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c01 = s_bits[4 * i] | (s_bits[4 * i + 1] << 16), c23 = s_bits[4 * i + 2] | (s_bits[4 * i + 3] << 16);
+    r.lo[i] = __byte_perm(c01, c23, 0x6420);
+    r.hi[i] = __byte_perm(c01, c23, 0x7531);
+  }
+  return r;
+}
+
+// q4_word_lds's result from the register table instead of shared memory (no LDS; ~23 ALU
+// instructions a word): for each half of w (nibbles n0..n3 = low, high nibble of its first byte,
+// then of its second) the low and high bytes of code[n] come from two 8-byte selections (codes
+// 0-7, 8-15) and a third picking by bit 3 of n, then interleave into the two entries.
+__device__ __forceinline__ void q4_word_prmt(const Q4RegTable& tb, uint32_t w, uint32_t* fa) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t n = w >> (16 * h);
+    const uint32_t sel = n & 0x7777u, pick = ((n >> 1) & 0x4444u) | 0x3210u;
+    const uint32_t lo = __byte_perm(__byte_perm(tb.lo[0], tb.lo[1], sel), __byte_perm(tb.lo[2], tb.lo[3], sel), pick);
+    const uint32_t hi = __byte_perm(__byte_perm(tb.hi[0], tb.hi[1], sel), __byte_perm(tb.hi[2], tb.hi[3], sel), pick);
+    fa[2 * h] = __byte_perm(lo, hi, 0x4051u);      // { code[n1], code[n0] }
+    fa[2 * h + 1] = __byte_perm(lo, hi, 0x6273u);  // { code[n3], code[n2] }
+  }
+}
+
+// One tile: the lane's 4 code words through the table (q4_word_lds; the first PW words through the
+// register table tb, q4_word_prmt), each against its x
 // fragments (one mma.m16n8k16 per word). d[0..3] += the unscaled partial sums of rows g, g+8 x
 // tokens 2t, 2t+1.
-template <typename TA>
+template <typename TA, int PW = 0>
 __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                                 const uint4& xb, float* d) {
+                                                 const uint4& xb, float* d, const Q4RegTable* tb = nullptr) {
   const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
   const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t fa[4];
-    q4_word_lds(lut_s, lane_b, wv[j], fa);
+    if (j < PW) q4_word_prmt(*tb, wv[j], fa);
+    else q4_word_lds(lut_s, lane_b, wv[j], fa);
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }
 }
