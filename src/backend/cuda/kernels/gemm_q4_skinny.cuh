@@ -17,6 +17,7 @@
 // A step's operands go through an S-stage shared-memory ring filled by cp.async S-1 steps ahead:
 // the unit's 16 code tiles (8 KiB, as laid out in global memory), their absmax (64 bytes per tile)
 // and x's 64 columns of the T tokens (rows of 144 bytes: conflict-free 16-byte fragment loads).
+// The first S-1 steps' weights are requested before the PDL wait, their x after it.
 // One barrier per step; one block of 8 warps per SM (up to 255 registers), 6 stages. Each block takes at least kSkinnyMinSteps steps (fewer blocks than SMs on
 // small launches) so that a unit is cut into few parts. Per step a warp decodes its R tiles once (16 table lookups each) and
 // multiplies each against NT = ceil(T/8) token tiles (R * NT * 4 mma.m16n8k16); with NT = 8 the
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
     l_RT = sg.RT;
   };
   const uint8_t* xg = static_cast<const uint8_t*>(a.x);
-  auto issue = [&](uint32_t st) {
+  auto issue_w = [&](uint32_t st) {  // codes and absmax of step (lu, lkt)
 #pragma unroll
     for (int i = 0; i < TILES * 32 / (W * 32); ++i) {
       const int c = tid + i * W * 32, rt = l_rt0 + (c >> 5);
@@ -167,12 +168,15 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
       const uint8_t* src = l_abs + (int64_t(ok ? rt : 0) * KT + lkt) * 16 * (DQ ? 1 : 4) + part * 16;
       cp_async16_sa(st + OFF_A + tile * 64 + part * 16, src, ok);
     }
+  };
+  // x's 64 columns of column tile kt (tokens < T) into stage st
+  auto issue_x = [&](uint32_t st, int kt) {
 #pragma unroll
     for (int i = 0; i < (NT * 64 + W * 32 - 1) / (W * 32); ++i) {
       const int c = tid + i * W * 32;
       if (c < T * 8) {
         const int n = c >> 3, ch = c & 7;
-        cp_async16_sa(st + OFF_X + n * kSkinnyXRow + ch * 16, xg + (int64_t(n) * a.cols + int64_t(lkt) * 64 + ch * 8) * 2, true);
+        cp_async16_sa(st + OFF_X + n * kSkinnyXRow + ch * 16, xg + (int64_t(n) * a.cols + int64_t(kt) * 64 + ch * 8) * 2, true);
       }
     }
   };
@@ -190,14 +194,19 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
   if constexpr (DQ) s_nested_code[tid] = a.nested_code[tid];  // 256 threads
   __syncthreads();
   q4_fill_lut<64, W * 32>(lut, s_bits);
-  pdl_wait();
+  // The first S-1 steps' weights before the wait (the previous kernel never writes them: their
+  // loads overlap its tail), their x after it; all in the first commit group with x of step p0,
+  // then one group per step's x.
   start_load_unit();
+  int pro = 0;
+  for (; pro < S - 1 && lp < p1; ++pro) {
+    issue_w(stage_s + pro * SB);
+    advance_load();
+  }
+  pdl_wait();
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
-    if (lp < p1) {
-      issue(stage_s + s * SB);
-      advance_load();
-    }
+    if (s < pro) issue_x(stage_s + s * SB, int((p0 + s) % KT));
     cp_async_commit();
   }
 
@@ -293,7 +302,8 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
     cp_async_wait<S - 2>();
     __syncthreads();  // step cp's stage has landed for every thread; the previous step's stage is free
     if (lp < p1) {
-      issue(stage_s + lslot * SB);
+      issue_w(stage_s + lslot * SB);
+      issue_x(stage_s + lslot * SB, lkt);
       advance_load();
     }
     cp_async_commit();
