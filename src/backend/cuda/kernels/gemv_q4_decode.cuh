@@ -21,8 +21,9 @@
 //
 // Two kernels:
 //   gemv_q4_decode_kernel     x staged in shared memory beside the code table (T * (2 cols + 16)
-//                             bytes at most kDecodeXMax): every decode step's GEMVs. Per tile ~88
-//                             instructions: 16 byte_perm + 16 LDS for the table, 2 LDS.128 for x
+//                             bytes at most kDecodeXMax): every decode step's GEMVs. Per tile ~100
+//                             instructions: code word 0 through the register table (~23 ALU),
+//                             words 1-3 through the shared one (12 byte_perm + 12 LDS), 2 LDS.128 for x
 //                             (loaded only by the lanes whose mma column is a real token), 4 HMMA,
 //                             the scale (lanes 0-15 load and decode the absmax of a batch's even
 //                             tiles, 16-31 of its odd ones), the next batch's loads; 32-bit running
