@@ -19,7 +19,8 @@
 //
 // Decoding: a 256-entry "byte -> two 16-bit codes" table in shared memory, replicated per lane
 // ([256][64] words, lane L's copy at word L) so the lookups never conflict on banks: one LDS per
-// two weights. The four mma
+// two weights. The decode GEMV takes one word of each tile through a register copy of the 16 codes
+// instead (q4_word_prmt: byte permutes, no LDS). The four mma
 // steps of a tile accumulate code*x in f32; the per-row absmax scales the tile's partial sum
 // (f32 FMA), so codes are the only values rounded to 16 bits. Columns of the mma are the tokens.
 #pragma once
@@ -90,9 +91,8 @@ __device__ __forceinline__ void q4_word_prmt(const Q4RegTable& tb, uint32_t w, u
 }
 
 // One tile: the lane's 4 code words through the table (q4_word_lds; the first PW words through the
-// register table tb, q4_word_prmt), each against its x
-// fragments (one mma.m16n8k16 per word). d[0..3] += the unscaled partial sums of rows g, g+8 x
-// tokens 2t, 2t+1.
+// register table tb, q4_word_prmt), each against its x fragments (one mma.m16n8k16 per word).
+// d[0..3] += the unscaled partial sums of rows g, g+8 x tokens 2t, 2t+1.
 template <typename TA, int PW = 0>
 __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                                  const uint4& xb, float* d, const Q4RegTable* tb = nullptr) {

@@ -39,10 +39,10 @@
 namespace nf4flash::cuda {
 
 constexpr int kDecodeW = 8, kDecodeU = 4, kDecodeD = 3, kDecodeMinBlocks = 2;  // warps, tiles/batch, batches in flight
-constexpr int kDecodeXMax = 38 * 1024;
+constexpr int kDecodeXMax = 38 * 1024;  // x staged beside the 64 KB table at 2 blocks per SM
 // Code words of each tile decoded through the register table (q4_word_prmt) instead of the shared
-// one: fewer table loads per tile (16 - 4 PW) for ~19 more ALU instructions per word.
-constexpr int kDecodePrmtWords = 1;  // x staged beside the 64 KB table at 2 blocks per SM
+// one: 16 - 4 PW table loads a tile, ~19 more ALU instructions a word so decoded.
+constexpr int kDecodePrmtWords = 1;
 
 struct Q4DecodeSeg {
   const uint8_t* tiles;
