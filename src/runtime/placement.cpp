@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "model/arch.h"
 
 namespace nf4flash {
 
@@ -55,10 +56,11 @@ std::string gpu_layers_name(int g) {
   return g == kAllLayers ? "all" : g == kAutoLayers ? "auto" : std::to_string(g);
 }
 
-size_t quant4_bytes(size_t n, int blocksize, bool dq) {
-  const size_t blocks = (n + blocksize - 1) / blocksize;
-  if (!dq) return n / 2 + blocks * 4;
-  return n / 2 + blocks + ((blocks + 255) / 256) * 4 + 256 * 4;  // u8 absmax + f32 nested absmax + code
+size_t quant4_bytes(size_t n, int blocksize, bool dq, size_t tensors) {
+  const size_t blocks = (n + blocksize - 1) / blocksize, tables = tensors * (16 * 4 + (dq ? 256 * 4 : 0));
+  if (!dq) return n / 2 + blocks * 4 + tables;
+  // nested absmax rounded up per tensor: at most one more each than over the whole
+  return n / 2 + blocks + ((blocks + 255) / 256 + tensors) * 4 + tables;
 }
 
 size_t ModelBytes::weights() const {
@@ -74,32 +76,40 @@ ModelBytes model_bytes(const ModelConfig& c, const Plan& p, const LoadOptions& o
   const size_t es = dtype_size(store);
   const size_t norms = c.architecture.rfind("Gemma", 0) == 0 ? 4 : 2;  // Gemma: post-attention and post-MLP too
   const bool q4 = p.quant != QuantType::None;
+  const ArchFlags f = resolve_arch(c);
   ModelBytes m;
   for (int i = 0; i < c.n_layers; ++i) {
     // MLP weights: dense layers 3 H I; mixture-of-experts layers every expert's (4-bit like any
     // linear) plus a dense router (and Qwen2-MoE's shared expert and its gate)
-    size_t mlp = 3 * H * I, mlp_read = mlp, router = 0;
+    // (and the 4-bit tensors they are stored in, each with its code table)
+    size_t mlp = 3 * H * I, mlp_read = mlp, router = 0, mlp_bias = f.mlp_bias ? 2 * I + H : 0;
+    size_t mlp_tensors = f.fused_gate_up ? 2 : 3, mlp_read_tensors = mlp_tensors;
     if (c.moe.sparse(i)) {
       const size_t expert = 3 * H * c.moe.expert_intermediate, shared = 3 * H * c.moe.shared_intermediate;
       mlp = size_t(c.moe.n_experts) * expert + shared;
       mlp_read = size_t(c.moe.top_k) * expert + shared;
       router = size_t(c.moe.n_experts) * H + (c.moe.shared_intermediate ? H : 0);
+      mlp_bias = 0;
+      mlp_tensors = 3 * size_t(c.moe.n_experts) + (shared ? 3 : 0);
+      mlp_read_tensors = 3 * size_t(c.moe.top_k) + (shared ? 3 : 0);
     }
-    const size_t attn = H * qd + 2 * H * kvd + qd * H;
-    const size_t vectors = norms * H + (c.attention_bias ? qd + 2 * kvd : 0) + router;
-    auto bytes = [&](size_t linear) {
-      return (q4 ? quant4_bytes(linear, o.blocksize, p.double_quant) : linear * es) + vectors * es;
+    const size_t attn = H * qd + 2 * H * kvd + qd * H, attn_tensors = f.fused_qkv ? 2 : 4;
+    // norms, the biases the architecture has, Qwen3's per-head q/k norms, the router
+    const size_t vectors = norms * H + (f.q_bias ? qd : 0) + (f.k_bias ? kvd : 0) + (f.v_bias ? kvd : 0) +
+                           (f.o_bias ? H : 0) + mlp_bias + (f.qk_norm ? 2 * size_t(c.head_dim) : 0) + router;
+    auto bytes = [&](size_t linear, size_t tensors) {
+      return (q4 ? quant4_bytes(linear, o.blocksize, p.double_quant, tensors) : linear * es) + vectors * es;
     };
     const size_t linear = attn + mlp;
-    m.layer.push_back(bytes(linear));
-    m.layer_read.push_back(bytes(attn + mlp_read));
+    m.layer.push_back(bytes(linear, attn_tensors + mlp_tensors));
+    m.layer_read.push_back(bytes(attn + mlp_read, attn_tensors + mlp_read_tensors));
     m.layer_params.push_back(linear + router);
   }
   m.embed = V * H * es;
   m.final_norm = H * es;
   m.head_params = V * H;
   m.head_quant4 = q4 && o.quant_lm_head && !c.tie_embeddings;
-  if (!c.tie_embeddings) m.head = m.head_quant4 ? quant4_bytes(V * H, o.blocksize, p.double_quant) : V * H * es;
+  if (!c.tie_embeddings) m.head = m.head_quant4 ? quant4_bytes(V * H, o.blocksize, p.double_quant, 1) : V * H * es;
   const size_t kv_elt = p.device == Device::CPU ? 4 : dtype_size(p.compute);
   m.kv_token_layer = 2 * kvd * kv_elt;
   m.kv_token_layer_host = 2 * kvd * 4;

@@ -22,8 +22,10 @@ size_t parse_size(const std::string& flag, const std::string& text);
 int parse_gpu_layers(const std::string& text);
 std::string gpu_layers_name(int gpu_layers);  // "all" | "auto" | "N"
 
-// Resident bytes of 4-bit weights with `n` parameters (packed codes + absmax, bitsandbytes layout).
-size_t quant4_bytes(size_t n, int blocksize, bool double_quant);
+// Resident bytes of `tensors` 4-bit weights with `n` parameters in all (bitsandbytes layout):
+// packed codes, absmax (f32, or u8 codes with an f32 nested absmax per 256 blocks), and each
+// tensor's code table (16 f32; double quant: also its 256-entry nested code table).
+size_t quant4_bytes(size_t n, int blocksize, bool double_quant, size_t tensors);
 
 // Bytes of a model's parts under a plan (an estimate from the config: the loaders' layouts).
 struct ModelBytes {
