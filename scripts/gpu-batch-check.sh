@@ -61,14 +61,7 @@ if [[ " $stages " == *" bench "* ]]; then
       for t in gpu base; do
         ./build-$t/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant -p 512 -n 128 -r 5 \
           --json "$out/$gpu-single-$t-$r.json" >/dev/null 2>&1 || echo "single bench $t failed"
-        python3 - "$out/$gpu-single-$t-$r.json" "$t" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-for c in j["configs"]:
-    if c["status"] != "ok": continue
-    p = c["prefill"][0]["ttft_ms"]["median"]; d = c["decode"][0]["tok_s"]["median"]
-    print(f"{sys.argv[2]}: TTFT@512 {p:.2f} ms, decode@512 {d:.1f} tok/s")
-PY
+        bench_summary "$out/$gpu-single-$t-$r.json" "$t"
       done
     done
     stamp "single-sequence benches"

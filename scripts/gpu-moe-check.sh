@@ -55,14 +55,7 @@ for r in $(seq 1 "$rounds"); do
   for t in $trees; do
     ./build-$t/nf4flash bench --preset qwen3-30b-a3b --device cuda --quant nf4 --double-quant -p 512 -n 128 -r 3 \
       --json "$out/$gpu-qwen3-30b-a3b-$t-$r.json" >"$out/qwen3-$t-$r.txt" 2>&1 || { echo "bench ($t) failed"; continue; }
-    python3 - "$out/$gpu-qwen3-30b-a3b-$t-$r.json" "$t round $r" "${FLOOR:-1450}" <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-for c in j["configs"]:
-    if c["status"] != "ok": continue
-    d = c["decode"][0]["tok_s"]["median"]; p = c["prefill"][0]["ttft_ms"]["median"]
-    print(f"{sys.argv[2]}: qwen3-30b-a3b decode@512 {d:.1f} tok/s ({100 * d / float(sys.argv[3]):.1f}% of floor), TTFT 512 {p:.1f} ms")
-PY
+    bench_summary "$out/$gpu-qwen3-30b-a3b-$t-$r.json" "qwen3-30b-a3b, $t round $r" "${FLOOR:-1450}"
   done
 done
 stamp "done"
