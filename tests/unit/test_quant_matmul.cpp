@@ -1,6 +1,6 @@
 // cpu_matmul_q4 against dequantize + a naive double-precision matmul, on random inputs with odd
 // sizes: m = 1..5 (register-decoded path and its edge), 17, 70 (more than one x tile), blocks spanning rows, odd cols, plain and double
-// quant, NF4 and FP4, weights rounded to bf16 or not.
+// quant, NF4 and FP4, weights rounded to bf16 or not; decode rows equal to batched rows bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,6 +56,32 @@ TEST(QuantMatmul, MatchesDequantizedNaive) {
   check(9, 7, 128, QuantType::NF4, true, false, 5);    // a block spans many rows
   check(9, 7, 128, QuantType::NF4, true, true, 7);
   check(130, 200, 256, QuantType::NF4, false, false, 6);
+}
+
+// The decode rows (m <= 4: weights decoded in registers, several weight rows interleaved) give
+// each row exactly the sums of the batched path (m > 4: dequantized rows, blocked dot products):
+// a row's result does not depend on how many rows share the call.
+TEST(QuantMatmul, DecodeRowsEqualBatchedRows) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t rows = 13, cols = 256;  // 13: groups of 4 and 2 weight rows with a remainder
+  std::vector<float> w(rows * cols);
+  for (float& v : w) v = 0.3f * nd(rng);
+  for (bool dq : {false, true}) {
+    Quant4Tensor q = quantize_4bit(w.data(), DType::F32, rows, cols, QuantType::NF4, 64, dq);
+    if (dq) quant4_prepare(q);
+    for (bool bf16 : {false, true}) {
+      std::vector<float> x(5 * cols), y5(5 * rows);
+      for (float& v : x) v = nd(rng);
+      cpu_matmul_q4(x.data(), 5, q, y5.data(), bf16);
+      for (int64_t m = 1; m <= 4; ++m) {
+        std::vector<float> y(m * rows);
+        cpu_matmul_q4(x.data(), m, q, y.data(), bf16);
+        for (int64_t i = 0; i < m * rows; ++i)
+          ASSERT_EQ(y[i], y5[i]) << "dq " << dq << " bf16 " << bf16 << " m " << m << " at " << i;
+      }
+    }
+  }
 }
 
 TEST(QuantMatmul, RoundsWeightsToBf16Exactly) {

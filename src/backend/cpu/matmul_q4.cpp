@@ -1,6 +1,7 @@
 // CPU fused dequantizing 4-bit matmul (see matmul_q4.h for the contract).
 // m <= 4 (decode): each weight row is decoded in registers (per block a 16-entry LUT of
-//   code * absmax, then permute lookups) and multiplied straight into m accumulators.
+//   code * absmax, then permute lookups) and multiplied straight into m accumulators; for 1 or 2
+//   x rows, 4 or 2 weight rows at a time (their FMA chains interleaved; each row's sums unchanged).
 // m > 4: x tiles of kTileM rows (serial) → weight row groups of kRowsPerGroup (parallel) →
 //   dequantize the group's rows once into a thread-local buffer → 4x2 register-blocked dot
 //   products (4 weight rows × 2 x rows, 8 AVX2 accumulators) over cols.
@@ -147,6 +148,57 @@ void fused_rows(const Quant4Tensor& w, const float* absmax, bool bf16, const flo
   }
 }
 
+#ifdef __AVX2__
+// fused_rows for rows whose blocks all start at a multiple of 8 columns into the row (cols and
+// the blocksize multiples of 8, every block inside one row): RB rows at a time, so that their FMA
+// chains interleave (one row's chain waits on the FMA latency every 8 weights). Each row's
+// arithmetic is fused_rows' exactly: the same lookups, and acc[j] += x * w over k in order.
+template <int M, int RB>
+void fused_rows_aligned(const Quant4Tensor& w, const float* absmax, bool bf16, const float* x, int64_t r0,
+                        int64_t r1, float* y) {
+  const float* table = dequant_table4(w.type).data();
+  const int64_t cols = w.cols, rows = w.rows, bs = w.blocksize;
+  const uint8_t* packed = w.packed.data();
+  int64_t r = r0;
+  for (; r + RB <= r1; r += RB) {
+    __m256 acc[RB][M];
+    for (int q = 0; q < RB; ++q)
+      for (int j = 0; j < M; ++j) acc[q][j] = _mm256_setzero_ps();
+    for (int64_t c0 = 0; c0 < cols; c0 += bs) {
+      simd4::Lut16 lut[RB];
+      for (int q = 0; q < RB; ++q) {
+        const int64_t b = ((r + q) * cols + c0) / bs;
+        lut[q] = simd4::make_lut(table, absmax ? absmax[b] : w.block_absmax(b), bf16);
+      }
+      for (int64_t k = c0; k < c0 + bs; k += 8) {
+        __m256 xv[M];
+        for (int j = 0; j < M; ++j) xv[j] = _mm256_loadu_ps(x + j * cols + k);
+        for (int q = 0; q < RB; ++q) {
+          const __m256 wv = simd4::lookup(lut[q], simd4::nibbles8(packed + (((r + q) * cols + k) >> 1)));
+          for (int j = 0; j < M; ++j) acc[q][j] = _mm256_fmadd_ps(xv[j], wv, acc[q][j]);
+        }
+      }
+    }
+    for (int q = 0; q < RB; ++q)
+      for (int j = 0; j < M; ++j) y[j * rows + r + q] = 0.0f + hsum(acc[q][j]);
+  }
+  if (r < r1) fused_rows<M>(w, absmax, bf16, x, r, r1, y);
+}
+#endif
+
+// fused_rows, or its interleaved form where the blocks allow.
+template <int M>
+void decode_rows(const Quant4Tensor& w, const float* absmax, bool bf16, const float* x, int64_t r0, int64_t r1,
+                 float* y) {
+#ifdef __AVX2__
+  if (w.cols % 8 == 0 && w.blocksize % 8 == 0 && w.cols % w.blocksize == 0) {
+    constexpr int RB = M == 1 ? 4 : M == 2 ? 2 : 1;
+    return fused_rows_aligned<M, RB>(w, absmax, bf16, x, r0, r1, y);
+  }
+#endif
+  fused_rows<M>(w, absmax, bf16, x, r0, r1, y);
+}
+
 }  // namespace
 
 void cpu_matmul_q4(const float* x, int64_t m, const Quant4Tensor& w, float* y,
@@ -164,10 +216,10 @@ void cpu_matmul_q4(const float* x, int64_t m, const Quant4Tensor& w, float* y,
     const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
     thread_pool().parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
       switch (m) {
-        case 1: fused_rows<1>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
-        case 2: fused_rows<2>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
-        case 3: fused_rows<3>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
-        default: fused_rows<4>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        case 1: decode_rows<1>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        case 2: decode_rows<2>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        case 3: decode_rows<3>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
+        default: decode_rows<4>(w, absmax, round_weights_bf16, x, r0, r1, y); break;
       }
     });
     return;
