@@ -74,9 +74,9 @@ ModelBytes model_bytes(const ModelConfig& c, const Plan& p, const LoadOptions& o
   const size_t qd = size_t(c.n_heads) * c.head_dim, kvd = size_t(c.n_kv_heads) * c.head_dim;
   const DType store = p.device == Device::CPU ? (p.compute == DType::F32 ? DType::F32 : DType::BF16) : p.compute;
   const size_t es = dtype_size(store);
-  const size_t norms = c.architecture.rfind("Gemma", 0) == 0 ? 4 : 2;  // Gemma: post-attention and post-MLP too
-  const bool q4 = p.quant != QuantType::None;
   const ArchFlags f = resolve_arch(c);
+  const size_t norms = f.gemma ? 4 : 2;  // Gemma: post-attention and post-MLP too
+  const bool q4 = p.quant != QuantType::None;
   ModelBytes m;
   for (int i = 0; i < c.n_layers; ++i) {
     // MLP weights: dense layers 3 H I; mixture-of-experts layers every expert's (4-bit like any
