@@ -3,8 +3,8 @@
 //   code * absmax, then permute lookups) and multiplied straight into m accumulators; for 1 or 2
 //   x rows, 4 or 2 weight rows at a time (their FMA chains interleaved; each row's sums unchanged).
 // m > 4: x tiles of kTileM rows (serial) → weight row groups of kRowsPerGroup (parallel) →
-//   dequantize the group's rows once into a thread-local buffer → 4x2 register-blocked dot
-//   products (4 weight rows × 2 x rows, 8 AVX2 accumulators) over cols.
+//   dequantize the group's rows once into a thread-local buffer → 4x3 register-blocked dot
+//   products (4 weight rows × 3 x rows, 12 AVX2 accumulators; then 4x2) over cols.
 #include "backend/cpu/matmul_q4.h"
 
 #include <algorithm>
@@ -46,6 +46,34 @@ void dot_group(const float* x, int64_t j0, int64_t j1, int64_t cols, const float
     const float* w1 = wbuf + cols;
     const float* w2 = wbuf + 2 * cols;
     const float* w3 = wbuf + 3 * cols;
+    // three x rows at a time (12 accumulators: 7 loads per 12 FMAs), then pairs
+    for (; j + 3 <= j1; j += 3) {
+      const float* xa = x + j * cols;
+      const float* xb = xa + cols;
+      const float* xc = xb + cols;
+      __m256 acc[3][4];
+      for (int i = 0; i < 3; ++i)
+        for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+      int64_t k = 0;
+      for (; k + 8 <= cols; k += 8) {
+        const __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k), vc = _mm256_loadu_ps(xc + k);
+        const float* wr[4] = {w0, w1, w2, w3};
+        for (int r = 0; r < 4; ++r) {
+          const __m256 w = _mm256_loadu_ps(wr[r] + k);
+          acc[0][r] = _mm256_fmadd_ps(va, w, acc[0][r]);
+          acc[1][r] = _mm256_fmadd_ps(vb, w, acc[1][r]);
+          acc[2][r] = _mm256_fmadd_ps(vc, w, acc[2][r]);
+        }
+      }
+      float s[3][4];
+      for (int i = 0; i < 3; ++i)
+        for (int r = 0; r < 4; ++r) s[i][r] = hsum(acc[i][r]);
+      for (; k < cols; ++k)
+        for (int r = 0; r < 4; ++r)
+          for (int i = 0; i < 3; ++i) s[i][r] += xa[i * cols + k] * wbuf[r * cols + k];
+      for (int i = 0; i < 3; ++i)
+        for (int r = 0; r < 4; ++r) y[(j + i) * ldy + r0 + r] = s[i][r];
+    }
     for (; j + 2 <= j1; j += 2) {
       const float* xa = x + j * cols;
       const float* xb = xa + cols;
