@@ -36,78 +36,44 @@ inline float hsum(__m256 v) {
 }
 #endif
 
+#ifdef __AVX2__
+// y[j + i, r0 + r] for i < J, r < 4: dot(x[j + i, :], wbuf[r, :]), J x rows against the group's 4
+// weight rows in one pass (4 J accumulators, J + 4 loads per 4 J FMAs).
+template <int J>
+void dot_rows4(const float* x, int64_t j, int64_t cols, const float* wbuf, float* y, int64_t ldy, int64_t r0) {
+  const float* xa = x + j * cols;
+  __m256 acc[J][4];
+  for (int i = 0; i < J; ++i)
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= cols; k += 8) {
+    __m256 xv[J];
+    for (int i = 0; i < J; ++i) xv[i] = _mm256_loadu_ps(xa + i * cols + k);
+    for (int r = 0; r < 4; ++r) {
+      const __m256 w = _mm256_loadu_ps(wbuf + r * cols + k);
+      for (int i = 0; i < J; ++i) acc[i][r] = _mm256_fmadd_ps(xv[i], w, acc[i][r]);
+    }
+  }
+  float s[J][4];
+  for (int i = 0; i < J; ++i)
+    for (int r = 0; r < 4; ++r) s[i][r] = hsum(acc[i][r]);
+  for (; k < cols; ++k)
+    for (int r = 0; r < 4; ++r)
+      for (int i = 0; i < J; ++i) s[i][r] += xa[i * cols + k] * wbuf[r * cols + k];
+  for (int i = 0; i < J; ++i)
+    for (int r = 0; r < 4; ++r) y[(j + i) * ldy + r0 + r] = s[i][r];
+}
+#endif
+
 // y[j, r] for j in [j0, j1), r in [r0, r0 + nr): dot(x[j, :], wbuf[r - r0, :]).
 void dot_group(const float* x, int64_t j0, int64_t j1, int64_t cols, const float* wbuf,
                int64_t nr, float* y, int64_t ldy, int64_t r0) {
   int64_t j = j0;
 #ifdef __AVX2__
   if (nr == kRowsPerGroup) {
-    const float* w0 = wbuf;
-    const float* w1 = wbuf + cols;
-    const float* w2 = wbuf + 2 * cols;
-    const float* w3 = wbuf + 3 * cols;
-    // three x rows at a time (12 accumulators: 7 loads per 12 FMAs), then pairs
-    for (; j + 3 <= j1; j += 3) {
-      const float* xa = x + j * cols;
-      const float* xb = xa + cols;
-      const float* xc = xb + cols;
-      __m256 acc[3][4];
-      for (int i = 0; i < 3; ++i)
-        for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
-      int64_t k = 0;
-      for (; k + 8 <= cols; k += 8) {
-        const __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k), vc = _mm256_loadu_ps(xc + k);
-        const float* wr[4] = {w0, w1, w2, w3};
-        for (int r = 0; r < 4; ++r) {
-          const __m256 w = _mm256_loadu_ps(wr[r] + k);
-          acc[0][r] = _mm256_fmadd_ps(va, w, acc[0][r]);
-          acc[1][r] = _mm256_fmadd_ps(vb, w, acc[1][r]);
-          acc[2][r] = _mm256_fmadd_ps(vc, w, acc[2][r]);
-        }
-      }
-      float s[3][4];
-      for (int i = 0; i < 3; ++i)
-        for (int r = 0; r < 4; ++r) s[i][r] = hsum(acc[i][r]);
-      for (; k < cols; ++k)
-        for (int r = 0; r < 4; ++r)
-          for (int i = 0; i < 3; ++i) s[i][r] += xa[i * cols + k] * wbuf[r * cols + k];
-      for (int i = 0; i < 3; ++i)
-        for (int r = 0; r < 4; ++r) y[(j + i) * ldy + r0 + r] = s[i][r];
-    }
-    for (; j + 2 <= j1; j += 2) {
-      const float* xa = x + j * cols;
-      const float* xb = xa + cols;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-      int64_t k = 0;
-      for (; k + 8 <= cols; k += 8) {
-        const __m256 va = _mm256_loadu_ps(xa + k), vb = _mm256_loadu_ps(xb + k);
-        __m256 w = _mm256_loadu_ps(w0 + k);
-        a0 = _mm256_fmadd_ps(va, w, a0);
-        b0 = _mm256_fmadd_ps(vb, w, b0);
-        w = _mm256_loadu_ps(w1 + k);
-        a1 = _mm256_fmadd_ps(va, w, a1);
-        b1 = _mm256_fmadd_ps(vb, w, b1);
-        w = _mm256_loadu_ps(w2 + k);
-        a2 = _mm256_fmadd_ps(va, w, a2);
-        b2 = _mm256_fmadd_ps(vb, w, b2);
-        w = _mm256_loadu_ps(w3 + k);
-        a3 = _mm256_fmadd_ps(va, w, a3);
-        b3 = _mm256_fmadd_ps(vb, w, b3);
-      }
-      float sa[4] = {hsum(a0), hsum(a1), hsum(a2), hsum(a3)};
-      float sb[4] = {hsum(b0), hsum(b1), hsum(b2), hsum(b3)};
-      for (; k < cols; ++k) {
-        for (int r = 0; r < 4; ++r) {
-          sa[r] += xa[k] * wbuf[r * cols + k];
-          sb[r] += xb[k] * wbuf[r * cols + k];
-        }
-      }
-      for (int r = 0; r < 4; ++r) {
-        y[j * ldy + r0 + r] = sa[r];
-        y[(j + 1) * ldy + r0 + r] = sb[r];
-      }
-    }
+    // three x rows at a time, then a pair
+    for (; j + 3 <= j1; j += 3) dot_rows4<3>(x, j, cols, wbuf, y, ldy, r0);
+    for (; j + 2 <= j1; j += 2) dot_rows4<2>(x, j, cols, wbuf, y, ldy, r0);
   }
 #endif
   for (; j < j1; ++j) {
