@@ -6,10 +6,17 @@
 
 namespace nf4flash::cuda {
 
+static_assert(kMoeMaxExperts <= 32 * 16, "moe_route_kernel<16> holds 16 experts a lane");
+
 void moe_route(const MoeRouteArgs& a, cudaStream_t st) {
   if (a.T == 0) return;
   // a warp a row, at most kMoeRouteWarps (the rows past them loop); the grouping runs over the block
-  launch_k(moe_route_kernel, dim3(1), dim3(32 * std::min(a.T, kMoeRouteWarps)), 0, st, a);
+  const dim3 block(32 * std::min(a.T, kMoeRouteWarps));
+  // experts a lane holds: the fewest of 1, 4, 8, 16 that cover E (kMoeMaxExperts = 512)
+  if (a.E <= 32) launch_k(moe_route_kernel<1>, dim3(1), block, 0, st, a);
+  else if (a.E <= 128) launch_k(moe_route_kernel<4>, dim3(1), block, 0, st, a);
+  else if (a.E <= 256) launch_k(moe_route_kernel<8>, dim3(1), block, 0, st, a);
+  else launch_k(moe_route_kernel<16>, dim3(1), block, 0, st, a);
   CUDA_CHECK_LAUNCH();
 }
 

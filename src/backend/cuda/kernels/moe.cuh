@@ -35,9 +35,14 @@
 
 namespace nf4flash::cuda {
 
-constexpr int kMoeWarps = 8, kMoeLaneExperts = kMoeMaxExperts / 32, kMoeRouteWarps = 16;
+constexpr int kMoeWarps = 8, kMoeRouteWarps = 16;
 
+// LE: experts a lane holds (expert lane + 32 i, i < LE): E <= 32 LE. The launcher takes the
+// smallest of 1, 4, 8, 16 that covers E, so the per-lane loops of each selection round and of the
+// grouping run over no more slots than the experts need.
+template <int LE>
 __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const MoeRouteArgs a) {
+  static_assert(LE >= 1 && LE <= 32, "moe_route_kernel: a lane's chosen-expert mask is 32 bits");
   __shared__ int cnt[kMoeMaxExperts], first[kMoeMaxExperts], cur[kMoeMaxExperts], cbase[kMoeMaxExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E, K = a.K;
   pdl_trigger();
@@ -46,10 +51,10 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
   __syncthreads();
   for (int t = warp; t < a.T; t += blockDim.x / 32) {
     const float* l = a.logits + int64_t(t) * E;
-    float v[kMoeLaneExperts];
+    float v[LE];
     float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kMoeLaneExperts; ++i) {
+    for (int i = 0; i < LE; ++i) {
       const int e = lane + 32 * i;
       v[i] = e < E ? l[e] : -INFINITY;
       mx = fmaxf(mx, v[i]);
@@ -57,13 +62,13 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
     mx = warp_max(mx);
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMoeLaneExperts; ++i) {
+    for (int i = 0; i < LE; ++i) {
       v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
       s += v[i];
     }
     s = warp_sum(s);
 #pragma unroll
-    for (int i = 0; i < kMoeLaneExperts; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
+    for (int i = 0; i < LE; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
     // Selection keys: p's bits + 1 (p >= 0 orders as unsigned), 0 = not selectable (e >= E, NaN,
     // chosen). A round takes the largest key (warp max) and, among its holders, the lowest expert
     // (warp min); with no key left (NaN logits) the lowest expert not chosen yet, p = 0.
@@ -73,7 +78,7 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
       uint32_t bk = 0;
       int bi = 0;
 #pragma unroll
-      for (int i = 0; i < kMoeLaneExperts; ++i) {
+      for (int i = 0; i < LE; ++i) {
         const uint32_t key = !((chosen >> i) & 1u) && v[i] >= 0.f ? __float_as_uint(v[i]) + 1u : 0u;
         if (key > bk) {  // ascending e within the lane: the first of equal keys wins
           bk = key;
@@ -85,14 +90,14 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
       if (!m) {  // warp-uniform: no key left, the lane's lowest expert not chosen yet
         cand = 0xffffffffu;
 #pragma unroll
-        for (int i = kMoeLaneExperts - 1; i >= 0; --i)
+        for (int i = LE - 1; i >= 0; --i)
           if (!((chosen >> i) & 1u) && lane + 32 * i < E) cand = uint32_t(lane + 32 * i);
       }
       const int be = int(__reduce_min_sync(0xffffffffu, cand));
       const float bp = m ? __uint_as_float(m - 1u) : 0.f;
       norm += bp;
 #pragma unroll
-      for (int i = 0; i < kMoeLaneExperts; ++i)
+      for (int i = 0; i < LE; ++i)
         if (lane + 32 * i == be) {
           v[i] = bp;
           chosen |= 1u << i;
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
     const uint32_t below_lane = (1u << lane) - 1u;
     int before = 0;
 #pragma unroll
-    for (int i = 0; i < kMoeLaneExperts; ++i) {
+    for (int i = 0; i < LE; ++i) {
       const bool mine = (chosen >> i) & 1u;
       const uint32_t mk = __ballot_sync(0xffffffffu, mine);
       if (mine) {
@@ -118,10 +123,10 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
   }
   __syncthreads();
   if (warp == 0) {  // exclusive prefix sums of the pairs and chunks per expert: lane l owns experts
-    // [l * kMoeLaneExperts, (l + 1) * kMoeLaneExperts)
-    const int e0 = lane * kMoeLaneExperts;
+    // [l * LE, (l + 1) * LE)
+    const int e0 = lane * LE;
     int q = 0, c = 0;
-    for (int i = 0; i < kMoeLaneExperts && e0 + i < E; ++i) {
+    for (int i = 0; i < LE && e0 + i < E; ++i) {
       q += cnt[e0 + i];
       c += (cnt[e0 + i] + kMoeChunk - 1) / kMoeChunk;
     }
@@ -136,7 +141,7 @@ __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const Mo
     }
     q = qs - q;
     c = cs - c;
-    for (int i = 0; i < kMoeLaneExperts && e0 + i < E; ++i) {
+    for (int i = 0; i < LE && e0 + i < E; ++i) {
       first[e0 + i] = q;
       cbase[e0 + i] = c;
       q += cnt[e0 + i];
