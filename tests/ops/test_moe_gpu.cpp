@@ -1,7 +1,7 @@
 // Mixtures of experts on CUDA (routing, the experts' products over rows grouped by expert and the
 // weighted sum on the GPU: Backend::moe_experts):
 //  - the op against the CPU's host routing (MoeBlock on the CPU backend) on the same weights and the
-//    same router logits: 128 experts, top 8, and 16 experts of wider shapes, 1, 5 and 40 rows
+//    same router logits: 128 experts, top 8, 16 experts of wider shapes and 160 / 300 experts, 1, 5 and 40 rows
 //    (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense experts, f32 and
 //    bf16 compute, top-k weights renormalized or not; router logits tied exactly (the lower expert wins);
 //  - Mixtral, Qwen2-MoE (shared expert with its gate) and Qwen3-MoE against their transformers
@@ -103,14 +103,16 @@ void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind, in
   }
 }
 
-// 128 experts of 256 -> 128 (every lane of the routing warp holds several experts; one warp a
-// unit), and 16 experts of 1024 -> 768 (a decode step's units on 4 and 2 warps).
+// 128 experts of 256 -> 128 (every lane of the routing warp holds 4 experts; one warp a unit),
+// 16 experts of 1024 -> 768 (one expert a lane; a decode step's units on 4 and 2 warps), and 160
+// and 300 experts (8 and 16 a lane, the last lanes' slots partly past E).
 TEST(MoeGpu, ExpertsMatchHostRouting) {
   NF4FLASH_REQUIRE_CUDA();
   for (DType compute : {DType::F32, DType::BF16})
     for (ExpertKind kind : {ExpertKind::Nf4Dq, ExpertKind::Fp4, ExpertKind::Dense})
       expect_experts_match({128, 8, 256, 128}, compute, kind);
   expect_experts_match({16, 4, 1024, 768}, DType::BF16, ExpertKind::Nf4Dq);
+  for (int E : {160, 300}) expect_experts_match({E, 8, 128, 64}, DType::BF16, ExpertKind::Nf4Dq);
 }
 
 // Exact ties between router logits: every expert alike (period 1: experts 0..7 win), and groups
