@@ -6,8 +6,8 @@ random token ids, --max-tokens new tokens, greedy) for --duration seconds, or --
 Printed (and written with --json): requests, failures, p50/p99 TTFT, aggregate tok/s over the run,
 and the steady-state decode rate: the tokens all streams received inside the window where every
 stream of the first round was past its first token and none had finished, over that window.
-Within 2 s after the run /metrics must show no running sequence and no KV block held; any failed request or
-held block exits 1.
+Within 2 s after the run /metrics must show no running sequence and no KV block held; any failed
+request or held block exits 1.
 
   scripts/serve_load.py --url http://127.0.0.1:8080 --clients 64 --duration 30
   scripts/serve_load.py --url ... --clients 32 --requests 1 --prompt-tokens 512 --max-tokens 128
