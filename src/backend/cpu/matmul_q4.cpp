@@ -180,14 +180,15 @@ void fused_rows_aligned(const Quant4Tensor& w, const float* absmax, bool bf16, c
 }
 #endif
 
-// fused_rows, or its interleaved form where the blocks allow.
+// fused_rows, or for 1 and 2 x rows its interleaved form where the blocks allow (with 3 or 4 x
+// rows one weight row already carries 3 or 4 FMA chains).
 template <int M>
 void decode_rows(const Quant4Tensor& w, const float* absmax, bool bf16, const float* x, int64_t r0, int64_t r1,
                  float* y) {
 #ifdef __AVX2__
-  if (w.cols % 8 == 0 && w.blocksize % 8 == 0 && w.cols % w.blocksize == 0) {
-    constexpr int RB = M == 1 ? 4 : M == 2 ? 2 : 1;
-    return fused_rows_aligned<M, RB>(w, absmax, bf16, x, r0, r1, y);
+  if constexpr (M <= 2) {
+    if (w.cols % 8 == 0 && w.blocksize % 8 == 0 && w.cols % w.blocksize == 0)
+      return fused_rows_aligned<M, M == 1 ? 4 : 2>(w, absmax, bf16, x, r0, r1, y);
   }
 #endif
   fused_rows<M>(w, absmax, bf16, x, r0, r1, y);
