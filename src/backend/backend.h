@@ -141,6 +141,13 @@ struct PagedSeqs {
 };
 
 // Device-resident per-step values read by the ops (written by the runtime before each step).
+// Per-head RMS norms of q and k ahead of rope (rope_kv_write): weights of head_dim values, or none.
+struct QkNorm {
+  const Weight* q = nullptr;
+  const Weight* k = nullptr;
+  float eps = 0.f;
+};
+
 struct StepState {
   int32_t* pos0 = nullptr;  // backend memory: absolute position of row 0 of the step
   // The same position when the host knows it for this step (prefill chunks, uncaptured decode);
@@ -271,17 +278,23 @@ class Backend {
   // linears (the 4-bit decode step on CUDA); otherwise as add_rms_norm + linear (one pass for the
   // add and the next norm).
   virtual bool fuses_norm_linear(const Weight& w, int64_t rows) const { return false; }
-  // rope(q, k) then kv_write(layer, k, v).
-  virtual void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) {
+  // With qk.q set: q and k first normed per head in place (rms_norm of each head_dim slice with
+  // weights qk.q, qk.k: Qwen3's and Gemma 3's q/k norms); then rope(q, k) and kv_write(layer, k, v).
+  virtual void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s,
+                             const QkNorm& qk = {}) {
+    if (qk.q) {
+      rms_norm(q.reshaped(p.head_dim), *qk.q, qk.eps, q.reshaped(p.head_dim));
+      rms_norm(k.reshaped(p.head_dim), *qk.k, qk.eps, k.reshaped(p.head_dim));
+    }
     rope(q, k, p, s);
     kv_write(layer, k, v, s);
   }
 
-  // rope_kv_write(layer, q, k, v) then attention(layer, q, out): one decode layer's attention. A
-  // backend that fuses them may leave q and k unrotated (nothing reads them after).
+  // rope_kv_write(layer, q, k, v, qk) then attention(layer, q, out): one decode layer's attention.
+  // A backend that fuses them may leave q and k unrotated (nothing reads them after).
   virtual void rope_kv_attention(int layer, Act q, Act k, Act v, Act out, const RopeParams& rp, const AttnParams& ap,
-                                 const StepState& s) {
-    rope_kv_write(layer, q, k, v, rp, s);
+                                 const StepState& s, const QkNorm& qk = {}) {
+    rope_kv_write(layer, q, k, v, rp, s, qk);
     attention(layer, q, out, ap, s);
   }
 

@@ -346,7 +346,7 @@ Decoder::Views Decoder::views(DType adt, Buffer& bx, Buffer& bxn, Buffer& bo, Bu
 
 void Decoder::run_layers(const LayerRun& r, const Views& v, int i0, int i1, const StepState& s, bool fused) {
   Backend& b = *r.be;
-  const int hd = cfg_.head_dim, nh = static_cast<int>(tp_.q_heads.n);
+  const int nh = static_cast<int>(tp_.q_heads.n);
   const float eps = static_cast<float>(cfg_.rms_eps);
   const Act &x = v.x, &xn = v.xn, &o = v.o, &att = v.att, &g = v.g, &u = v.u;
   auto qkv_of = [&](const LayerWeights& L, Backend::LinearOut* out) {
@@ -366,15 +366,13 @@ void Decoder::run_layers(const LayerRun& r, const Views& v, int i0, int i1, cons
       if (nh > 0) b.linear_multi(xn, qkv, 3);
     }
     if (nh > 0) {
-      if (arch_.qk_norm) {
-        b.rms_norm(v.q.reshaped(hd), *L.q_norm, eps, v.q.reshaped(hd));
-        b.rms_norm(v.k.reshaped(hd), *L.k_norm, eps, v.k.reshaped(hd));
-      }
+      QkNorm qk;  // q/k norms: in the rope's pass where the backend fuses them
+      if (arch_.qk_norm) qk = {L.q_norm.get(), L.k_norm.get(), eps};
       AttnParams ap = attn_;
       const bool sliding = cfg_.sliding_layers.size() > size_t(i) && cfg_.sliding_layers[size_t(i)];
       if (sliding) ap.window = cfg_.sliding_window;
       b.rope_kv_attention(i - r.kv_base, v.q, v.k, v.v, att, sliding && cfg_.has_local_rope ? *r.rope_local : *r.rope,
-                          ap, s);
+                          ap, s, qk);
     }
     if (fused) {
       // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v

@@ -287,5 +287,61 @@ TEST(CudaFused, RopeKvWrite) {
       }
 }
 
+// rope_kv_write with per-head q/k norms (one pass at head_dim 64/128/256; the norms' own launches
+// at 96) equals rms_norm of each head then rope_kv_write bit for bit (q, k and the cache, read back
+// through attention), and the CPU's composition within tolerance.
+TEST(CudaFused, RopeKvWriteWithQkNormEqualsNormsThenRope) {
+  NF4FLASH_REQUIRE_CUDA();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (int hd : {64, 96, 128, 256})
+      for (auto [pos0, T] : {std::pair<int, int>{0, 1}, {37, 1}, {3, 20}}) {
+        SCOPED_TRACE(cat(dtype_name(dt), " hd ", hd, " pos0 ", pos0, " T ", T));
+        Backends b(dt);
+        const int nq = 8, nk = 2;
+        const int64_t cap = pos0 + T + 3;
+        b.cpu->kv_allocate({1, nk, hd, cap, DType::F32});
+        b.gpu->kv_allocate({2, nk, hd, cap, dt});  // layer 0: fused, layer 1: norms then rope
+        std::vector<float> inv(size_t(hd / 2));
+        for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(1000000.f, -2.f * i / hd);
+        DevAct ifc(*b.cpu, 1, hd / 2, DType::F32), ifg(*b.gpu, 1, hd / 2, DType::F32);
+        ifc.set(inv);
+        ifg.set(inv);
+        RopeParams rc{hd, static_cast<const float*>(ifc.act.data)}, rg{hd, static_cast<const float*>(ifg.act.data)};
+        auto Nq = randn(size_t(hd), 0.3f), Nk = randn(size_t(hd), 0.3f);
+        for (float& w : Nq) w += 1.f;
+        for (float& w : Nk) w += 1.f;
+        auto nqc = b.cpu->upload_dense(f32_tensor(Nq, {hd}), DType::F32), nkc = b.cpu->upload_dense(f32_tensor(Nk, {hd}), DType::F32);
+        auto nqg = b.gpu->upload_dense(f32_tensor(Nq, {hd}), dt), nkg = b.gpu->upload_dense(f32_tensor(Nk, {hd}), dt);
+        const float eps = 1e-6f;
+        const QkNorm qc_norm{nqc.get(), nkc.get(), eps}, qg_norm{nqg.get(), nkg.get(), eps};
+        auto Q = rounded(randn(size_t(T * nq * hd), 2.f), dt), K = rounded(randn(size_t(T * nk * hd), 2.f), dt),
+             V = rounded(randn(size_t(T * nk * hd)), dt);
+        DevAct qc(*b.cpu, T, nq * hd), kc(*b.cpu, T, nk * hd), vc(*b.cpu, T, nk * hd);
+        DevAct q0(*b.gpu, T, nq * hd), k0(*b.gpu, T, nk * hd), q1(*b.gpu, T, nq * hd), k1(*b.gpu, T, nk * hd),
+            vg(*b.gpu, T, nk * hd);
+        qc.set(Q); kc.set(K); vc.set(V); q0.set(Q); k0.set(K); q1.set(Q); k1.set(K); vg.set(V);
+        DevInts pc(*b.cpu, {pos0}), pg(*b.gpu, {pos0});
+        b.cpu->rope_kv_write(0, qc.act, kc.act, vc.act, rc, StepState{pc.ptr()}, qc_norm);
+        b.gpu->rope_kv_write(0, q0.act, k0.act, vg.act, rg, StepState{pg.ptr()}, qg_norm);
+        b.gpu->rms_norm(q1.act.reshaped(hd), *nqg, eps, q1.act.reshaped(hd));
+        b.gpu->rms_norm(k1.act.reshaped(hd), *nkg, eps, k1.act.reshaped(hd));
+        b.gpu->rope_kv_write(1, q1.act, k1.act, vg.act, rg, StepState{pg.ptr()});
+        EXPECT_EQ(q0.get(), q1.get());
+        EXPECT_EQ(k0.get(), k1.get());
+        EXPECT_LT(rel_err(q0.get(), qc.get()), tol_for(dt));
+        EXPECT_LT(rel_err(k0.get(), kc.get()), tol_for(dt));
+        // the cache rows written (pos0 .. pos0 + T; the rows below are zero in both layers)
+        AttnParams ap{nq, nk, hd, 1.f / std::sqrt(float(hd)), AttnImpl::Auto};
+        DevAct o0(*b.gpu, T, nq * hd), o1(*b.gpu, T, nq * hd), oc(*b.cpu, T, nq * hd);
+        o0.poison();
+        o1.poison();
+        b.gpu->attention(0, q0.act, o0.act, ap, StepState{pg.ptr()});
+        b.gpu->attention(1, q1.act, o1.act, ap, StepState{pg.ptr()});
+        b.cpu->attention(0, qc.act, oc.act, ap, StepState{pc.ptr()});
+        EXPECT_EQ(o0.get(), o1.get());
+        EXPECT_LT(rel_err(o0.get(), oc.get()), tol_for(dt));
+      }
+}
+
 }  // namespace
 }  // namespace nf4flash::test

@@ -74,8 +74,21 @@ void CudaBackend::kv_write(int layer, Act k, Act v, const StepState& s) {
   cuda::kv_write(kv_write_args(layer, k, v, s), stream_);
 }
 
-void CudaBackend::rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) {
-  cuda::rope_kv_write(rope_args(q, k, p, s), kv_write_args(layer, k, v, s), stream_);
+void CudaBackend::rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s,
+                                const QkNorm& qk) {
+  RopeArgs r = rope_args(q, k, p, s);
+  if (qk.q) {
+    NF4FLASH_CHECK(qk.k, "rope_kv_write: a q norm without a k norm");
+    if (!cuda::rope_norm_fusable(p.head_dim)) {  // the norms as their own launches
+      rms_norm(q.reshaped(p.head_dim), *qk.q, qk.eps, q.reshaped(p.head_dim));
+      rms_norm(k.reshaped(p.head_dim), *qk.k, qk.eps, k.reshaped(p.head_dim));
+    } else {
+      r.q_norm = vec_f32(*qk.q, p.head_dim, "q norm weight");
+      r.k_norm = vec_f32(*qk.k, p.head_dim, "k norm weight");
+      r.norm_eps = qk.eps;
+    }
+  }
+  cuda::rope_kv_write(r, kv_write_args(layer, k, v, s), stream_);
 }
 
 void CudaBackend::attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) {

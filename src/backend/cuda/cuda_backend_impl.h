@@ -134,7 +134,8 @@ class CudaBackend : public Backend {
   // ---- rope, KV cache, attention (cuda_attention.cu) ----
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override;
   void kv_write(int layer, Act k, Act v, const StepState& s) override;
-  void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s) override;
+  void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s,
+                     const QkNorm& qk = {}) override;
   void attention(int layer, Act q, Act out, const AttnParams& p, const StepState& s) override;
   void kv_allocate(const KVCacheDesc& d) override;
   // ---- paged steps (cuda_paged.cu) ----

@@ -230,7 +230,13 @@ struct RopeArgs {
   float dynamic_theta = 0.0f, dynamic_factor = 1.0f;
   const int32_t* pos0 = nullptr;
   PagedRows paged;  // set: rows of several sequences, positions per sequence (pos0 unused)
+  // rope_kv_write only: q and k heads normed first (rms_norm, f32 weights [head_dim]); null: none
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float norm_eps = 0.f;
 };
+// Head sizes whose q/k norms rope_kv_write takes in its own pass (else rms_norm runs first).
+inline bool rope_norm_fusable(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 void rope(const RopeArgs& a, cudaStream_t st);
 void silu_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);
 void gelu_tanh_mul(const void* gate, const void* up, void* out, int64_t n, DType act, cudaStream_t st);

@@ -170,12 +170,24 @@ void rope_kv_write(const RopeArgs& r, const KvWriteArgs& kv, cudaStream_t st) {
                  "rope_kv_write: rope and cache arguments disagree");
   const int64_t n = r.T * (r.n_q_heads + r.n_k_heads) * (r.head_dim / 2) + kv.T * kv.n_kv * kv.head_dim;
   if (n == 0) return;
+  NF4FLASH_CHECK(!r.q_norm || (r.k_norm && rope_norm_fusable(r.head_dim)), "rope_kv_write: q/k norms at head_dim ",
+                 r.head_dim, " (fused at 64, 128 and 256)");
   NF4FLASH_DISPATCH_ACT(r.act, "rope_kv_write", [&] {
     using TA = T;
     NF4FLASH_DISPATCH_ACT(kv.kv_dtype, "rope_kv_write (cache)", [&] {
-      const int per_t = (r.n_q_heads + r.n_k_heads) * (r.head_dim / 2) + kv.n_kv * kv.head_dim;
-      const dim3 grid(grid_for(per_t), static_cast<unsigned>(std::min<int64_t>(r.T, 65535)));
-      launch_k(rope_kv_kernel<TA, T>, grid, dim3(256), 0, st, r, kv);
+      const unsigned ty = static_cast<unsigned>(std::min<int64_t>(r.T, 65535));
+      if (r.q_norm) {  // 8 heads (warps) a block, or 256 v elements, whichever needs more blocks
+        const int heads = r.n_q_heads + r.n_k_heads, n_v = kv.n_kv * kv.head_dim;
+        const dim3 grid(unsigned(std::max((heads + 7) / 8, (n_v + 255) / 256)), ty);
+        switch (r.head_dim) {
+          case 64: launch_k(rope_norm_kv_kernel<TA, T, 2>, grid, dim3(256), 0, st, r, kv); break;
+          case 128: launch_k(rope_norm_kv_kernel<TA, T, 4>, grid, dim3(256), 0, st, r, kv); break;
+          default: launch_k(rope_norm_kv_kernel<TA, T, 8>, grid, dim3(256), 0, st, r, kv); break;
+        }
+      } else {
+        const int per_t = (r.n_q_heads + r.n_k_heads) * (r.head_dim / 2) + kv.n_kv * kv.head_dim;
+        launch_k(rope_kv_kernel<TA, T>, dim3(grid_for(per_t), ty), dim3(256), 0, st, r, kv);
+      }
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -12,6 +12,7 @@
 //  silu_mul  out = silu(gate) * up;  gelu_tanh_mul  out = gelu_tanh(gate) * up;  add  out = a + b;
 //            bias_add  out[r, c] += bias[c];  convert;  scale  x *= s;  softcap  x = tanh(x / c) * c.
 //  kv_write  cache[h][pos0+t][:] = k[t, h*hd : (h+1)*hd]   (cache [n_kv][capacity][hd] of one layer)
+//  rope_norm_kv  rope_kv with q and k normed per head first (rms_norm's arithmetic), one pass.
 //  rope, kv_write and rope_kv over a paged step (PagedRows set): row t's position is its
 //            sequence's (kernels/paged.cuh) and the cache position written is that position's slot.
 #pragma once
@@ -374,6 +375,68 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
             from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
       }
     }
+  }
+}
+
+// rope_kv_kernel with q and k normed per head first (Qwen3's and Gemma 3's q/k norms): a warp a
+// (token, head), lane l holding elements l + 32 i (i < NI = head_dim / 32). The norm is
+// rms_norm_warp_kernel's arithmetic (each lane's squares summed in i order, warp_sum, the output
+// rounded to the compute dtype), the rotation rope_kv_kernel's on those rounded values: pair (d,
+// d + head_dim/2) with d = l + 32 j is elements j and j + NI/2 of the lane. q and k hold the normed,
+// rotated heads; the rotated k and v go to the cache at the row's position. Grid: y walks the
+// tokens; x's warps the nq + nk heads, its threads the nkv * head_dim v elements.
+template <typename TA, typename TK, int NI>
+__global__ void rope_norm_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
+  static_assert(NI % 2 == 0 && NI <= 16, "rope_norm_kv_kernel: head_dim a multiple of 64, at most 512");
+  pdl_trigger();
+  pdl_wait();
+  constexpr int HD = 32 * NI, HALF = HD / 2;
+  const int heads = r.n_q_heads + r.n_k_heads, n_v = kv.n_kv * kv.head_dim;
+  const int lane = threadIdx.x & 31, wpb = blockDim.x / 32;
+  const int warp0 = blockIdx.x * wpb + (threadIdx.x >> 5), n_warps = gridDim.x * wpb;
+  const bool paged = kv.paged.tables != nullptr;
+  for (int64_t t = blockIdx.y; t < r.T; t += gridDim.y) {
+    const RopeRow rr = rope_row(r, t);
+    const int64_t pos = rr.pos, slot = paged ? paged_slot(kv.paged, rr.seq, int(pos)) : pos;
+    const bool cached = slot >= 0 && slot < kv.capacity;  // the runtime bounds positions by the capacity
+    for (int h = warp0; h < heads; h += n_warps) {
+      const bool is_k = h >= r.n_q_heads;
+      TA* base = !is_k ? static_cast<TA*>(r.q) + t * r.q_stride + int64_t(h) * HD
+                       : static_cast<TA*>(r.k) + t * r.k_stride + int64_t(h - r.n_q_heads) * HD;
+      const float* w = is_k ? r.k_norm : r.q_norm;
+      float v[NI];
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < NI; ++i) {
+        v[i] = to_f32<TA>(base[lane + 32 * i]);
+        ss = fmaf(v[i], v[i], ss);
+      }
+      ss = warp_sum(ss);
+      const float inv = rsqrtf(ss / float(HD) + r.norm_eps);
+#pragma unroll
+      for (int i = 0; i < NI; ++i) v[i] = to_f32<TA>(from_f32<TA>(v[i] * inv * w[lane + 32 * i]));
+#pragma unroll
+      for (int j = 0; j < NI / 2; ++j) {
+        const int d = lane + 32 * j;
+        float sn, cs;
+        rope_angle(pos, rr, d, HD, r.mscale, sn, cs);
+        const TA y1 = from_f32<TA>(rope_lo(v[j], v[j + NI / 2], cs, sn));
+        const TA y2 = from_f32<TA>(rope_hi(v[j], v[j + NI / 2], cs, sn));
+        base[d] = y1;
+        base[d + HALF] = y2;
+        if (is_k && cached) {
+          TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + slot) * kv.head_dim;
+          dst[d] = from_f32<TK>(to_f32<TA>(y1));
+          dst[d + HALF] = from_f32<TK>(to_f32<TA>(y2));
+        }
+      }
+    }
+    if (cached)
+      for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_v; j += gridDim.x * blockDim.x) {
+        const int h = j / kv.head_dim, d = j - h * kv.head_dim;
+        static_cast<TK*>(kv.v_cache)[(h * kv.capacity + slot) * kv.head_dim + d] =
+            from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
+      }
   }
 }
 
