@@ -245,6 +245,20 @@ TEST(CudaFused, GemmQ4Multi) {
   run_swiglu(DType::BF16, QuantType::NF4, true, 14336, 4096, 512, false);
 }
 
+// inv_freq tables of head_dim hd and base theta on both backends, and the RopeParams over them.
+struct BothRope {
+  DevAct c, g;
+  RopeParams rc, rg;
+  BothRope(Backends& b, int hd, float theta) : c(*b.cpu, 1, hd / 2, DType::F32), g(*b.gpu, 1, hd / 2, DType::F32) {
+    std::vector<float> inv(size_t(hd / 2));
+    for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(theta, -2.f * i / hd);
+    c.set(inv);
+    g.set(inv);
+    rc = RopeParams{hd, static_cast<const float*>(c.act.data)};
+    rg = RopeParams{hd, static_cast<const float*>(g.act.data)};
+  }
+};
+
 // rope_kv_write, then attention over what it wrote (and the rotated q/k buffers) vs the CPU.
 TEST(CudaFused, RopeKvWrite) {
   NF4FLASH_REQUIRE_CUDA();
@@ -256,12 +270,8 @@ TEST(CudaFused, RopeKvWrite) {
         const int64_t cap = pos0 + T + 3;
         b.cpu->kv_allocate({layers, nk, hd, cap, DType::F32});
         b.gpu->kv_allocate({layers, nk, hd, cap, dt});
-        std::vector<float> inv(size_t(hd / 2));
-        for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(500000.f, -2.f * i / hd);
-        DevAct ifc(*b.cpu, 1, hd / 2, DType::F32), ifg(*b.gpu, 1, hd / 2, DType::F32);
-        ifc.set(inv);
-        ifg.set(inv);
-        RopeParams rc{hd, static_cast<const float*>(ifc.act.data)}, rg{hd, static_cast<const float*>(ifg.act.data)};
+        BothRope rope(b, hd, 500000.f);
+        const RopeParams &rc = rope.rc, &rg = rope.rg;
         auto step = [&](int p0, int n, bool check) {
           auto Q = rounded(randn(size_t(n * nq * hd)), dt), K = rounded(randn(size_t(n * nk * hd)), dt),
                V = rounded(randn(size_t(n * nk * hd)), dt);
@@ -301,12 +311,8 @@ TEST(CudaFused, RopeKvWriteWithQkNormEqualsNormsThenRope) {
         const int64_t cap = pos0 + T + 3;
         b.cpu->kv_allocate({1, nk, hd, cap, DType::F32});
         b.gpu->kv_allocate({2, nk, hd, cap, dt});  // layer 0: fused, layer 1: norms then rope
-        std::vector<float> inv(size_t(hd / 2));
-        for (int i = 0; i < hd / 2; ++i) inv[size_t(i)] = std::pow(1000000.f, -2.f * i / hd);
-        DevAct ifc(*b.cpu, 1, hd / 2, DType::F32), ifg(*b.gpu, 1, hd / 2, DType::F32);
-        ifc.set(inv);
-        ifg.set(inv);
-        RopeParams rc{hd, static_cast<const float*>(ifc.act.data)}, rg{hd, static_cast<const float*>(ifg.act.data)};
+        BothRope rope(b, hd, 1000000.f);
+        const RopeParams &rc = rope.rc, &rg = rope.rg;
         auto Nq = randn(size_t(hd), 0.3f), Nk = randn(size_t(hd), 0.3f);
         for (float& w : Nq) w += 1.f;
         for (float& w : Nk) w += 1.f;

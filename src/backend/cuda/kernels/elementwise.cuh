@@ -336,6 +336,24 @@ __global__ void kv_write_kernel(const KvWriteArgs a) {
   }
 }
 
+// The cache row of kv head h at slot (one layer's [n_kv][capacity][head_dim] k cache).
+template <typename TK>
+__device__ __forceinline__ TK* rope_k_cache_row(const KvWriteArgs& kv, int h, int64_t slot) {
+  return static_cast<TK*>(kv.k_cache) + (h * kv.capacity + slot) * kv.head_dim;
+}
+// A rotated pair (d, d + half) of a q or k head, rounded to the compute dtype, into base; with
+// dst (a cached k row) also into the cache from the rounded values.
+template <typename TA, typename TK>
+__device__ __forceinline__ void rope_store_pair(TA* base, TK* dst, int d, int half, float y1f, float y2f) {
+  const TA y1 = from_f32<TA>(y1f), y2 = from_f32<TA>(y2f);
+  base[d] = y1;
+  base[d + half] = y2;
+  if (dst) {
+    dst[d] = from_f32<TK>(to_f32<TA>(y1));
+    dst[d + half] = from_f32<TK>(to_f32<TA>(y2));
+  }
+}
+
 // rope + kv_write in one pass (decode and prefill): q and k rotated in place exactly as
 // rope_kernel does, the rotated k (rounded to the compute dtype, as kv_write would read it) and v
 // written to the cache at positions pos0 + t. Grid: y walks the tokens t, x the (nq+nk)*hd/2
@@ -361,14 +379,8 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         float sn, cs;
         rope_angle(pos, rr, d, r.head_dim, r.mscale, sn, cs);
         const float x1 = to_f32<TA>(base[d]), x2 = to_f32<TA>(base[d + half]);
-        const TA y1 = from_f32<TA>(rope_lo(x1, x2, cs, sn)), y2 = from_f32<TA>(rope_hi(x1, x2, cs, sn));
-        base[d] = y1;
-        base[d + half] = y2;
-        if (is_k && cached) {
-          TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + slot) * kv.head_dim;
-          dst[d] = from_f32<TK>(to_f32<TA>(y1));
-          dst[d + half] = from_f32<TK>(to_f32<TA>(y2));
-        }
+        rope_store_pair<TA, TK>(base, is_k && cached ? rope_k_cache_row<TK>(kv, h - r.n_q_heads, slot) : nullptr, d,
+                                half, rope_lo(x1, x2, cs, sn), rope_hi(x1, x2, cs, sn));
       } else if (cached) {
         const int j = i - n_r, h = j / kv.head_dim, d = j - h * kv.head_dim;
         static_cast<TK*>(kv.v_cache)[(h * kv.capacity + slot) * kv.head_dim + d] =
@@ -420,15 +432,8 @@ __global__ void rope_norm_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         const int d = lane + 32 * j;
         float sn, cs;
         rope_angle(pos, rr, d, HD, r.mscale, sn, cs);
-        const TA y1 = from_f32<TA>(rope_lo(v[j], v[j + NI / 2], cs, sn));
-        const TA y2 = from_f32<TA>(rope_hi(v[j], v[j + NI / 2], cs, sn));
-        base[d] = y1;
-        base[d + HALF] = y2;
-        if (is_k && cached) {
-          TK* dst = static_cast<TK*>(kv.k_cache) + ((h - r.n_q_heads) * kv.capacity + slot) * kv.head_dim;
-          dst[d] = from_f32<TK>(to_f32<TA>(y1));
-          dst[d + HALF] = from_f32<TK>(to_f32<TA>(y2));
-        }
+        rope_store_pair<TA, TK>(base, is_k && cached ? rope_k_cache_row<TK>(kv, h - r.n_q_heads, slot) : nullptr, d,
+                                HALF, rope_lo(v[j], v[j + NI / 2], cs, sn), rope_hi(v[j], v[j + NI / 2], cs, sn));
       }
     }
     if (cached)
