@@ -68,13 +68,18 @@ inline void expect_decode_matches_prefill(const GpuCase& c) {
   std::vector<float> row(V);
   im.forward_tokens(toks.data(), k, 0, false, [](int64_t, Act) {});
   double worst = 0;
+  std::string steps;  // each step's error, for the failure message
   for (int64_t p = k; p < static_cast<int64_t>(toks.size()); ++p) {
     im.decode_step(toks[p], p);
     im.be->download(row.data(), im.logits_act(1).data, V * 4);
-    worst = std::max(worst, rel_l2(row, full.logits[p]));
+    const double err = rel_l2(row, full.logits[p]);
+    worst = std::max(worst, err);
+    steps += cat(" ", p, ":", err);
   }
   // decode (GEMV, flash-decoding) and prefill (GEMM, tiled attention) round differently in bf16
-  EXPECT_LT(worst, std::string(c.variant) == "f32" ? 1e-4 : 2e-2) << c.model << " " << c.variant;
+  EXPECT_LT(worst, std::string(c.variant) == "f32" ? 1e-4 : 2e-2)
+      << c.model << " " << c.variant << (c.quant == QuantChoice::NF4 ? " nf4" : "") << (c.dq ? " dq" : "")
+      << "; rel. error at each position:" << steps;
 }
 
 // The same model loaded on the GPU (`gpu_compute`) and on the CPU (`cpu_compute`) with options `o`:
