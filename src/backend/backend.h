@@ -140,7 +140,6 @@ struct PagedSeqs {
   const int32_t* pos0_host = nullptr;
 };
 
-// Device-resident per-step values read by the ops (written by the runtime before each step).
 // Per-head RMS norms of q and k ahead of rope (rope_kv_write): weights of head_dim values, or none.
 struct QkNorm {
   const Weight* q = nullptr;
@@ -148,6 +147,7 @@ struct QkNorm {
   float eps = 0.f;
 };
 
+// Device-resident per-step values read by the ops (written by the runtime before each step).
 struct StepState {
   int32_t* pos0 = nullptr;  // backend memory: absolute position of row 0 of the step
   // The same position when the host knows it for this step (prefill chunks, uncaptured decode);
