@@ -282,10 +282,7 @@ class Backend {
   // weights qk.q, qk.k: Qwen3's and Gemma 3's q/k norms); then rope(q, k) and kv_write(layer, k, v).
   virtual void rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s,
                              const QkNorm& qk = {}) {
-    if (qk.q) {
-      rms_norm(q.reshaped(p.head_dim), *qk.q, qk.eps, q.reshaped(p.head_dim));
-      rms_norm(k.reshaped(p.head_dim), *qk.k, qk.eps, k.reshaped(p.head_dim));
-    }
+    if (qk.q) qk_norm(q, k, p.head_dim, qk);
     rope(q, k, p, s);
     kv_write(layer, k, v, s);
   }
@@ -398,6 +395,12 @@ class Backend {
 
  protected:
   [[noreturn]] void unsupported(const char* op) const { fail(op, ": not supported on the ", name(), " backend"); }
+  // q and k normed per head in place: rms_norm of each head_dim slice with weights qk.q, qk.k.
+  void qk_norm(Act q, Act k, int head_dim, const QkNorm& qk) {
+    NF4FLASH_CHECK(qk.q && qk.k, "q/k norms: both weights are needed");
+    rms_norm(q.reshaped(head_dim), *qk.q, qk.eps, q.reshaped(head_dim));
+    rms_norm(k.reshaped(head_dim), *qk.k, qk.eps, k.reshaped(head_dim));
+  }
   int64_t kv_epoch_ = 0;  // incremented by every kv_allocate
   mutable int64_t scratch_epoch_ = 0;  // incremented whenever an op workspace is allocated again (const ops grow them too)
 };

@@ -77,16 +77,13 @@ void CudaBackend::kv_write(int layer, Act k, Act v, const StepState& s) {
 void CudaBackend::rope_kv_write(int layer, Act q, Act k, Act v, const RopeParams& p, const StepState& s,
                                 const QkNorm& qk) {
   RopeArgs r = rope_args(q, k, p, s);
-  if (qk.q) {
-    NF4FLASH_CHECK(qk.k, "rope_kv_write: a q norm without a k norm");
-    if (!cuda::rope_norm_fusable(p.head_dim)) {  // the norms as their own launches
-      rms_norm(q.reshaped(p.head_dim), *qk.q, qk.eps, q.reshaped(p.head_dim));
-      rms_norm(k.reshaped(p.head_dim), *qk.k, qk.eps, k.reshaped(p.head_dim));
-    } else {
-      r.q_norm = vec_f32(*qk.q, p.head_dim, "q norm weight");
-      r.k_norm = vec_f32(*qk.k, p.head_dim, "k norm weight");
-      r.norm_eps = qk.eps;
-    }
+  if (qk.q && !cuda::rope_norm_fusable(p.head_dim)) {
+    qk_norm(q, k, p.head_dim, qk);  // the norms as their own launches
+  } else if (qk.q) {
+    NF4FLASH_CHECK(qk.k, "q/k norms: both weights are needed");
+    r.q_norm = vec_f32(*qk.q, p.head_dim, "q norm weight");
+    r.k_norm = vec_f32(*qk.k, p.head_dim, "k norm weight");
+    r.norm_eps = qk.eps;
   }
   cuda::rope_kv_write(r, kv_write_args(layer, k, v, s), stream_);
 }

@@ -341,6 +341,13 @@ template <typename TK>
 __device__ __forceinline__ TK* rope_k_cache_row(const KvWriteArgs& kv, int h, int64_t slot) {
   return static_cast<TK*>(kv.k_cache) + (h * kv.capacity + slot) * kv.head_dim;
 }
+// Element j of token t's v row (kv head j / head_dim) into the v cache at slot.
+template <typename TA, typename TK>
+__device__ __forceinline__ void rope_v_store(const KvWriteArgs& kv, int64_t t, int j, int64_t slot) {
+  const int h = j / kv.head_dim, d = j - h * kv.head_dim;
+  static_cast<TK*>(kv.v_cache)[(h * kv.capacity + slot) * kv.head_dim + d] =
+      from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
+}
 // A rotated pair (d, d + half) of a q or k head, rounded to the compute dtype, into base; with
 // dst (a cached k row) also into the cache from the rounded values.
 template <typename TA, typename TK>
@@ -382,9 +389,7 @@ __global__ void rope_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
         rope_store_pair<TA, TK>(base, is_k && cached ? rope_k_cache_row<TK>(kv, h - r.n_q_heads, slot) : nullptr, d,
                                 half, rope_lo(x1, x2, cs, sn), rope_hi(x1, x2, cs, sn));
       } else if (cached) {
-        const int j = i - n_r, h = j / kv.head_dim, d = j - h * kv.head_dim;
-        static_cast<TK*>(kv.v_cache)[(h * kv.capacity + slot) * kv.head_dim + d] =
-            from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
+        rope_v_store<TA, TK>(kv, t, i - n_r, slot);
       }
     }
   }
@@ -437,11 +442,8 @@ __global__ void rope_norm_kv_kernel(const RopeArgs r, const KvWriteArgs kv) {
       }
     }
     if (cached)
-      for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_v; j += gridDim.x * blockDim.x) {
-        const int h = j / kv.head_dim, d = j - h * kv.head_dim;
-        static_cast<TK*>(kv.v_cache)[(h * kv.capacity + slot) * kv.head_dim + d] =
-            from_f32<TK>(to_f32<TA>(static_cast<const TA*>(kv.v)[t * kv.v_stride + j]));
-      }
+      for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_v; j += gridDim.x * blockDim.x)
+        rope_v_store<TA, TK>(kv, t, j, slot);
   }
 }
 
