@@ -33,14 +33,24 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
     while (a.wpu > 1 && a.m[0].KT < int64_t(a.wpu) * 4) a.wpu /= 2;
   const int64_t G = kMoeWarps / a.wpu, units = max_chunks * a.m[0].RT;
   if (units == 0) return;
-  // resident blocks: 256 threads of at most 128 registers leave 2 per SM
+  // resident blocks: 256 threads of at most 128 registers (and the one-row form's 64 KB table) leave 2 per SM
   const unsigned grid = unsigned(std::min<int64_t>((units + G - 1) / G, int64_t(device_sm_count()) * 2));
   NF4FLASH_DISPATCH_ACT(act, "moe_gemv", [&] {
     auto run = [&](auto kernel) { launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), 0, st, a); };
+    // the one-row form's per-lane code table: 64 KB of dynamic shared memory (opted in once)
+    auto run_one_row = [&](auto kernel) {
+      static const bool opted = [&] {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQ4LutBytes));
+        return true;
+      }();
+      (void)opted;
+      launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), size_t(kQ4LutBytes), st, a);
+    };
     auto by_op = [&](auto tag) {
       constexpr MoeKind K = decltype(tag)::value;
       if constexpr (K != MoeKind::Dense && !std::is_same_v<T, float>) {
-        if (one_row) return swiglu ? run(moe_gemv_kernel<T, K, true, 1>) : run(moe_gemv_kernel<T, K, false, 1>);
+        if (one_row)
+          return swiglu ? run_one_row(moe_gemv_kernel<T, K, true, 1>) : run_one_row(moe_gemv_kernel<T, K, false, 1>);
       }
       swiglu ? run(moe_gemv_kernel<T, K, true, kMoeChunk>) : run(moe_gemv_kernel<T, K, false, kMoeChunk>);
     };

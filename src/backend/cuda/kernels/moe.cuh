@@ -24,7 +24,10 @@
 //                       a row's 4 lanes (shuffles), then over the warps in shared memory. The
 //                       chunk form (CH = 8) decodes a tile once for all its pairs, one tile a warp
 //                       in flight; the one-row form (CH = 1: a decode step, 4-bit at bf16/f16)
-//                       decodes codes as it multiplies and keeps four tiles a warp in flight.
+//                       keeps four tiles a warp in flight and multiplies each on the tensor cores
+//                       as the decode GEMV does: its code words through the per-lane byte table
+//                       (gemv_q4.cuh, [256][64] words = 64 KB of dynamic shared memory) into
+//                       mma.m16n8k16 against x, codes rounded to the compute dtype.
 //   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
 //                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
 //                       slots in ascending expert order. Grid (ceil(cols / 256), T).
@@ -282,37 +285,38 @@ __device__ __forceinline__ void moe_tile_dot(const void* x, const int32_t* xrows
   }
 }
 
-// One pair (a decode step's row): acc[h] += scale[h] * (codes of row g + 8h . x) over this
-// lane's 16 columns of tile kt, the codes decoded as they are used (no register copy of the tile).
+// One pair (a decode step's row), 4-bit weights at bf16/f16: the lane's 4 code words through the
+// per-lane byte table (two codes a load) into one mma.m16n8k16 each against x's 16 columns
+// 64 kt + 16 t .. + 15 (every lane loads the pair's x row, so the 8 mma columns are alike), the
+// tile's sums of rows g, g + 8 (summed over the 64 columns in the mma) scaled by their absmax into
+// acc[0][0], acc[0][1]. The codes enter the mma rounded to the compute dtype, as in the decode GEMV.
 template <typename TA, MoeKind WK>
-__device__ __forceinline__ void moe_tile_dot1(const MoeRaw& raw, float offset, const float* s_code,
+__device__ __forceinline__ void moe_tile_mma1(const MoeRaw& raw, float offset, uint32_t lut_s, uint32_t lane_b,
                                               const float* s_nested, const void* x, int32_t xrow, int64_t cols,
                                               int64_t kt, float (&acc)[1][2]) {
   const int t = threadIdx.x & 3;
-  float xv[16];
-  moe_load16<TA>(static_cast<const TA*>(x) + int64_t(xrow) * cols + kt * 64 + 16 * t, true, 16, xv);
-  const uint32_t words[4] = {raw.wq.x, raw.wq.y, raw.wq.z, raw.wq.w};
-  float d[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // as moe_tile_decode lays the bytes out
-      const uint32_t b0 = (words[j] >> (8 * h)) & 0xffu, b1 = (words[j] >> (8 * (h + 2))) & 0xffu;
-      d[h] = fmaf(s_code[b0 >> 4], xv[4 * j + 0], d[h]);
-      d[h] = fmaf(s_code[b0 & 15], xv[4 * j + 1], d[h]);
-      d[h] = fmaf(s_code[b1 >> 4], xv[4 * j + 2], d[h]);
-      d[h] = fmaf(s_code[b1 & 15], xv[4 * j + 3], d[h]);
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    acc[0][h] = fmaf(d[h], q4_scale_decode<WK == MoeKind::Q4DoubleQuant>(raw.s[h], offset, s_nested), acc[0][h]);
-  }
+  const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const TA*>(x) + int64_t(xrow) * cols + kt * 64 + 16 * t);
+  const uint4 xa = __ldg(xp), xb = __ldg(xp + 1);
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  q4_tile_mma_prmt<TA>(lut_s, lane_b, raw.wq, xa, xb, d);
+  constexpr bool DQ = WK == MoeKind::Q4DoubleQuant;
+  acc[0][0] = fmaf(d[0], q4_scale_decode<DQ>(raw.s[0], offset, s_nested), acc[0][0]);
+  acc[0][1] = fmaf(d[2], q4_scale_decode<DQ>(raw.s[1], offset, s_nested), acc[0][1]);
 }
 
-// The 4 lanes of each row summed (shuffles), then written to red[warp][row][pair]; acc zeroed.
+// The 4 lanes of each row summed (shuffles), then written to red[warp][row][pair]; acc zeroed. CH = 1
+// (moe_tile_mma1): each lane already holds its rows' sums over the tile, lane t = 0 writes them.
 template <int CH>
 __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], float (&acc)[CH][2]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  if constexpr (CH == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (t == 0) red[warp][g + 8 * h][0] = acc[0][h];
+      acc[0][h] = 0.f;
+    }
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < CH; ++j)
 #pragma unroll
@@ -332,18 +336,27 @@ __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], flo
 // step's down products have, need more units in flight rather than more warps per unit.
 template <typename TA, MoeKind WK, bool SWIGLU, int CH>
 __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+  static_assert(CH != 1 || (WK != MoeKind::Dense && sizeof(TA) == 2), "the one-row form: 4-bit experts at bf16/f16");
   constexpr int B = CH == 1 ? 4 : 1;
+  extern __shared__ __align__(16) uint32_t lut[];  // CH = 1: [256][64] byte -> two codes (q4_fill_lut)
   __shared__ float red[SWIGLU ? 2 : 1][kMoeWarps][16][CH];
   __shared__ float s_code[16];
+  __shared__ uint32_t s_bits[16];
   __shared__ float s_nested[256];
   __shared__ int32_t s_rows[kMoeWarps][CH];
   const int tid = threadIdx.x, warp = tid >> 5, wpu = a.wpu, G = kMoeWarps / wpu;
   const int grp = warp / wpu, gw = warp - grp * wpu;  // the warp's unit in the block, its rank there
+  const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut)), lane_b = 4u * (tid & 31);
   pdl_trigger();
   const MoeMatArgs& m0 = a.m[0];
   if (tid < 16) s_code[tid] = m0.code[tid];
   if constexpr (WK == MoeKind::Q4DoubleQuant)
     for (int i = tid; i < 256; i += blockDim.x) s_nested[i] = m0.nested_code[i];
+  if constexpr (CH == 1) {  // the byte table (the unit loop's first barrier orders it before use)
+    if (tid < 16) s_bits[tid] = bits16<TA>(m0.code[tid]);
+    __syncthreads();
+    q4_fill_lut<64, kMoeWarps * 32>(lut, s_bits);
+  }
   const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
   pdl_wait();  // the routing (chunks, row_of) and x
   const int64_t units = int64_t(*a.n_chunks) * RT;
@@ -397,9 +410,9 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
             const int64_t kt = kt0 + int64_t(wpu) * b;
             if (kt >= KT) break;
             if constexpr (CH == 1) {
-              moe_tile_dot1<TA, WK>(r0[b], x0.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[0]);
+              moe_tile_mma1<TA, WK>(r0[b], x0.offset, lut_s, lane_b, s_nested, a.x, xrows[0], cols, kt, acc[0]);
               if constexpr (SWIGLU)
-                moe_tile_dot1<TA, WK>(r1[b], x1.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[1]);
+                moe_tile_mma1<TA, WK>(r1[b], x1.offset, lut_s, lane_b, s_nested, a.x, xrows[0], cols, kt, acc[1]);
             } else {
               float w[2][16], sc[2];
               moe_tile_decode<WK>(r0[b], x0.offset, s_code, s_nested, w, sc);
