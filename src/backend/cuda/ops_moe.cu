@@ -37,9 +37,10 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
   const unsigned grid = unsigned(std::min<int64_t>((units + G - 1) / G, int64_t(device_sm_count()) * 2));
   NF4FLASH_DISPATCH_ACT(act, "moe_gemv", [&] {
     auto run = [&](auto kernel) { launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), 0, st, a); };
-    // the one-row form's per-lane code table: 64 KB of dynamic shared memory (opted in once)
-    auto run_one_row = [&](auto kernel) {
-      static const bool opted = [&] {
+    // the one-row form's per-lane code table: 64 KB of dynamic shared memory (opted in once per kernel)
+    auto run_one_row = [&](auto tag) {
+      constexpr auto kernel = decltype(tag)::value;
+      static const bool opted = [] {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQ4LutBytes));
         return true;
       }();
@@ -50,7 +51,10 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
       constexpr MoeKind K = decltype(tag)::value;
       if constexpr (K != MoeKind::Dense && !std::is_same_v<T, float>) {
         if (one_row)
-          return swiglu ? run_one_row(moe_gemv_kernel<T, K, true, 1>) : run_one_row(moe_gemv_kernel<T, K, false, 1>);
+          return swiglu ? run_one_row(std::integral_constant<decltype(&moe_gemv_kernel<T, K, true, 1>),
+                                                             &moe_gemv_kernel<T, K, true, 1>>{})
+                        : run_one_row(std::integral_constant<decltype(&moe_gemv_kernel<T, K, false, 1>),
+                                                             &moe_gemv_kernel<T, K, false, 1>>{});
       }
       swiglu ? run(moe_gemv_kernel<T, K, true, kMoeChunk>) : run(moe_gemv_kernel<T, K, false, kMoeChunk>);
     };
