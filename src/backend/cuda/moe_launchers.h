@@ -47,6 +47,7 @@ struct MoeGemvArgs {
   const int32_t* n_chunks = nullptr;
   void* out = nullptr;                // [T*K, m[0].rows] by position
   int wpu = 8;                        // warps a unit (set by moe_gemv)
+  int one_row_chunks = 0;             // the one-row form: chunks (= K, set by moe_gemv)
 };
 struct MoeCombineArgs {
   const void* y = nullptr;              // [T*K, cols] by position

@@ -29,6 +29,7 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
   // warps a unit: the one-row form with few 64-column tiles a row takes fewer warps each, four
   // tiles a warp, and more units at a time; else all 8
   a.wpu = kMoeWarps;
+  a.one_row_chunks = int(max_chunks);  // one row: K experts, one pair each
   if (one_row)
     while (a.wpu > 1 && a.m[0].KT < int64_t(a.wpu) * 4) a.wpu /= 2;
   const int64_t G = kMoeWarps / a.wpu, units = max_chunks * a.m[0].RT;

@@ -359,24 +359,32 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
   }
   const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
   pdl_wait();  // the routing (chunks, row_of) and x
-  const int64_t units = int64_t(*a.n_chunks) * RT;
+  // CH = 1 (one row): chunk c is the c-th chosen expert's one pair, at position c; a.one_row_chunks = K
+  const int64_t units = int64_t(CH == 1 ? a.one_row_chunks : *a.n_chunks) * RT;
   float acc[2][CH][2] = {};
   // every warp runs the same iterations (the barriers); a group past the last unit idles
   for (int64_t u0 = int64_t(blockIdx.x) * G; u0 < units; u0 += int64_t(gridDim.x) * G) {
     const int64_t u = u0 + grp;
     const bool live = u < units;
     const int64_t c = live ? u / RT : 0, rt = live ? u - c * RT : 0;
-    const int e = live ? a.chunks[3 * c] : 0, q0 = live ? a.chunks[3 * c + 1] : 0;
-    const int n = live ? min(a.chunks[3 * c + 2], CH) : 0;
-    __syncthreads();  // s_code, s_nested written; the previous unit's s_rows and red read
-    if (gw == 0 && (tid & 31) < CH) {
-      const int j = tid & 31;
-      s_rows[grp][j] = j < n ? (a.row_of ? a.row_of[q0 + j] : q0 + j) : 0;
-    }
-    __syncthreads();
+    const int e = live ? a.chunks[3 * c] : 0;
+    int n = 0;
     int32_t xrows[CH];
+    __syncthreads();  // s_code, s_nested (and the table) written; the previous unit's s_rows and red read
+    if constexpr (CH == 1) {  // x row 0 (gate and up) or the pair's position c (down)
+      n = live ? 1 : 0;
+      xrows[0] = a.row_of ? 0 : int32_t(c);
+    } else {
+      const int q0 = live ? a.chunks[3 * c + 1] : 0;
+      n = live ? min(a.chunks[3 * c + 2], CH) : 0;
+      if (gw == 0 && (tid & 31) < CH) {
+        const int j = tid & 31;
+        s_rows[grp][j] = j < n ? (a.row_of ? a.row_of[q0 + j] : q0 + j) : 0;
+      }
+      __syncthreads();
 #pragma unroll
-    for (int j = 0; j < CH; ++j) xrows[j] = s_rows[grp][j];
+      for (int j = 0; j < CH; ++j) xrows[j] = s_rows[grp][j];
+    }
     if (live) {
       const MoeExpertW x0 = a.m[0].experts[e];
       MoeExpertW x1{};
@@ -433,9 +441,9 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
     if (tid < 16 * CH * G) {
       const int og = tid / (16 * CH), r = (tid / CH) % 16, j = tid % CH;
       const int64_t uo = u0 + og, co = uo / RT, row = (uo - co * RT) * 16 + r;
-      const int no = uo < units ? min(a.chunks[3 * co + 2], CH) : 0;
+      const int no = uo < units ? (CH == 1 ? 1 : min(a.chunks[3 * co + 2], CH)) : 0;
       if (j < no && row < rows) {
-        const int qo = a.chunks[3 * co + 1];
+        const int qo = CH == 1 ? int(co) : a.chunks[3 * co + 1];
         float y = 0.f;
         for (int w = og * wpu; w < (og + 1) * wpu; ++w) y += red[0][w][r][j];
         TA* out = static_cast<TA*>(a.out) + int64_t(qo + j) * rows + row;
