@@ -98,5 +98,24 @@ void moe_route(const MoeRouteArgs& a, cudaStream_t st);
 void moe_gemv(const MoeGemvArgs& a, MoeKind kind, bool swiglu, int64_t max_chunks, int max_pairs, DType act,
               cudaStream_t st);
 void moe_combine(const MoeCombineArgs& a, DType act, cudaStream_t st);
+// One row (a decode step): the K chosen experts' down products of h [K, I] (position k = the k-th
+// chosen expert, ids[k]) and their sum weighted by wts (+ the shared expert), into out [1, H].
+struct MoeDownCombineArgs {
+  MoeMatArgs m;                         // down of every expert: 4-bit, [H, I]
+  const void* x = nullptr;              // h [K, I], compute dtype
+  const int32_t* ids = nullptr;         // [K] ascending
+  const float* wts = nullptr;           // [K]
+  const void* shared = nullptr;         // [1, H] or null
+  const float* shared_logit = nullptr;  // [1]
+  void* out = nullptr;                  // [1, H]
+  int K = 0;
+};
+constexpr int kMoeDcWarps = 16;  // moe_down_combine_kernel's warps: at most one expert each
+// Whether moe_down_combine serves K experts a row stored as `kind` at compute dtype `act` (4-bit at
+// bf16/f16, K <= kMoeDcWarps).
+inline bool moe_down_combine_applies(MoeKind kind, DType act, int K) {
+  return kind != MoeKind::Dense && act != DType::F32 && K >= 1 && K <= kMoeDcWarps;
+}
+void moe_down_combine(const MoeDownCombineArgs& a, MoeKind kind, DType act, cudaStream_t st);
 
 }  // namespace nf4flash::cuda

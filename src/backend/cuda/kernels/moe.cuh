@@ -23,14 +23,15 @@
 //                       compute dtype) are read over the same (row, column) split. Sums reduced over
 //                       a row's 4 lanes (shuffles), then over the warps in shared memory. The
 //                       chunk form (CH = 8) decodes a tile once for all its pairs, one tile a warp
-//                       in flight; the one-row form (CH = 1: a decode step, 4-bit at bf16/f16)
-//                       keeps four tiles a warp in flight and multiplies each on the tensor cores
+//                       in flight; the one-row form (CH = 1: a decode step's SwiGLU, 4-bit at
+//                       bf16/f16; its down products: moe_down_combine.cuh) keeps four tiles a warp in flight and multiplies each on the tensor cores
 //                       as the decode GEMV does: its code words through the per-lane byte table
 //                       (gemv_q4.cuh, [256][64] words = 64 KB of dynamic shared memory) into
 //                       mma.m16n8k16 against x, codes rounded to the compute dtype.
 //   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
 //                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
-//                       slots in ascending expert order. Grid (ceil(cols / 256), T).
+//                       slots in ascending expert order. Grid (ceil(cols / 256), T). A decode
+//                       step (one row, 4-bit at bf16/f16) sums in moe_down_combine_kernel instead.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
@@ -315,18 +316,18 @@ __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], flo
       if (t == 0) red[warp][g + 8 * h][0] = acc[0][h];
       acc[0][h] = 0.f;
     }
-    return;
+  } else {
+#pragma unroll
+    for (int j = 0; j < CH; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v = acc[j][h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) red[warp][g + 8 * h][j] = v;
+        acc[j][h] = 0.f;
+      }
   }
-#pragma unroll
-  for (int j = 0; j < CH; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float v = acc[j][h];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if (t == 0) red[warp][g + 8 * h][j] = v;
-      acc[j][h] = 0.f;
-    }
 }
 
 // CH: the most pairs a chunk holds for this launch (1 when every row picks an expert once and
@@ -336,7 +337,8 @@ __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], flo
 // step's down products have, need more units in flight rather than more warps per unit.
 template <typename TA, MoeKind WK, bool SWIGLU, int CH>
 __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
-  static_assert(CH != 1 || (WK != MoeKind::Dense && sizeof(TA) == 2), "the one-row form: 4-bit experts at bf16/f16");
+  static_assert(CH != 1 || (WK != MoeKind::Dense && sizeof(TA) == 2 && SWIGLU),
+                "the one-row form: gate and up of 4-bit experts at bf16/f16");
   constexpr int B = CH == 1 ? 4 : 1;
   extern __shared__ __align__(16) uint32_t lut[];  // CH = 1: [256][64] byte -> two codes (q4_fill_lut)
   __shared__ float red[SWIGLU ? 2 : 1][kMoeWarps][16][CH];
@@ -371,9 +373,9 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
     int n = 0;
     int32_t xrows[CH];
     __syncthreads();  // s_code, s_nested (and the table) written; the previous unit's s_rows and red read
-    if constexpr (CH == 1) {  // x row 0 (gate and up) or the pair's position c (down)
+    if constexpr (CH == 1) {  // gate and up of the one row: x row 0
       n = live ? 1 : 0;
-      xrows[0] = a.row_of ? 0 : int32_t(c);
+      xrows[0] = 0;
     } else {
       const int q0 = live ? a.chunks[3 * c + 1] : 0;
       n = live ? min(a.chunks[3 * c + 2], CH) : 0;
