@@ -146,27 +146,6 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   gu.n_chunks = r.n_chunks;
   gu.out = at(L.h);
   moe_gemv(gu, set.gate.kind, true, max_chunks, max_pairs, act_, stream_);
-  if (T == 1 && moe_down_combine_applies(set.down.kind, act_, K)) {
-    // a decode step: the down products and the weighted sum in one launch
-    MoeDownCombineArgs dc;
-    dc.m = set.down.args;
-    dc.x = at(L.h);
-    dc.ids = r.ids;
-    dc.wts = r.wts;
-    dc.shared = shared.data;
-    dc.shared_logit = static_cast<const float*>(shared_logit.data);
-    dc.out = out.data;
-    dc.K = K;
-    return moe_down_combine(dc, set.down.kind, act_, stream_);
-  }
-  MoeGemvArgs dn;
-  dn.m[0] = set.down.args;
-  dn.x = at(L.h);
-  dn.chunks = r.chunks;
-  dn.n_chunks = r.n_chunks;
-  dn.out = at(L.y);
-  moe_gemv(dn, set.down.kind, false, max_chunks, max_pairs, act_, stream_);
-
   MoeCombineArgs c;
   c.y = at(L.y);
   c.wts = r.wts;
@@ -177,6 +156,22 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   c.cols = H;
   c.T = int(T);
   c.K = K;
+  if (T == 1 && moe_down_combine_applies(set.down.kind, act_, K)) {
+    // a decode step: the down products and the weighted sum in one launch
+    MoeDownCombineArgs dc;
+    dc.m = set.down.args;
+    dc.x = at(L.h);
+    dc.ids = r.ids;
+    dc.sum = c;
+    return moe_down_combine(dc, set.down.kind, act_, stream_);
+  }
+  MoeGemvArgs dn;
+  dn.m[0] = set.down.args;
+  dn.x = at(L.h);
+  dn.chunks = r.chunks;
+  dn.n_chunks = r.n_chunks;
+  dn.out = at(L.y);
+  moe_gemv(dn, set.down.kind, false, max_chunks, max_pairs, act_, stream_);
   moe_combine(c, act_, stream_);
 }
 

@@ -99,16 +99,13 @@ void moe_gemv(const MoeGemvArgs& a, MoeKind kind, bool swiglu, int64_t max_chunk
               cudaStream_t st);
 void moe_combine(const MoeCombineArgs& a, DType act, cudaStream_t st);
 // One row (a decode step): the K chosen experts' down products of h [K, I] (position k = the k-th
-// chosen expert, ids[k]) and their sum weighted by wts (+ the shared expert), into out [1, H].
+// chosen expert, ids[k]) and their weighted sum as moe_combine takes it (sum: wts, the shared
+// expert, out and K; its y, pos_of and cols unused), into out [1, H].
 struct MoeDownCombineArgs {
-  MoeMatArgs m;                         // down of every expert: 4-bit, [H, I]
-  const void* x = nullptr;              // h [K, I], compute dtype
-  const int32_t* ids = nullptr;         // [K] ascending
-  const float* wts = nullptr;           // [K]
-  const void* shared = nullptr;         // [1, H] or null
-  const float* shared_logit = nullptr;  // [1]
-  void* out = nullptr;                  // [1, H]
-  int K = 0;
+  MoeMatArgs m;                  // down of every expert: 4-bit, [H, I]
+  const void* x = nullptr;       // h [K, I], compute dtype
+  const int32_t* ids = nullptr;  // [K] ascending
+  MoeCombineArgs sum;
 };
 constexpr int kMoeDcWarps = 16;  // moe_down_combine_kernel's warps: at most one expert each
 // Whether moe_down_combine serves K experts a row stored as `kind` at compute dtype `act` (4-bit at

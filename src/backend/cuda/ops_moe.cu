@@ -76,8 +76,8 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
 }
 
 void moe_down_combine(const MoeDownCombineArgs& a, MoeKind kind, DType act, cudaStream_t st) {
-  NF4FLASH_CHECK(moe_down_combine_applies(kind, act, a.K), "moe_down_combine: 4-bit experts at bf16/f16, 1 to ",
-                 kMoeDcWarps, " a row (", a.K, " given)");
+  NF4FLASH_CHECK(moe_down_combine_applies(kind, act, a.sum.K), "moe_down_combine: 4-bit experts at bf16/f16, 1 to ",
+                 kMoeDcWarps, " a row (", a.sum.K, " given)");
   if (a.m.RT == 0) return;
   // one block of 16 warps a multiprocessor (up to 128 registers a thread); row tiles spread over them
   const unsigned grid = unsigned(std::min<int64_t>(a.m.RT, device_sm_count()));

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut)), lane_b = 4u * lane;
   const MoeMatArgs& m = a.m;
-  const int K = a.K, NW = W / K;
+  const int K = a.sum.K, NW = W / K;
   const int k = warp % K, j = warp / K;  // this warp's expert and its rank among the expert's NW warps
   const bool active = warp < K * NW;
   const int64_t RT = m.RT, KT = m.KT, rows = m.rows, cols = m.cols;
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
   pdl_wait();  // the routing (ids, wts) and h
   if (tid < K) {
     s_e[tid] = a.ids[tid];
-    s_w[tid] = a.wts[tid];
+    s_w[tid] = a.sum.wts[tid];
   }
   __syncthreads();  // the table and the routing
   const MoeExpertW x = active ? m.experts[s_e[k]] : MoeExpertW{};
@@ -80,11 +80,11 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
           for (int jj = 0; jj < NW; ++jj) y += red[jj * K + kk][tid];
           s = fmaf(s_w[kk], to_f32<TA>(from_f32<TA>(y)), s);
         }
-        if (a.shared) {
-          const float gl = a.shared_logit[0];
-          s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.shared)[row]), s);
+        if (a.sum.shared) {
+          const float gl = a.sum.shared_logit[0];
+          s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.sum.shared)[row]), s);
         }
-        static_cast<TA*>(a.out)[row] = from_f32<TA>(s);
+        static_cast<TA*>(a.sum.out)[row] = from_f32<TA>(s);
       }
     }
     __syncthreads();  // red read before the next row tile's writes
