@@ -99,7 +99,7 @@ size_t CudaBackend::moe_scratch_bytes(const ExpertSet& s, int64_t rows, int top_
 }
 
 void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, bool norm_topk, Act shared,
-                              Act shared_logit, void* scratch, Act out) {
+                              Act shared_logit, void* scratch, Act out, bool residual) {
   const CudaExpertSet& set = expert_set(s);
   const int64_t T = x.rows, H = set.down.args.rows, I = set.gate.args.rows;
   const int E = set.n_experts, K = top_k;
@@ -156,6 +156,7 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   c.cols = H;
   c.T = int(T);
   c.K = K;
+  c.residual = residual ? 1 : 0;
   if (T == 1 && moe_down_combine_applies(set.down.kind, act_, K)) {
     // a decode step: the down products and the weighted sum in one launch
     MoeDownCombineArgs dc;

@@ -58,6 +58,7 @@ struct MoeCombineArgs {
   void* out = nullptr;                  // [T, cols]
   int64_t cols = 0;
   int T = 0, K = 0;
+  int residual = 0;                     // out += the sum (rounded first, as add() adds)
 };
 
 // Chunks of <= 8 pairs of one expert that T*K pairs over E experts can need at most.

@@ -30,8 +30,9 @@
 //                       mma.m16n8k16 against x, codes rounded to the compute dtype.
 //   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
 //                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
-//                       slots in ascending expert order. Grid (ceil(cols / 256), T). A decode
-//                       step (one row, 4-bit at bf16/f16) sums in moe_down_combine_kernel instead.
+//                       slots in ascending expert order (residual: out += that, rounded first).
+//                       Grid (ceil(cols / 256), T). A decode step (one row, 4-bit at bf16/f16)
+//                       sums in moe_down_combine_kernel instead.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
@@ -462,6 +463,12 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
   }
 }
 
+// A weighted sum s into *o, rounded to the compute dtype; residual: *o + that, as add() adds.
+template <typename TA>
+__device__ __forceinline__ void moe_store_sum(TA* o, float s, int residual) {
+  *o = residual ? from_f32<TA>(to_f32<TA>(*o) + to_f32<TA>(from_f32<TA>(s))) : from_f32<TA>(s);
+}
+
 template <typename TA>
 __global__ void moe_combine_kernel(const MoeCombineArgs a) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
@@ -477,7 +484,7 @@ __global__ void moe_combine_kernel(const MoeCombineArgs a) {
     const float gl = a.shared_logit[t];
     s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.shared)[t * a.cols + c]), s);
   }
-  static_cast<TA*>(a.out)[t * a.cols + c] = from_f32<TA>(s);
+  moe_store_sum<TA>(static_cast<TA*>(a.out) + t * a.cols + c, s, a.residual);
 }
 
 }  // namespace nf4flash::cuda

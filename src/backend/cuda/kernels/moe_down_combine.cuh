@@ -4,6 +4,7 @@
 //   y_k[r]  = round(h[k] . down_{e_k}[r])                  k < K: the k-th chosen expert e_k (ascending),
 //                                                           h [K, I] its SwiGLU row (position k)
 //   out[r]  = round(sum_k wts[k] * y_k[r] (+ sigmoid(shared_logit) * shared[r]))     r < H, k ascending
+//             (residual: out[r] = round(out[r] + that), add()'s arithmetic)
 //
 // f32 accumulation, y_k rounded to the compute dtype before the sum (the two kernels' arithmetic;
 // the down products' summation order over 64-column tiles differs from moe_gemv_kernel's). Block b
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
           const float gl = a.sum.shared_logit[0];
           s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.sum.shared)[row]), s);
         }
-        static_cast<TA*>(a.sum.out)[row] = from_f32<TA>(s);
+        moe_store_sum<TA>(static_cast<TA*>(a.sum.out) + row, s, a.sum.residual);
       }
     }
     __syncthreads();  // red read before the next row tile's writes
