@@ -133,7 +133,9 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   r.row_of = reinterpret_cast<int32_t*>(at(L.row_of));
   r.chunks = reinterpret_cast<int32_t*>(at(L.chunks));
   r.n_chunks = reinterpret_cast<int32_t*>(at(L.n_chunks));
-  moe_route(r, stream_);
+  // a decode step of up to 128 experts routes in the gate/up launch (ids and wts for down+combine)
+  const bool fold = moe_route_folds(T, set.gate.kind, set.down.kind, act_, K, E);
+  if (!fold) moe_route(r, stream_);
 
   const int64_t max_chunks = moe_max_chunks(T, K, E);
   const int max_pairs = T == 1 ? 1 : kMoeChunk;  // one row picks each expert once
@@ -145,6 +147,13 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   gu.chunks = r.chunks;
   gu.n_chunks = r.n_chunks;
   gu.out = at(L.h);
+  if (fold) {
+    gu.logits = r.logits;
+    gu.E = E;
+    gu.norm = r.norm;
+    gu.ids = r.ids;
+    gu.wts = r.wts;
+  }
   moe_gemv(gu, set.gate.kind, true, max_chunks, max_pairs, act_, stream_);
   MoeCombineArgs c;
   c.y = at(L.y);
@@ -157,7 +166,7 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   c.T = int(T);
   c.K = K;
   c.residual = residual ? 1 : 0;
-  if (T == 1 && moe_down_combine_applies(set.down.kind, act_, K)) {
+  if (fold || (T == 1 && moe_down_combine_applies(set.down.kind, act_, K))) {
     // a decode step: the down products and the weighted sum in one launch
     MoeDownCombineArgs dc;
     dc.m = set.down.args;

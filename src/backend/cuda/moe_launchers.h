@@ -10,6 +10,8 @@
 namespace nf4flash::cuda {
 
 constexpr int kMoeMaxExperts = 512, kMoeMaxTopK = 16;
+// A decode step of at most this many experts routes inside the gate/up launch (moe_route_folds).
+constexpr int kMoeFoldMaxExperts = 128;
 // The routed pairs of one expert are cut into chunks of at most kMoeChunk (one unit of the GEMV).
 constexpr int kMoeChunk = 8;
 
@@ -48,6 +50,12 @@ struct MoeGemvArgs {
   void* out = nullptr;                // [T*K, m[0].rows] by position
   int wpu = 8;                        // warps a unit (set by moe_gemv)
   int one_row_chunks = 0;             // the one-row form: chunks (= K, set by moe_gemv)
+  // The one-row form with logits: each block routes the row itself as moe_route does (E <=
+  // kMoeFoldMaxExperts, norm as MoeRouteArgs::norm), block 0 stores ids and wts; chunks unused.
+  const float* logits = nullptr;      // [1, E] f32
+  int E = 0, norm = 0;
+  int32_t* ids = nullptr;             // [K]
+  float* wts = nullptr;               // [K]
 };
 struct MoeCombineArgs {
   const void* y = nullptr;              // [T*K, cols] by position
@@ -115,5 +123,11 @@ inline bool moe_down_combine_applies(MoeKind kind, DType act, int K) {
   return kind != MoeKind::Dense && act != DType::F32 && K >= 1 && K <= kMoeDcWarps;
 }
 void moe_down_combine(const MoeDownCombineArgs& a, MoeKind kind, DType act, cudaStream_t st);
+// Whether a step of T rows routes inside the one-row gate/up launch (MoeGemvArgs::logits) rather
+// than in moe_route: one row, 4-bit gate/up (the one-row form) and down products that go through
+// moe_down_combine (which reads only ids and wts), E <= kMoeFoldMaxExperts.
+inline bool moe_route_folds(int64_t T, MoeKind gate_up, MoeKind down, DType act, int K, int E) {
+  return T == 1 && gate_up != MoeKind::Dense && moe_down_combine_applies(down, act, K) && E <= kMoeFoldMaxExperts;
+}
 
 }  // namespace nf4flash::cuda

@@ -39,6 +39,9 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
   // down products go through moe_down_combine); dense experts, f32 compute and down products
   // otherwise take the chunk form for one row too (the same arithmetic, fewer kernels to build)
   const bool one_row = swiglu && max_pairs == 1 && kind != MoeKind::Dense && act != DType::F32;
+  NF4FLASH_CHECK(!a.logits || (one_row && a.E >= 1 && a.E <= kMoeFoldMaxExperts && max_chunks <= kMoeMaxTopK),
+                 "moe_gemv: routing inside the launch serves one row of 4-bit gate/up at bf16/f16 and 1 to ",
+                 kMoeFoldMaxExperts, " experts");
   // warps a unit: the one-row form with few 64-column tiles a row takes fewer warps each, four
   // tiles a warp, and more units at a time; else all 8
   a.wpu = kMoeWarps;

@@ -27,7 +27,10 @@
 //                       bf16/f16; its down products: moe_down_combine.cuh) keeps four tiles a warp in flight and multiplies each on the tensor cores
 //                       as the decode GEMV does: its code words through the per-lane byte table
 //                       (gemv_q4.cuh, [256][64] words = 64 KB of dynamic shared memory) into
-//                       mma.m16n8k16 against x, codes rounded to the compute dtype.
+//                       mma.m16n8k16 against x, codes rounded to the compute dtype. With logits
+//                       (a decode step of <= 128 experts) each block of the one-row form routes
+//                       the row itself (moe_select_row, moe_route_kernel's arithmetic) and block 0
+//                       stores ids and wts for the down products: no routing launch.
 //   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
 //                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
 //                       slots in ascending expert order (residual: out += that, rounded first).
@@ -41,91 +44,99 @@
 namespace nf4flash::cuda {
 
 constexpr int kMoeWarps = 8, kMoeRouteWarps = 16;
+// Experts a lane holds where the one-row moe_gemv_kernel routes its row itself (E <= 32 of them).
+constexpr int kMoeFoldLanes = kMoeFoldMaxExperts / 32;
+
+// One warp routes one row: logits l [E] f32 -> the K largest p = softmax(l) (ties: the lower
+// index), renormalized over the K when norm (summed in the order chosen), handed to slot(k, e, w)
+// by ascending expert e (slot k = the number of chosen experts below e); the lane holding e calls it.
+// LE: experts a lane holds (expert lane + 32 i, i < LE), E <= 32 LE; a larger LE than E needs adds
+// only zeros and unselectable keys, so every LE that covers E routes alike.
+template <int LE, typename Slot>
+__device__ __forceinline__ void moe_select_row(const float* l, int E, int K, int norm_topk, Slot&& slot) {
+  static_assert(LE >= 1 && LE <= 32, "moe_select_row: a lane's chosen-expert mask is 32 bits");
+  const int lane = threadIdx.x & 31;
+  float v[LE];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < LE; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+  mx = warp_max(mx);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < LE; ++i) {
+    v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+    s += v[i];
+  }
+  s = warp_sum(s);
+#pragma unroll
+  for (int i = 0; i < LE; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
+  // Selection keys: p's bits + 1 (p >= 0 orders as unsigned), 0 = not selectable (e >= E, NaN,
+  // chosen). A round takes the largest key (warp max) and, among its holders, the lowest expert
+  // (warp min); with no key left (NaN logits) the lowest expert not chosen yet, p = 0.
+  uint32_t chosen = 0;  // bit i: expert lane + 32 i is selected, its p in v[i]
+  float norm = 0.f;
+  for (int k = 0; k < K; ++k) {
+    uint32_t bk = 0;
+    int bi = 0;
+#pragma unroll
+    for (int i = 0; i < LE; ++i) {
+      const uint32_t key = !((chosen >> i) & 1u) && v[i] >= 0.f ? __float_as_uint(v[i]) + 1u : 0u;
+      if (key > bk) {  // ascending e within the lane: the first of equal keys wins
+        bk = key;
+        bi = i;
+      }
+    }
+    const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
+    uint32_t cand = bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu;
+    if (!m) {  // warp-uniform: no key left, the lane's lowest expert not chosen yet
+      cand = 0xffffffffu;
+#pragma unroll
+      for (int i = LE - 1; i >= 0; --i)
+        if (!((chosen >> i) & 1u) && lane + 32 * i < E) cand = uint32_t(lane + 32 * i);
+    }
+    const int be = int(__reduce_min_sync(0xffffffffu, cand));
+    const float bp = m ? __uint_as_float(m - 1u) : 0.f;
+    norm += bp;
+#pragma unroll
+    for (int i = 0; i < LE; ++i)
+      if (lane + 32 * i == be) {
+        v[i] = bp;
+        chosen |= 1u << i;
+      }
+  }
+  if (!norm_topk) norm = 1.f;
+  const uint32_t below_lane = (1u << lane) - 1u;
+  int before = 0;
+#pragma unroll
+  for (int i = 0; i < LE; ++i) {
+    const bool mine = (chosen >> i) & 1u;
+    const uint32_t mk = __ballot_sync(0xffffffffu, mine);
+    if (mine) slot(before + __popc(mk & below_lane), lane + 32 * i, v[i] / norm);
+    before += __popc(mk);
+  }
+}
 
 // LE: experts a lane holds (expert lane + 32 i, i < LE): E <= 32 LE. The launcher takes the
 // smallest of 1, 4, 8, 16 that covers E, so the per-lane loops of each selection round and of the
 // grouping run over no more slots than the experts need.
 template <int LE>
 __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const MoeRouteArgs a) {
-  static_assert(LE >= 1 && LE <= 32, "moe_route_kernel: a lane's chosen-expert mask is 32 bits");
   __shared__ int cnt[kMoeMaxExperts], first[kMoeMaxExperts], cur[kMoeMaxExperts], cbase[kMoeMaxExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E, K = a.K;
   pdl_trigger();
   for (int e = tid; e < E; e += blockDim.x) cnt[e] = cur[e] = 0;
   pdl_wait();  // the router's logits; the previous step's readers of the routing arrays are done
   __syncthreads();
-  for (int t = warp; t < a.T; t += blockDim.x / 32) {
-    const float* l = a.logits + int64_t(t) * E;
-    float v[LE];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < LE; ++i) {
-      const int e = lane + 32 * i;
-      v[i] = e < E ? l[e] : -INFINITY;
-      mx = fmaxf(mx, v[i]);
-    }
-    mx = warp_max(mx);
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < LE; ++i) {
-      v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
-      s += v[i];
-    }
-    s = warp_sum(s);
-#pragma unroll
-    for (int i = 0; i < LE; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
-    // Selection keys: p's bits + 1 (p >= 0 orders as unsigned), 0 = not selectable (e >= E, NaN,
-    // chosen). A round takes the largest key (warp max) and, among its holders, the lowest expert
-    // (warp min); with no key left (NaN logits) the lowest expert not chosen yet, p = 0.
-    uint32_t chosen = 0;  // bit i: expert lane + 32 i is selected, its p in v[i]
-    float norm = 0.f;
-    for (int k = 0; k < K; ++k) {
-      uint32_t bk = 0;
-      int bi = 0;
-#pragma unroll
-      for (int i = 0; i < LE; ++i) {
-        const uint32_t key = !((chosen >> i) & 1u) && v[i] >= 0.f ? __float_as_uint(v[i]) + 1u : 0u;
-        if (key > bk) {  // ascending e within the lane: the first of equal keys wins
-          bk = key;
-          bi = i;
-        }
-      }
-      const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
-      uint32_t cand = bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu;
-      if (!m) {  // warp-uniform: no key left, the lane's lowest expert not chosen yet
-        cand = 0xffffffffu;
-#pragma unroll
-        for (int i = LE - 1; i >= 0; --i)
-          if (!((chosen >> i) & 1u) && lane + 32 * i < E) cand = uint32_t(lane + 32 * i);
-      }
-      const int be = int(__reduce_min_sync(0xffffffffu, cand));
-      const float bp = m ? __uint_as_float(m - 1u) : 0.f;
-      norm += bp;
-#pragma unroll
-      for (int i = 0; i < LE; ++i)
-        if (lane + 32 * i == be) {
-          v[i] = bp;
-          chosen |= 1u << i;
-        }
-    }
-    if (!a.norm) norm = 1.f;
-    // slots by ascending expert (the order the outputs are summed in): a chosen expert's slot is
-    // the number of chosen experts below it
-    const uint32_t below_lane = (1u << lane) - 1u;
-    int before = 0;
-#pragma unroll
-    for (int i = 0; i < LE; ++i) {
-      const bool mine = (chosen >> i) & 1u;
-      const uint32_t mk = __ballot_sync(0xffffffffu, mine);
-      if (mine) {
-        const int slot = t * K + before + __popc(mk & below_lane), e = lane + 32 * i;
-        a.ids[slot] = e;
-        a.wts[slot] = v[i] / norm;
-        atomicAdd(&cnt[e], 1);
-      }
-      before += __popc(mk);
-    }
-  }
+  for (int t = warp; t < a.T; t += blockDim.x / 32)
+    moe_select_row<LE>(a.logits + int64_t(t) * E, E, K, a.norm, [&](int k, int e, float w) {
+      a.ids[t * K + k] = e;
+      a.wts[t * K + k] = w;
+      atomicAdd(&cnt[e], 1);
+    });
   __syncthreads();
   if (warp == 0) {  // exclusive prefix sums of the pairs and chunks per expert: lane l owns experts
     // [l * LE, (l + 1) * LE)
@@ -347,6 +358,7 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
   __shared__ uint32_t s_bits[16];
   __shared__ float s_nested[256];
   __shared__ int32_t s_rows[kMoeWarps][CH];
+  __shared__ int32_t s_ids[kMoeMaxTopK];  // CH = 1: the chosen experts, ascending
   const int tid = threadIdx.x, warp = tid >> 5, wpu = a.wpu, G = kMoeWarps / wpu;
   const int grp = warp / wpu, gw = warp - grp * wpu;  // the warp's unit in the block, its rank there
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut)), lane_b = 4u * (tid & 31);
@@ -361,8 +373,22 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
     q4_fill_lut<64, kMoeWarps * 32>(lut, s_bits);
   }
   const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
-  pdl_wait();  // the routing (chunks, row_of) and x
+  pdl_wait();  // the routing (chunks, row_of) or the router's logits, and x
   // CH = 1 (one row): chunk c is the c-th chosen expert's one pair, at position c; a.one_row_chunks = K
+  if constexpr (CH == 1) {  // the unit loop's first barrier orders s_ids before use
+    if (a.logits) {         // the block routes the row itself; block 0 stores ids and wts
+      if (warp == 0)
+        moe_select_row<kMoeFoldLanes>(a.logits, a.E, a.one_row_chunks, a.norm, [&](int k, int e, float w) {
+          s_ids[k] = e;
+          if (blockIdx.x == 0) {
+            a.ids[k] = e;
+            a.wts[k] = w;
+          }
+        });
+    } else if (tid < a.one_row_chunks) {
+      s_ids[tid] = a.chunks[3 * tid];
+    }
+  }
   const int64_t units = int64_t(CH == 1 ? a.one_row_chunks : *a.n_chunks) * RT;
   float acc[2][CH][2] = {};
   // every warp runs the same iterations (the barriers); a group past the last unit idles
@@ -370,14 +396,15 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
     const int64_t u = u0 + grp;
     const bool live = u < units;
     const int64_t c = live ? u / RT : 0, rt = live ? u - c * RT : 0;
-    const int e = live ? a.chunks[3 * c] : 0;
-    int n = 0;
+    int e = 0, n = 0;
     int32_t xrows[CH];
-    __syncthreads();  // s_code, s_nested (and the table) written; the previous unit's s_rows and red read
+    __syncthreads();  // s_code, s_nested, s_ids (and the table) written; the previous unit's s_rows and red read
     if constexpr (CH == 1) {  // gate and up of the one row: x row 0
+      e = live ? s_ids[c] : 0;
       n = live ? 1 : 0;
       xrows[0] = 0;
     } else {
+      e = live ? a.chunks[3 * c] : 0;
       const int q0 = live ? a.chunks[3 * c + 1] : 0;
       n = live ? min(a.chunks[3 * c + 2], CH) : 0;
       if (gw == 0 && (tid & 31) < CH) {
