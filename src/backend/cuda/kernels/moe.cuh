@@ -44,7 +44,7 @@
 namespace nf4flash::cuda {
 
 constexpr int kMoeWarps = 8, kMoeRouteWarps = 16;
-// Experts a lane holds where the one-row moe_gemv_kernel routes its row itself (E <= 32 of them).
+// Experts a lane holds where the one-row moe_gemv_kernel routes its row itself (E <= 128: four).
 constexpr int kMoeFoldLanes = kMoeFoldMaxExperts / 32;
 
 // One warp routes one row: logits l [E] f32 -> the K largest p = softmax(l) (ties: the lower
