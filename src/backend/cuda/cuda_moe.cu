@@ -134,7 +134,7 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   r.chunks = reinterpret_cast<int32_t*>(at(L.chunks));
   r.n_chunks = reinterpret_cast<int32_t*>(at(L.n_chunks));
   // a decode step of up to 128 experts routes in the gate/up launch (ids and wts for down+combine)
-  const bool fold = moe_route_folds(T, set.gate.kind, set.down.kind, act_, K, E);
+  const bool fold = moe_route_folds(T, set.gate.kind, set.down.kind, act_, set.gate.args.cols, K, E);
   if (!fold) moe_route(r, stream_);
 
   const int64_t max_chunks = moe_max_chunks(T, K, E);

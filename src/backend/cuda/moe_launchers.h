@@ -123,11 +123,18 @@ inline bool moe_down_combine_applies(MoeKind kind, DType act, int K) {
   return kind != MoeKind::Dense && act != DType::F32 && K >= 1 && K <= kMoeDcWarps;
 }
 void moe_down_combine(const MoeDownCombineArgs& a, MoeKind kind, DType act, cudaStream_t st);
+// The one-row form of moe_gemv (a decode step's gate and up): 4-bit experts at bf16/f16 with x
+// rows of at most kMoeOneRowMaxCols values (staged in shared memory beside the code table).
+constexpr int64_t kMoeOneRowMaxCols = 16384;
+inline bool moe_one_row_applies(MoeKind gate_up, DType act, int64_t cols) {
+  return gate_up != MoeKind::Dense && act != DType::F32 && cols <= kMoeOneRowMaxCols;
+}
 // Whether a step of T rows routes inside the one-row gate/up launch (MoeGemvArgs::logits) rather
-// than in moe_route: one row, 4-bit gate/up (the one-row form) and down products that go through
-// moe_down_combine (which reads only ids and wts), E <= kMoeFoldMaxExperts.
-inline bool moe_route_folds(int64_t T, MoeKind gate_up, MoeKind down, DType act, int K, int E) {
-  return T == 1 && gate_up != MoeKind::Dense && moe_down_combine_applies(down, act, K) && E <= kMoeFoldMaxExperts;
+// than in moe_route: one row through the one-row form, down products through moe_down_combine
+// (which reads only ids and wts), E <= kMoeFoldMaxExperts.
+inline bool moe_route_folds(int64_t T, MoeKind gate_up, MoeKind down, DType act, int64_t hidden, int K, int E) {
+  return T == 1 && moe_one_row_applies(gate_up, act, hidden) && moe_down_combine_applies(down, act, K) &&
+         E <= kMoeFoldMaxExperts;
 }
 
 }  // namespace nf4flash::cuda

@@ -7,11 +7,12 @@
 namespace nf4flash::cuda {
 
 namespace {
-// Opts Kernel into the per-lane code table's 64 KB of dynamic shared memory, once.
-template <auto Kernel>
+// Opts Kernel into Bytes of dynamic shared memory (the per-lane code table's 64 KB and what
+// follows it), once.
+template <auto Kernel, int Bytes = kQ4LutBytes>
 void opt_in_lut() {
   static const bool opted = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kQ4LutBytes));
+    CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
     return true;
   }();
   (void)opted;
@@ -38,7 +39,7 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
   // the one-row form (CH = 1) serves a decode step's gate and up of 4-bit experts at bf16/f16 (its
   // down products go through moe_down_combine); dense experts, f32 compute and down products
   // otherwise take the chunk form for one row too (the same arithmetic, fewer kernels to build)
-  const bool one_row = swiglu && max_pairs == 1 && kind != MoeKind::Dense && act != DType::F32;
+  const bool one_row = swiglu && max_pairs == 1 && moe_one_row_applies(kind, act, a.m[0].cols);
   NF4FLASH_CHECK(!a.logits || (one_row && a.E >= 1 && a.E <= kMoeFoldMaxExperts && max_chunks <= kMoeMaxTopK),
                  "moe_gemv: routing inside the launch serves one row of 4-bit gate/up at bf16/f16 and 1 to ",
                  kMoeFoldMaxExperts, " experts");
@@ -50,15 +51,17 @@ void moe_gemv(const MoeGemvArgs& args, MoeKind kind, bool swiglu, int64_t max_ch
     while (a.wpu > 1 && a.m[0].KT < int64_t(a.wpu) * 4) a.wpu /= 2;
   const int64_t G = kMoeWarps / a.wpu, units = max_chunks * a.m[0].RT;
   if (units == 0) return;
-  // resident blocks: 256 threads of at most 128 registers (and the one-row form's 64 KB table) leave 2 per SM
+  // resident blocks: 256 threads of at most 128 registers (and the one-row form's table and x row, 66-98 KB) leave 2 per SM
   const unsigned grid = unsigned(std::min<int64_t>((units + G - 1) / G, int64_t(device_sm_count()) * 2));
   NF4FLASH_DISPATCH_ACT(act, "moe_gemv", [&] {
     auto run = [&](auto kernel) { launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), 0, st, a); };
-    // the one-row form's per-lane code table: 64 KB of dynamic shared memory (opted in once per kernel)
+    // the one-row form's per-lane code table (64 KB) and x row in dynamic shared memory (opted in
+    // once per kernel for the largest x row)
     auto run_one_row = [&](auto tag) {
       constexpr auto kernel = decltype(tag)::value;
-      opt_in_lut<kernel>();
-      launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), size_t(kQ4LutBytes), st, a);
+      constexpr int max_bytes = kQ4LutBytes + int(kMoeOneRowMaxCols) * int(sizeof(T));
+      opt_in_lut<kernel, max_bytes>();
+      launch_k(kernel, dim3(grid), dim3(kMoeWarps * 32), size_t(kQ4LutBytes) + size_t(a.m[0].cols) * sizeof(T), st, a);
     };
     auto by_op = [&](auto tag) {
       constexpr MoeKind K = decltype(tag)::value;

@@ -27,7 +27,8 @@
 //                       bf16/f16; its down products: moe_down_combine.cuh) keeps four tiles a warp in flight and multiplies each on the tensor cores
 //                       as the decode GEMV does: its code words through the per-lane byte table
 //                       (gemv_q4.cuh, [256][64] words = 64 KB of dynamic shared memory) into
-//                       mma.m16n8k16 against x, codes rounded to the compute dtype. With logits
+//                       mma.m16n8k16 against x (the row staged in shared memory after the table,
+//                       cols <= kMoeOneRowMaxCols), codes rounded to the compute dtype. With logits
 //                       (a decode step of <= 128 experts) each block of the one-row form routes
 //                       the row itself (moe_select_row, moe_route_kernel's arithmetic) and block 0
 //                       stores ids and wts for the down products: no routing launch.
@@ -298,18 +299,23 @@ __device__ __forceinline__ void moe_tile_dot(const void* x, const int32_t* xrows
   }
 }
 
+// The lane's 16 x values of tile kt (columns 64 kt + 16 t .. + 15 of row xrow) as two 16-byte words.
+template <typename TA>
+__device__ __forceinline__ void moe_x16(const TA* x, int32_t xrow, int64_t cols, int64_t kt, uint4& xa, uint4& xb) {
+  const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(xrow) * cols + kt * 64 + 16 * (threadIdx.x & 3));
+  xa = __ldg(xp);
+  xb = __ldg(xp + 1);
+}
+
 // One pair (a decode step's row), 4-bit weights at bf16/f16: the lane's 4 code words through the
 // per-lane byte table (two codes a load) into one mma.m16n8k16 each against x's 16 columns
-// 64 kt + 16 t .. + 15 (every lane loads the pair's x row, so the 8 mma columns are alike), the
-// tile's sums of rows g, g + 8 (summed over the 64 columns in the mma) scaled by their absmax into
-// acc[0][0], acc[0][1]. The codes enter the mma rounded to the compute dtype, as in the decode GEMV.
+// 64 kt + 16 t .. + 15 in xa, xb (every lane holds the pair's x, so the 8 mma columns are alike),
+// the tile's sums of rows g, g + 8 (summed over the 64 columns in the mma) scaled by their absmax
+// into acc[0][0], acc[0][1]. The codes enter the mma rounded to the compute dtype, as in the decode GEMV.
 template <typename TA, MoeKind WK>
 __device__ __forceinline__ void moe_tile_mma1(const MoeRaw& raw, float offset, uint32_t lut_s, uint32_t lane_b,
-                                              const float* s_nested, const void* x, int32_t xrow, int64_t cols,
-                                              int64_t kt, float (&acc)[1][2]) {
-  const int t = threadIdx.x & 3;
-  const uint4* xp = reinterpret_cast<const uint4*>(static_cast<const TA*>(x) + int64_t(xrow) * cols + kt * 64 + 16 * t);
-  const uint4 xa = __ldg(xp), xb = __ldg(xp + 1);
+                                              const float* s_nested, const uint4& xa, const uint4& xb,
+                                              float (&acc)[1][2]) {
   float d[4] = {0.f, 0.f, 0.f, 0.f};
   q4_tile_mma_prmt<TA>(lut_s, lane_b, raw.wq, xa, xb, d);
   constexpr bool DQ = WK == MoeKind::Q4DoubleQuant;
@@ -352,7 +358,9 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
   static_assert(CH != 1 || (WK != MoeKind::Dense && sizeof(TA) == 2 && SWIGLU),
                 "the one-row form: gate and up of 4-bit experts at bf16/f16");
   constexpr int B = CH == 1 ? 4 : 1;
-  extern __shared__ __align__(16) uint32_t lut[];  // CH = 1: [256][64] byte -> two codes (q4_fill_lut)
+  // CH = 1: [256][64] byte -> two codes (q4_fill_lut), then the x row (cols values)
+  extern __shared__ __align__(16) uint32_t lut[];
+  uint4* const s_x = reinterpret_cast<uint4*>(lut + kQ4LutBytes / 4);
   __shared__ float red[SWIGLU ? 2 : 1][kMoeWarps][16][CH];
   __shared__ float s_code[16];
   __shared__ uint32_t s_bits[16];
@@ -375,7 +383,8 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
   const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
   pdl_wait();  // the routing (chunks, row_of) or the router's logits, and x
   // CH = 1 (one row): chunk c is the c-th chosen expert's one pair, at position c; a.one_row_chunks = K
-  if constexpr (CH == 1) {  // the unit loop's first barrier orders s_ids before use
+  if constexpr (CH == 1) {  // the unit loop's first barrier orders s_x and s_ids before use
+    for (int64_t i = tid; i < cols / 8; i += blockDim.x) s_x[i] = __ldg(static_cast<const uint4*>(a.x) + i);
     if (a.logits) {         // the block routes the row itself; block 0 stores ids and wts
       if (warp == 0)
         moe_select_row<kMoeFoldLanes>(a.logits, a.E, a.one_row_chunks, a.norm, [&](int k, int e, float w) {
@@ -447,10 +456,11 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
           for (int b = 0; b < B; ++b) {
             const int64_t kt = kt0 + int64_t(wpu) * b;
             if (kt >= KT) break;
-            if constexpr (CH == 1) {
-              moe_tile_mma1<TA, WK>(r0[b], x0.offset, lut_s, lane_b, s_nested, a.x, xrows[0], cols, kt, acc[0]);
-              if constexpr (SWIGLU)
-                moe_tile_mma1<TA, WK>(r1[b], x1.offset, lut_s, lane_b, s_nested, a.x, xrows[0], cols, kt, acc[1]);
+            if constexpr (CH == 1) {  // x of the tile from shared memory, once for gate and up
+              const uint4* xp = s_x + (kt * 64 + 16 * (tid & 3)) / 8;
+              const uint4 xa = xp[0], xb = xp[1];
+              moe_tile_mma1<TA, WK>(r0[b], x0.offset, lut_s, lane_b, s_nested, xa, xb, acc[0]);
+              moe_tile_mma1<TA, WK>(r1[b], x1.offset, lut_s, lane_b, s_nested, xa, xb, acc[1]);
             } else {
               float w[2][16], sc[2];
               moe_tile_decode<WK>(r0[b], x0.offset, s_code, s_nested, w, sc);

@@ -63,7 +63,9 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
         for (int b = 0; b < B; ++b) {
           const int64_t kt = kt0 + int64_t(NW) * b;
           if (kt >= KT) break;
-          moe_tile_mma1<TA, WK>(raw[b], x.offset, lut_s, lane_b, s_nested, a.x, k, cols, kt, acc);
+          uint4 xa, xb;
+          moe_x16<TA>(static_cast<const TA*>(a.x), k, cols, kt, xa, xb);
+          moe_tile_mma1<TA, WK>(raw[b], x.offset, lut_s, lane_b, s_nested, xa, xb, acc);
         }
       }
     }
