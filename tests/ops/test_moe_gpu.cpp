@@ -1,7 +1,8 @@
 // Mixtures of experts on CUDA (routing, the experts' products over rows grouped by expert and the
 // weighted sum on the GPU: Backend::moe_experts):
 //  - the op against the CPU's host routing (MoeBlock on the CPU backend) on the same weights and the
-//    same router logits: 128 experts, top 8, 16 experts of wider shapes and 160 / 300 experts, 1, 5 and 40 rows
+//    same router logits: 128 experts, top 8, 16 experts of wider shapes, 160 / 300 experts and the
+//    conformance models' 4 experts, top 2, 1, 5 and 40 rows
 //    (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense experts, f32 and
 //    bf16 compute, top-k weights renormalized or not, the sum added to a residual (equal to add());
 //    router logits tied exactly (the lower expert wins);
@@ -122,6 +123,8 @@ TEST(MoeGpu, ExpertsMatchHostRouting) {
       expect_experts_match({128, 8, 256, 128}, compute, kind);
   expect_experts_match({16, 4, 1024, 768}, DType::BF16, ExpertKind::Nf4Dq);
   for (int E : {160, 300}) expect_experts_match({E, 8, 128, 64}, DType::BF16, ExpertKind::Nf4Dq);
+  // the conformance models' shapes: 4 experts, top 2, hidden 128, expert rows 128 (Mixtral) and 64
+  for (int64_t I : {128, 64}) expect_experts_match({4, 2, 128, I}, DType::BF16, ExpertKind::Nf4Dq);
 }
 
 // Exact ties between router logits: every expert alike (period 1: experts 0..7 win), and groups
