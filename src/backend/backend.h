@@ -317,9 +317,10 @@ class Backend {
   //   out[t] = sum over those experts e, in ascending e, p_e * down_e(silu(gate_e x[t]) * up_e x[t])
   //            (+ sigmoid(shared_logit[t]) * shared[t] where shared.data: a shared expert's output
   //            [T, hidden] and its gate's logit [T, 1] f32).
+  // residual: out += that sum instead (rounded to the compute dtype, then added as add() adds).
   // scratch: moe_scratch_bytes(set, T, top_k) bytes of backend memory.
   virtual void moe_experts(Act x, Act logits, const ExpertSet& set, int top_k, bool norm_topk, Act shared,
-                           Act shared_logit, void* scratch, Act out) {
+                           Act shared_logit, void* scratch, Act out, bool residual = false) {
     unsupported("moe_experts");
   }
 

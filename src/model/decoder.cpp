@@ -375,10 +375,16 @@ void Decoder::run_layers(const LayerRun& r, const Views& v, int i0, int i1, cons
                           ap, s, qk);
     }
     if (fused) {
-      // o + residual, norm + gate/up + SiLU, down + residual, the next layer's norm + q/k/v
+      // o + residual, norm + gate/up + SiLU, down + residual (experts: norm, experts + residual),
+      // the next layer's norm + q/k/v
       b.linear_residual(att, *L.wo, L.bo.get(), o, x);
-      b.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
-      b.linear_residual(u, *L.down, L.b_down.get(), o, x);
+      if (L.moe) {
+        b.rms_norm(x, *L.mlp_norm, eps, xn);
+        r.moe->forward(xn, *L.moe, x, true);
+      } else {
+        b.rms_norm_linear_swiglu(x, *L.mlp_norm, eps, xn, *L.gate, L.b_gate.get(), *L.up, L.b_up.get(), g, u);
+        b.linear_residual(u, *L.down, L.b_down.get(), o, x);
+      }
       if (i + 1 < i1) {
         Backend::LinearOut next[3];
         qkv_of(layers_[size_t(i) + 1], next);
@@ -478,9 +484,11 @@ void Decoder::forward(const int32_t* ids, int64_t T, const StepState& s, Act log
   // the next GEMV normalizes x in its prologue, two launches per layer fewer. Sharded or offloaded,
   // the first order: o and down are summed over the ranks before the residual add, and the hidden
   // state crosses backends whole. Not Gemma: its sublayer outputs are normed before the residual
-  // add, and its MLP is GeGLU.
-  const bool fused = !tp_.sharded() && !off_ && !moe_block_ && !arch_.gemma &&
-                     be_.fuses_norm_linear(*layers_[0].wq, T) && be_.fuses_norm_linear(*layers_[0].gate, T);
+  // add, and its MLP is GeGLU. A mixture-of-experts layer in the second order: its norm as a launch
+  // of its own, the experts' weighted sum added to x by the backend (moe_experts' residual).
+  const LayerWeights& L0 = layers_[0];
+  const bool mlp_fuses = L0.moe ? bool(L0.moe->set) : be_.fuses_norm_linear(*L0.gate, T);
+  const bool fused = !tp_.sharded() && !off_ && !arch_.gemma && be_.fuses_norm_linear(*L0.wq, T) && mlp_fuses;
   const int split = offload_first_layer();
   bool o_pending = false;  // the last sublayer's output, not yet added to x
   // the embeddings and the primary's layers

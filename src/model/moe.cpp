@@ -31,12 +31,12 @@ void MoeBlock::expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys) {
   be_.linear(u, *e.down, nullptr, ys);
 }
 
-void MoeBlock::forward(Act x, const MoeWeights& w, Act out) {
-  if (w.set) forward_device(x, w, out);
-  else forward_host(x, w, out);
+void MoeBlock::forward(Act x, const MoeWeights& w, Act out, bool residual) {
+  if (w.set) forward_device(x, w, out, residual);
+  else forward_host(x, w, out, residual);
 }
 
-void MoeBlock::forward_device(Act x, const MoeWeights& w, Act out) {
+void MoeBlock::forward_device(Act x, const MoeWeights& w, Act out, bool residual) {
   const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts;
   const int K = int(cfg_.moe.top_k);
   ensure(T, true);
@@ -51,10 +51,10 @@ void MoeBlock::forward_device(Act x, const MoeWeights& w, Act out) {
     expert(w.shared, cfg_.moe.shared_intermediate, x, shared);
     be_.linear(x, *w.shared_gate, nullptr, shared_logit);
   }
-  be_.moe_experts(x, logits, *w.set, K, cfg_.moe.norm_topk, shared, shared_logit, scratch_->data(), out);
+  be_.moe_experts(x, logits, *w.set, K, cfg_.moe.norm_topk, shared, shared_logit, scratch_->data(), out, residual);
 }
 
-void MoeBlock::forward_host(Act x, const MoeWeights& w, Act out) {
+void MoeBlock::forward_host(Act x, const MoeWeights& w, Act out, bool residual) {
   NF4FLASH_CHECK(x.dtype == DType::F32 && out.dtype == DType::F32, "moe: f32 activations (the CPU backend) only");
   const int64_t T = x.rows, H = cfg_.hidden_size, E = cfg_.moe.n_experts, K = cfg_.moe.top_k;
   ensure(T, false);
@@ -145,6 +145,10 @@ void MoeBlock::forward_host(Act x, const MoeWeights& w, Act out) {
       const float gate = 1.0f / (1.0f + std::exp(-h_logits_[size_t(t)]));
       for (int64_t c = 0; c < H; ++c) h_out_[size_t(t * H + c)] += gate * h_y_[size_t(t * H + c)];
     }
+  }
+  if (residual) {  // f32: out + the block, as add() adds (h_y_ holds at least T rows)
+    be_.download(h_y_.data(), out.data, out.bytes());
+    for (size_t i = 0; i < h_out_.size(); ++i) h_out_[i] = h_y_[i] + h_out_[i];
   }
   be_.upload(out.data, h_out_.data(), out.bytes());
 }

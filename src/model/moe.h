@@ -38,14 +38,15 @@ struct MoeWeights {
 class MoeBlock {
  public:
   MoeBlock(Backend& be, const ModelConfig& cfg) : be_(be), cfg_(cfg) {}
-  // out [T, hidden] = the block applied to x [T, hidden] (the normed hidden states)
-  void forward(Act x, const MoeWeights& w, Act out);
+  // out [T, hidden] = the block applied to x [T, hidden] (the normed hidden states); residual:
+  // out += it (rounded to the compute dtype first, as add() adds)
+  void forward(Act x, const MoeWeights& w, Act out, bool residual = false);
 
  private:
   // buffers for `rows` rows: routed on the device (the shared expert's and the logits only) or on the host
   void ensure(int64_t rows, bool device);
-  void forward_host(Act x, const MoeWeights& w, Act out);
-  void forward_device(Act x, const MoeWeights& w, Act out);
+  void forward_host(Act x, const MoeWeights& w, Act out, bool residual);
+  void forward_device(Act x, const MoeWeights& w, Act out, bool residual);
   // xs through one expert's SwiGLU into ys (the shared expert)
   void expert(const ExpertWeights& e, int64_t inter, Act xs, Act ys);
 

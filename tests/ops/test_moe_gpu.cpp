@@ -1,9 +1,11 @@
 // Mixtures of experts on CUDA (routing, the experts' products over rows grouped by expert and the
 // weighted sum on the GPU: Backend::moe_experts):
 //  - the op against the CPU's host routing (MoeBlock on the CPU backend) on the same weights and the
-//    same router logits: 128 experts, top 8, 16 experts of wider shapes and 160 / 300 experts, 1, 5 and 40 rows
+//    same router logits: 128 experts, top 8, 16 experts of wider shapes, 160 / 300 experts and the
+//    conformance models' 4 experts, top 2, 1, 5 and 40 rows
 //    (groups of 1..8 rows per expert), 4-bit (NF4 double quant, FP4) and dense experts, f32 and
-//    bf16 compute, top-k weights renormalized or not; router logits tied exactly (the lower expert wins);
+//    bf16 compute, top-k weights renormalized or not, the sum added to a residual (equal to add());
+//    router logits tied exactly (the lower expert wins);
 //  - Mixtral, Qwen2-MoE (shared expert with its gate) and Qwen3-MoE against their transformers
 //    goldens (f32 with sdpa and eager, bf16 with flash, sdpa and eager), decode steps against the prefill's logits, NF4/FP4 on the GPU against
 //    the CPU (f32 compute), and greedy decoding with the step captured in a CUDA graph equal to without and to
@@ -99,6 +101,14 @@ void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind, in
       auto scratch = b.gpu->alloc(b.gpu->moe_scratch_bytes(*x.gpu.set, T, K));
       b.gpu->moe_experts(xg.act, lg.act, *x.gpu.set, K, norm, Act{}, Act{}, scratch->data(), og.act);
       EXPECT_LT(rel_err(og.get(), oc.get()), compute == DType::F32 ? 1e-5 : 1e-2);
+      // residual: out + the sum, bit for bit as add() adds the sum to out
+      const auto r0 = rounded(randn(size_t(T * H)), compute);
+      DevAct res(*b.gpu, T, H), sum(*b.gpu, T, H);
+      res.set(r0);
+      sum.set(r0);
+      b.gpu->moe_experts(xg.act, lg.act, *x.gpu.set, K, norm, Act{}, Act{}, scratch->data(), res.act, true);
+      b.gpu->add(sum.act, og.act, sum.act);
+      EXPECT_EQ(res.get(), sum.get());
     }
   }
 }
@@ -113,6 +123,8 @@ TEST(MoeGpu, ExpertsMatchHostRouting) {
       expect_experts_match({128, 8, 256, 128}, compute, kind);
   expect_experts_match({16, 4, 1024, 768}, DType::BF16, ExpertKind::Nf4Dq);
   for (int E : {160, 300}) expect_experts_match({E, 8, 128, 64}, DType::BF16, ExpertKind::Nf4Dq);
+  // the conformance models' shapes: 4 experts, top 2, hidden 128, expert rows 128 (Mixtral) and 64
+  for (int64_t I : {128, 64}) expect_experts_match({4, 2, 128, I}, DType::BF16, ExpertKind::Nf4Dq);
 }
 
 // Exact ties between router logits: every expert alike (period 1: experts 0..7 win), and groups
@@ -137,11 +149,14 @@ TEST(MoeGpu, ScoreMatchesGoldens) {
   }
 }
 
+// NF4 double quant at bf16: where the 4-bit weights take the decode GEMV, the decode step runs the
+// fused layer order (norms folded into the GEMVs, the experts' sum added to x by moe_experts).
 TEST(MoeGpu, DecodeStepMatchesPrefillLogits) {
   NF4FLASH_REQUIRE_CUDA();
   for (const char* model : kMoeModels) {
     expect_decode_matches_prefill({model, "f32", "", QuantChoice::Auto, false, ComputeDType::F32});
     expect_decode_matches_prefill({model, "bf16", "", QuantChoice::Auto, false, ComputeDType::BF16});
+    expect_decode_matches_prefill({model, "bf16", "", QuantChoice::NF4, true, ComputeDType::BF16});
   }
 }
 

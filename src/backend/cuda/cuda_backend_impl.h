@@ -130,7 +130,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<ExpertSet> make_expert_set(const std::vector<ExpertRefs>& experts) override;
   size_t moe_scratch_bytes(const ExpertSet& set, int64_t rows, int top_k) const override;
   void moe_experts(Act x, Act logits, const ExpertSet& set, int top_k, bool norm_topk, Act shared, Act shared_logit,
-                   void* scratch, Act out) override;
+                   void* scratch, Act out, bool residual = false) override;
   // ---- rope, KV cache, attention (cuda_attention.cu) ----
   void rope(Act q, Act k, const RopeParams& p, const StepState& s) override;
   void kv_write(int layer, Act k, Act v, const StepState& s) override;

@@ -99,7 +99,7 @@ size_t CudaBackend::moe_scratch_bytes(const ExpertSet& s, int64_t rows, int top_
 }
 
 void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, bool norm_topk, Act shared,
-                              Act shared_logit, void* scratch, Act out) {
+                              Act shared_logit, void* scratch, Act out, bool residual) {
   const CudaExpertSet& set = expert_set(s);
   const int64_t T = x.rows, H = set.down.args.rows, I = set.gate.args.rows;
   const int E = set.n_experts, K = top_k;
@@ -133,7 +133,9 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   r.row_of = reinterpret_cast<int32_t*>(at(L.row_of));
   r.chunks = reinterpret_cast<int32_t*>(at(L.chunks));
   r.n_chunks = reinterpret_cast<int32_t*>(at(L.n_chunks));
-  moe_route(r, stream_);
+  // a decode step of up to 128 experts routes in the gate/up launch (ids and wts for down+combine)
+  const bool fold = moe_route_folds(T, set.gate.kind, set.down.kind, act_, set.gate.args.cols, K, E);
+  if (!fold) moe_route(r, stream_);
 
   const int64_t max_chunks = moe_max_chunks(T, K, E);
   const int max_pairs = T == 1 ? 1 : kMoeChunk;  // one row picks each expert once
@@ -145,15 +147,14 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   gu.chunks = r.chunks;
   gu.n_chunks = r.n_chunks;
   gu.out = at(L.h);
+  if (fold) {
+    gu.logits = r.logits;
+    gu.E = E;
+    gu.norm = r.norm;
+    gu.ids = r.ids;
+    gu.wts = r.wts;
+  }
   moe_gemv(gu, set.gate.kind, true, max_chunks, max_pairs, act_, stream_);
-  MoeGemvArgs dn;
-  dn.m[0] = set.down.args;
-  dn.x = at(L.h);
-  dn.chunks = r.chunks;
-  dn.n_chunks = r.n_chunks;
-  dn.out = at(L.y);
-  moe_gemv(dn, set.down.kind, false, max_chunks, max_pairs, act_, stream_);
-
   MoeCombineArgs c;
   c.y = at(L.y);
   c.wts = r.wts;
@@ -164,6 +165,23 @@ void CudaBackend::moe_experts(Act x, Act logits, const ExpertSet& s, int top_k, 
   c.cols = H;
   c.T = int(T);
   c.K = K;
+  c.residual = residual ? 1 : 0;
+  if (fold || (T == 1 && moe_down_combine_applies(set.down.kind, act_, K))) {
+    // a decode step: the down products and the weighted sum in one launch
+    MoeDownCombineArgs dc;
+    dc.m = set.down.args;
+    dc.x = at(L.h);
+    dc.ids = r.ids;
+    dc.sum = c;
+    return moe_down_combine(dc, set.down.kind, act_, stream_);
+  }
+  MoeGemvArgs dn;
+  dn.m[0] = set.down.args;
+  dn.x = at(L.h);
+  dn.chunks = r.chunks;
+  dn.n_chunks = r.n_chunks;
+  dn.out = at(L.y);
+  moe_gemv(dn, set.down.kind, false, max_chunks, max_pairs, act_, stream_);
   moe_combine(c, act_, stream_);
 }
 

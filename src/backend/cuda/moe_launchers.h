@@ -10,6 +10,8 @@
 namespace nf4flash::cuda {
 
 constexpr int kMoeMaxExperts = 512, kMoeMaxTopK = 16;
+// A decode step of at most this many experts routes inside the gate/up launch (moe_route_folds).
+constexpr int kMoeFoldMaxExperts = 128;
 // The routed pairs of one expert are cut into chunks of at most kMoeChunk (one unit of the GEMV).
 constexpr int kMoeChunk = 8;
 
@@ -47,6 +49,13 @@ struct MoeGemvArgs {
   const int32_t* n_chunks = nullptr;
   void* out = nullptr;                // [T*K, m[0].rows] by position
   int wpu = 8;                        // warps a unit (set by moe_gemv)
+  int one_row_chunks = 0;             // the one-row form: chunks (= K, set by moe_gemv)
+  // The one-row form with logits: each block routes the row itself as moe_route does (E <=
+  // kMoeFoldMaxExperts, norm as MoeRouteArgs::norm), block 0 stores ids and wts; chunks unused.
+  const float* logits = nullptr;      // [1, E] f32
+  int E = 0, norm = 0;
+  int32_t* ids = nullptr;             // [K]
+  float* wts = nullptr;               // [K]
 };
 struct MoeCombineArgs {
   const void* y = nullptr;              // [T*K, cols] by position
@@ -57,6 +66,7 @@ struct MoeCombineArgs {
   void* out = nullptr;                  // [T, cols]
   int64_t cols = 0;
   int T = 0, K = 0;
+  int residual = 0;                     // out += the sum (rounded first, as add() adds)
 };
 
 // Chunks of <= 8 pairs of one expert that T*K pairs over E experts can need at most.
@@ -97,5 +107,34 @@ void moe_route(const MoeRouteArgs& a, cudaStream_t st);
 void moe_gemv(const MoeGemvArgs& a, MoeKind kind, bool swiglu, int64_t max_chunks, int max_pairs, DType act,
               cudaStream_t st);
 void moe_combine(const MoeCombineArgs& a, DType act, cudaStream_t st);
+// One row (a decode step): the K chosen experts' down products of h [K, I] (position k = the k-th
+// chosen expert, ids[k]) and their weighted sum as moe_combine takes it (sum: wts, the shared
+// expert, out and K; its y, pos_of and cols unused), into out [1, H].
+struct MoeDownCombineArgs {
+  MoeMatArgs m;                  // down of every expert: 4-bit, [H, I]
+  const void* x = nullptr;       // h [K, I], compute dtype
+  const int32_t* ids = nullptr;  // [K] ascending
+  MoeCombineArgs sum;
+};
+constexpr int kMoeDcWarps = 16;  // moe_down_combine_kernel's warps: at most one expert each
+// Whether moe_down_combine serves K experts a row stored as `kind` at compute dtype `act` (4-bit at
+// bf16/f16, K <= kMoeDcWarps).
+inline bool moe_down_combine_applies(MoeKind kind, DType act, int K) {
+  return kind != MoeKind::Dense && act != DType::F32 && K >= 1 && K <= kMoeDcWarps;
+}
+void moe_down_combine(const MoeDownCombineArgs& a, MoeKind kind, DType act, cudaStream_t st);
+// The one-row form of moe_gemv (a decode step's gate and up): 4-bit experts at bf16/f16 with x
+// rows of at most kMoeOneRowMaxCols values (staged in shared memory beside the code table).
+constexpr int64_t kMoeOneRowMaxCols = 16384;
+inline bool moe_one_row_applies(MoeKind gate_up, DType act, int64_t cols) {
+  return gate_up != MoeKind::Dense && act != DType::F32 && cols <= kMoeOneRowMaxCols;
+}
+// Whether a step of T rows routes inside the one-row gate/up launch (MoeGemvArgs::logits) rather
+// than in moe_route: one row through the one-row form, down products through moe_down_combine
+// (which reads only ids and wts), E <= kMoeFoldMaxExperts.
+inline bool moe_route_folds(int64_t T, MoeKind gate_up, MoeKind down, DType act, int64_t hidden, int K, int E) {
+  return T == 1 && moe_one_row_applies(gate_up, act, hidden) && moe_down_combine_applies(down, act, K) &&
+         E <= kMoeFoldMaxExperts;
+}
 
 }  // namespace nf4flash::cuda

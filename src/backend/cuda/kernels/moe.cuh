@@ -23,11 +23,20 @@
 //                       compute dtype) are read over the same (row, column) split. Sums reduced over
 //                       a row's 4 lanes (shuffles), then over the warps in shared memory. The
 //                       chunk form (CH = 8) decodes a tile once for all its pairs, one tile a warp
-//                       in flight; the one-row form (CH = 1: a decode step, 4-bit at bf16/f16)
-//                       decodes codes as it multiplies and keeps four tiles a warp in flight.
+//                       in flight; the one-row form (CH = 1: a decode step's SwiGLU, 4-bit at
+//                       bf16/f16; its down products: moe_down_combine.cuh) keeps four tiles a warp in flight and multiplies each on the tensor cores
+//                       as the decode GEMV does: its code words through the per-lane byte table
+//                       (gemv_q4.cuh, [256][64] words = 64 KB of dynamic shared memory) into
+//                       mma.m16n8k16 against x (the row staged in shared memory after the table,
+//                       cols <= kMoeOneRowMaxCols), codes rounded to the compute dtype. With logits
+//                       (a decode step of <= 128 experts) each block of the one-row form routes
+//                       the row itself (moe_select_row, moe_route_kernel's arithmetic) and block 0
+//                       stores ids and wts for the down products: no routing launch.
 //   moe_combine_kernel  out[t, c] = round(sum_k wts[t*K+k] * y[pos_of[t*K+k], c]
 //                                         (+ sigmoid(shared_logit[t]) * shared[t, c])), f32 sums,
-//                       slots in ascending expert order. Grid (ceil(cols / 256), T).
+//                       slots in ascending expert order (residual: out += that, rounded first).
+//                       Grid (ceil(cols / 256), T). A decode step (one row, 4-bit at bf16/f16)
+//                       sums in moe_down_combine_kernel instead.
 #pragma once
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
@@ -36,91 +45,99 @@
 namespace nf4flash::cuda {
 
 constexpr int kMoeWarps = 8, kMoeRouteWarps = 16;
+// Experts a lane holds where the one-row moe_gemv_kernel routes its row itself (E <= 128: four).
+constexpr int kMoeFoldLanes = kMoeFoldMaxExperts / 32;
+
+// One warp routes one row: logits l [E] f32 -> the K largest p = softmax(l) (ties: the lower
+// index), renormalized over the K when norm (summed in the order chosen), handed to slot(k, e, w)
+// by ascending expert e (slot k = the number of chosen experts below e); the lane holding e calls it.
+// LE: experts a lane holds (expert lane + 32 i, i < LE), E <= 32 LE; a larger LE than E needs adds
+// only zeros and unselectable keys, so every LE that covers E routes alike.
+template <int LE, typename Slot>
+__device__ __forceinline__ void moe_select_row(const float* l, int E, int K, int norm_topk, Slot&& slot) {
+  static_assert(LE >= 1 && LE <= 32, "moe_select_row: a lane's chosen-expert mask is 32 bits");
+  const int lane = threadIdx.x & 31;
+  float v[LE];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < LE; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < E ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+  mx = warp_max(mx);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < LE; ++i) {
+    v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
+    s += v[i];
+  }
+  s = warp_sum(s);
+#pragma unroll
+  for (int i = 0; i < LE; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
+  // Selection keys: p's bits + 1 (p >= 0 orders as unsigned), 0 = not selectable (e >= E, NaN,
+  // chosen). A round takes the largest key (warp max) and, among its holders, the lowest expert
+  // (warp min); with no key left (NaN logits) the lowest expert not chosen yet, p = 0.
+  uint32_t chosen = 0;  // bit i: expert lane + 32 i is selected, its p in v[i]
+  float norm = 0.f;
+  for (int k = 0; k < K; ++k) {
+    uint32_t bk = 0;
+    int bi = 0;
+#pragma unroll
+    for (int i = 0; i < LE; ++i) {
+      const uint32_t key = !((chosen >> i) & 1u) && v[i] >= 0.f ? __float_as_uint(v[i]) + 1u : 0u;
+      if (key > bk) {  // ascending e within the lane: the first of equal keys wins
+        bk = key;
+        bi = i;
+      }
+    }
+    const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
+    uint32_t cand = bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu;
+    if (!m) {  // warp-uniform: no key left, the lane's lowest expert not chosen yet
+      cand = 0xffffffffu;
+#pragma unroll
+      for (int i = LE - 1; i >= 0; --i)
+        if (!((chosen >> i) & 1u) && lane + 32 * i < E) cand = uint32_t(lane + 32 * i);
+    }
+    const int be = int(__reduce_min_sync(0xffffffffu, cand));
+    const float bp = m ? __uint_as_float(m - 1u) : 0.f;
+    norm += bp;
+#pragma unroll
+    for (int i = 0; i < LE; ++i)
+      if (lane + 32 * i == be) {
+        v[i] = bp;
+        chosen |= 1u << i;
+      }
+  }
+  if (!norm_topk) norm = 1.f;
+  const uint32_t below_lane = (1u << lane) - 1u;
+  int before = 0;
+#pragma unroll
+  for (int i = 0; i < LE; ++i) {
+    const bool mine = (chosen >> i) & 1u;
+    const uint32_t mk = __ballot_sync(0xffffffffu, mine);
+    if (mine) slot(before + __popc(mk & below_lane), lane + 32 * i, v[i] / norm);
+    before += __popc(mk);
+  }
+}
 
 // LE: experts a lane holds (expert lane + 32 i, i < LE): E <= 32 LE. The launcher takes the
 // smallest of 1, 4, 8, 16 that covers E, so the per-lane loops of each selection round and of the
 // grouping run over no more slots than the experts need.
 template <int LE>
 __global__ void __launch_bounds__(kMoeRouteWarps * 32) moe_route_kernel(const MoeRouteArgs a) {
-  static_assert(LE >= 1 && LE <= 32, "moe_route_kernel: a lane's chosen-expert mask is 32 bits");
   __shared__ int cnt[kMoeMaxExperts], first[kMoeMaxExperts], cur[kMoeMaxExperts], cbase[kMoeMaxExperts];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, E = a.E, K = a.K;
   pdl_trigger();
   for (int e = tid; e < E; e += blockDim.x) cnt[e] = cur[e] = 0;
   pdl_wait();  // the router's logits; the previous step's readers of the routing arrays are done
   __syncthreads();
-  for (int t = warp; t < a.T; t += blockDim.x / 32) {
-    const float* l = a.logits + int64_t(t) * E;
-    float v[LE];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < LE; ++i) {
-      const int e = lane + 32 * i;
-      v[i] = e < E ? l[e] : -INFINITY;
-      mx = fmaxf(mx, v[i]);
-    }
-    mx = warp_max(mx);
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < LE; ++i) {
-      v[i] = lane + 32 * i < E ? expf(v[i] - mx) : 0.f;
-      s += v[i];
-    }
-    s = warp_sum(s);
-#pragma unroll
-    for (int i = 0; i < LE; ++i) v[i] = lane + 32 * i < E ? v[i] / s : -1.f;
-    // Selection keys: p's bits + 1 (p >= 0 orders as unsigned), 0 = not selectable (e >= E, NaN,
-    // chosen). A round takes the largest key (warp max) and, among its holders, the lowest expert
-    // (warp min); with no key left (NaN logits) the lowest expert not chosen yet, p = 0.
-    uint32_t chosen = 0;  // bit i: expert lane + 32 i is selected, its p in v[i]
-    float norm = 0.f;
-    for (int k = 0; k < K; ++k) {
-      uint32_t bk = 0;
-      int bi = 0;
-#pragma unroll
-      for (int i = 0; i < LE; ++i) {
-        const uint32_t key = !((chosen >> i) & 1u) && v[i] >= 0.f ? __float_as_uint(v[i]) + 1u : 0u;
-        if (key > bk) {  // ascending e within the lane: the first of equal keys wins
-          bk = key;
-          bi = i;
-        }
-      }
-      const uint32_t m = __reduce_max_sync(0xffffffffu, bk);
-      uint32_t cand = bk == m ? uint32_t(lane + 32 * bi) : 0xffffffffu;
-      if (!m) {  // warp-uniform: no key left, the lane's lowest expert not chosen yet
-        cand = 0xffffffffu;
-#pragma unroll
-        for (int i = LE - 1; i >= 0; --i)
-          if (!((chosen >> i) & 1u) && lane + 32 * i < E) cand = uint32_t(lane + 32 * i);
-      }
-      const int be = int(__reduce_min_sync(0xffffffffu, cand));
-      const float bp = m ? __uint_as_float(m - 1u) : 0.f;
-      norm += bp;
-#pragma unroll
-      for (int i = 0; i < LE; ++i)
-        if (lane + 32 * i == be) {
-          v[i] = bp;
-          chosen |= 1u << i;
-        }
-    }
-    if (!a.norm) norm = 1.f;
-    // slots by ascending expert (the order the outputs are summed in): a chosen expert's slot is
-    // the number of chosen experts below it
-    const uint32_t below_lane = (1u << lane) - 1u;
-    int before = 0;
-#pragma unroll
-    for (int i = 0; i < LE; ++i) {
-      const bool mine = (chosen >> i) & 1u;
-      const uint32_t mk = __ballot_sync(0xffffffffu, mine);
-      if (mine) {
-        const int slot = t * K + before + __popc(mk & below_lane), e = lane + 32 * i;
-        a.ids[slot] = e;
-        a.wts[slot] = v[i] / norm;
-        atomicAdd(&cnt[e], 1);
-      }
-      before += __popc(mk);
-    }
-  }
+  for (int t = warp; t < a.T; t += blockDim.x / 32)
+    moe_select_row<LE>(a.logits + int64_t(t) * E, E, K, a.norm, [&](int k, int e, float w) {
+      a.ids[t * K + k] = e;
+      a.wts[t * K + k] = w;
+      atomicAdd(&cnt[e], 1);
+    });
   __syncthreads();
   if (warp == 0) {  // exclusive prefix sums of the pairs and chunks per expert: lane l owns experts
     // [l * LE, (l + 1) * LE)
@@ -282,47 +299,53 @@ __device__ __forceinline__ void moe_tile_dot(const void* x, const int32_t* xrows
   }
 }
 
-// One pair (a decode step's row): acc[h] += scale[h] * (codes of row g + 8h . x) over this
-// lane's 16 columns of tile kt, the codes decoded as they are used (no register copy of the tile).
-template <typename TA, MoeKind WK>
-__device__ __forceinline__ void moe_tile_dot1(const MoeRaw& raw, float offset, const float* s_code,
-                                              const float* s_nested, const void* x, int32_t xrow, int64_t cols,
-                                              int64_t kt, float (&acc)[1][2]) {
-  const int t = threadIdx.x & 3;
-  float xv[16];
-  moe_load16<TA>(static_cast<const TA*>(x) + int64_t(xrow) * cols + kt * 64 + 16 * t, true, 16, xv);
-  const uint32_t words[4] = {raw.wq.x, raw.wq.y, raw.wq.z, raw.wq.w};
-  float d[2] = {0.f, 0.f};
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // as moe_tile_decode lays the bytes out
-      const uint32_t b0 = (words[j] >> (8 * h)) & 0xffu, b1 = (words[j] >> (8 * (h + 2))) & 0xffu;
-      d[h] = fmaf(s_code[b0 >> 4], xv[4 * j + 0], d[h]);
-      d[h] = fmaf(s_code[b0 & 15], xv[4 * j + 1], d[h]);
-      d[h] = fmaf(s_code[b1 >> 4], xv[4 * j + 2], d[h]);
-      d[h] = fmaf(s_code[b1 & 15], xv[4 * j + 3], d[h]);
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    acc[0][h] = fmaf(d[h], q4_scale_decode<WK == MoeKind::Q4DoubleQuant>(raw.s[h], offset, s_nested), acc[0][h]);
-  }
+// The lane's 16 x values of tile kt (columns 64 kt + 16 t .. + 15 of row xrow) as two 16-byte words.
+template <typename TA>
+__device__ __forceinline__ void moe_x16(const TA* x, int32_t xrow, int64_t cols, int64_t kt, uint4& xa, uint4& xb) {
+  const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(xrow) * cols + kt * 64 + 16 * (threadIdx.x & 3));
+  xa = __ldg(xp);
+  xb = __ldg(xp + 1);
 }
 
-// The 4 lanes of each row summed (shuffles), then written to red[warp][row][pair]; acc zeroed.
+// One pair (a decode step's row), 4-bit weights at bf16/f16: the lane's 4 code words through the
+// per-lane byte table (two codes a load) into one mma.m16n8k16 each against x's 16 columns
+// 64 kt + 16 t .. + 15 in xa, xb (every lane holds the pair's x, so the 8 mma columns are alike),
+// the tile's sums of rows g, g + 8 (summed over the 64 columns in the mma) scaled by their absmax
+// into acc[0][0], acc[0][1]. The codes enter the mma rounded to the compute dtype, as in the decode GEMV.
+template <typename TA, MoeKind WK>
+__device__ __forceinline__ void moe_tile_mma1(const MoeRaw& raw, float offset, uint32_t lut_s, uint32_t lane_b,
+                                              const float* s_nested, const uint4& xa, const uint4& xb,
+                                              float (&acc)[1][2]) {
+  float d[4] = {0.f, 0.f, 0.f, 0.f};
+  q4_tile_mma_prmt<TA>(lut_s, lane_b, raw.wq, xa, xb, d);
+  constexpr bool DQ = WK == MoeKind::Q4DoubleQuant;
+  acc[0][0] = fmaf(d[0], q4_scale_decode<DQ>(raw.s[0], offset, s_nested), acc[0][0]);
+  acc[0][1] = fmaf(d[2], q4_scale_decode<DQ>(raw.s[1], offset, s_nested), acc[0][1]);
+}
+
+// The 4 lanes of each row summed (shuffles), then written to red[warp][row][pair]; acc zeroed. CH = 1
+// (moe_tile_mma1): each lane already holds its rows' sums over the tile, lane t = 0 writes them.
 template <int CH>
 __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], float (&acc)[CH][2]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int j = 0; j < CH; ++j)
+  if constexpr (CH == 1) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float v = acc[j][h];
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if (t == 0) red[warp][g + 8 * h][j] = v;
-      acc[j][h] = 0.f;
+      if (t == 0) red[warp][g + 8 * h][0] = acc[0][h];
+      acc[0][h] = 0.f;
     }
+  } else {
+#pragma unroll
+    for (int j = 0; j < CH; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v = acc[j][h];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (t == 0) red[warp][g + 8 * h][j] = v;
+        acc[j][h] = 0.f;
+      }
+  }
 }
 
 // CH: the most pairs a chunk holds for this launch (1 when every row picks an expert once and
@@ -332,38 +355,75 @@ __device__ __forceinline__ void moe_publish(float (&red)[kMoeWarps][16][CH], flo
 // step's down products have, need more units in flight rather than more warps per unit.
 template <typename TA, MoeKind WK, bool SWIGLU, int CH>
 __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __grid_constant__ MoeGemvArgs a) {
+  static_assert(CH != 1 || (WK != MoeKind::Dense && sizeof(TA) == 2 && SWIGLU),
+                "the one-row form: gate and up of 4-bit experts at bf16/f16");
   constexpr int B = CH == 1 ? 4 : 1;
+  // CH = 1: [256][64] byte -> two codes (q4_fill_lut), then the x row (cols values)
+  extern __shared__ __align__(16) uint32_t lut[];
+  uint4* const s_x = reinterpret_cast<uint4*>(lut + kQ4LutBytes / 4);
   __shared__ float red[SWIGLU ? 2 : 1][kMoeWarps][16][CH];
   __shared__ float s_code[16];
+  __shared__ uint32_t s_bits[16];
   __shared__ float s_nested[256];
   __shared__ int32_t s_rows[kMoeWarps][CH];
+  __shared__ int32_t s_ids[kMoeMaxTopK];  // CH = 1: the chosen experts, ascending
   const int tid = threadIdx.x, warp = tid >> 5, wpu = a.wpu, G = kMoeWarps / wpu;
   const int grp = warp / wpu, gw = warp - grp * wpu;  // the warp's unit in the block, its rank there
+  const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut)), lane_b = 4u * (tid & 31);
   pdl_trigger();
   const MoeMatArgs& m0 = a.m[0];
   if (tid < 16) s_code[tid] = m0.code[tid];
   if constexpr (WK == MoeKind::Q4DoubleQuant)
     for (int i = tid; i < 256; i += blockDim.x) s_nested[i] = m0.nested_code[i];
+  if constexpr (CH == 1) {  // the byte table (the unit loop's first barrier orders it before use)
+    if (tid < 16) s_bits[tid] = bits16<TA>(m0.code[tid]);
+    __syncthreads();
+    q4_fill_lut<64, kMoeWarps * 32>(lut, s_bits);
+  }
   const int64_t RT = m0.RT, KT = m0.KT, rows = m0.rows, cols = m0.cols;
-  pdl_wait();  // the routing (chunks, row_of) and x
-  const int64_t units = int64_t(*a.n_chunks) * RT;
+  pdl_wait();  // the routing (chunks, row_of) or the router's logits, and x
+  // CH = 1 (one row): chunk c is the c-th chosen expert's one pair, at position c; a.one_row_chunks = K
+  if constexpr (CH == 1) {  // the unit loop's first barrier orders s_x and s_ids before use
+    for (int64_t i = tid; i < cols / 8; i += blockDim.x) s_x[i] = __ldg(static_cast<const uint4*>(a.x) + i);
+    if (a.logits) {         // the block routes the row itself; block 0 stores ids and wts
+      if (warp == 0)
+        moe_select_row<kMoeFoldLanes>(a.logits, a.E, a.one_row_chunks, a.norm, [&](int k, int e, float w) {
+          s_ids[k] = e;
+          if (blockIdx.x == 0) {
+            a.ids[k] = e;
+            a.wts[k] = w;
+          }
+        });
+    } else if (tid < a.one_row_chunks) {
+      s_ids[tid] = a.chunks[3 * tid];
+    }
+  }
+  const int64_t units = int64_t(CH == 1 ? a.one_row_chunks : *a.n_chunks) * RT;
   float acc[2][CH][2] = {};
   // every warp runs the same iterations (the barriers); a group past the last unit idles
   for (int64_t u0 = int64_t(blockIdx.x) * G; u0 < units; u0 += int64_t(gridDim.x) * G) {
     const int64_t u = u0 + grp;
     const bool live = u < units;
     const int64_t c = live ? u / RT : 0, rt = live ? u - c * RT : 0;
-    const int e = live ? a.chunks[3 * c] : 0, q0 = live ? a.chunks[3 * c + 1] : 0;
-    const int n = live ? min(a.chunks[3 * c + 2], CH) : 0;
-    __syncthreads();  // s_code, s_nested written; the previous unit's s_rows and red read
-    if (gw == 0 && (tid & 31) < CH) {
-      const int j = tid & 31;
-      s_rows[grp][j] = j < n ? (a.row_of ? a.row_of[q0 + j] : q0 + j) : 0;
-    }
-    __syncthreads();
+    int e = 0, n = 0;
     int32_t xrows[CH];
+    __syncthreads();  // s_code, s_nested, s_ids (and the table) written; the previous unit's s_rows and red read
+    if constexpr (CH == 1) {  // gate and up of the one row: x row 0
+      e = live ? s_ids[c] : 0;
+      n = live ? 1 : 0;
+      xrows[0] = 0;
+    } else {
+      e = live ? a.chunks[3 * c] : 0;
+      const int q0 = live ? a.chunks[3 * c + 1] : 0;
+      n = live ? min(a.chunks[3 * c + 2], CH) : 0;
+      if (gw == 0 && (tid & 31) < CH) {
+        const int j = tid & 31;
+        s_rows[grp][j] = j < n ? (a.row_of ? a.row_of[q0 + j] : q0 + j) : 0;
+      }
+      __syncthreads();
 #pragma unroll
-    for (int j = 0; j < CH; ++j) xrows[j] = s_rows[grp][j];
+      for (int j = 0; j < CH; ++j) xrows[j] = s_rows[grp][j];
+    }
     if (live) {
       const MoeExpertW x0 = a.m[0].experts[e];
       MoeExpertW x1{};
@@ -396,10 +456,11 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
           for (int b = 0; b < B; ++b) {
             const int64_t kt = kt0 + int64_t(wpu) * b;
             if (kt >= KT) break;
-            if constexpr (CH == 1) {
-              moe_tile_dot1<TA, WK>(r0[b], x0.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[0]);
-              if constexpr (SWIGLU)
-                moe_tile_dot1<TA, WK>(r1[b], x1.offset, s_code, s_nested, a.x, xrows[0], cols, kt, acc[1]);
+            if constexpr (CH == 1) {  // x of the tile from shared memory, once for gate and up
+              const uint4* xp = s_x + (kt * 64 + 16 * (tid & 3)) / 8;
+              const uint4 xa = xp[0], xb = xp[1];
+              moe_tile_mma1<TA, WK>(r0[b], x0.offset, lut_s, lane_b, s_nested, xa, xb, acc[0]);
+              moe_tile_mma1<TA, WK>(r1[b], x1.offset, lut_s, lane_b, s_nested, xa, xb, acc[1]);
             } else {
               float w[2][16], sc[2];
               moe_tile_decode<WK>(r0[b], x0.offset, s_code, s_nested, w, sc);
@@ -420,9 +481,9 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
     if (tid < 16 * CH * G) {
       const int og = tid / (16 * CH), r = (tid / CH) % 16, j = tid % CH;
       const int64_t uo = u0 + og, co = uo / RT, row = (uo - co * RT) * 16 + r;
-      const int no = uo < units ? min(a.chunks[3 * co + 2], CH) : 0;
+      const int no = uo < units ? (CH == 1 ? 1 : min(a.chunks[3 * co + 2], CH)) : 0;
       if (j < no && row < rows) {
-        const int qo = a.chunks[3 * co + 1];
+        const int qo = CH == 1 ? int(co) : a.chunks[3 * co + 1];
         float y = 0.f;
         for (int w = og * wpu; w < (og + 1) * wpu; ++w) y += red[0][w][r][j];
         TA* out = static_cast<TA*>(a.out) + int64_t(qo + j) * rows + row;
@@ -437,6 +498,12 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
       }
     }
   }
+}
+
+// A weighted sum s into *o, rounded to the compute dtype; residual: *o + that, as add() adds.
+template <typename TA>
+__device__ __forceinline__ void moe_store_sum(TA* o, float s, int residual) {
+  *o = residual ? from_f32<TA>(to_f32<TA>(*o) + to_f32<TA>(from_f32<TA>(s))) : from_f32<TA>(s);
 }
 
 template <typename TA>
@@ -454,7 +521,7 @@ __global__ void moe_combine_kernel(const MoeCombineArgs a) {
     const float gl = a.shared_logit[t];
     s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.shared)[t * a.cols + c]), s);
   }
-  static_cast<TA*>(a.out)[t * a.cols + c] = from_f32<TA>(s);
+  moe_store_sum<TA>(static_cast<TA*>(a.out) + t * a.cols + c, s, a.residual);
 }
 
 }  // namespace nf4flash::cuda
