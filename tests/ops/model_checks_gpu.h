@@ -58,7 +58,8 @@ inline void expect_score_matches_goldens(const GpuCase& c, AttnChoice attn = Att
   EXPECT_LE(rel_l2(lp, lp_ref), tol) << c.model << " " << c.variant << " log-probs";
 }
 
-inline void expect_decode_matches_prefill(const GpuCase& c) {
+// Decode steps from position 9 to `end` (0: the sequence's end) against the prefill's logits.
+inline void expect_decode_matches_prefill(const GpuCase& c, int64_t end = 0) {
   Golden g(c.model);
   auto e = load_gpu(c);
   const auto toks = g.i32("tokens_1");
@@ -69,7 +70,8 @@ inline void expect_decode_matches_prefill(const GpuCase& c) {
   im.forward_tokens(toks.data(), k, 0, false, [](int64_t, Act) {});
   double worst = 0;
   std::string steps;  // each step's error, for the failure message
-  for (int64_t p = k; p < static_cast<int64_t>(toks.size()); ++p) {
+  const int64_t n = end > 0 ? std::min<int64_t>(end, toks.size()) : static_cast<int64_t>(toks.size());
+  for (int64_t p = k; p < n; ++p) {
     im.decode_step(toks[p], p);
     im.be->download(row.data(), im.logits_act(1).data, V * 4);
     const double err = rel_l2(row, full.logits[p]);
