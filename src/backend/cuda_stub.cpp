@@ -21,6 +21,7 @@ bool built_with_cuda() { return false; }
 std::string gpu_absent_reason() { return "built without CUDA (reconfigure with -DNF4FLASH_CUDA=ON and nvcc on PATH)"; }
 std::vector<GpuInfo> query_gpus() { return {}; }
 bool gpu_memory(int, size_t*, size_t*) { return false; }
+void gpu_profiler_start() {}
 
 }  // namespace nf4flash
 

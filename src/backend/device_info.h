@@ -28,6 +28,9 @@ struct GpuInfo {
 std::vector<GpuInfo> query_gpus();
 // cudaMemGetInfo on device `index`; false when there is no such device (or no CUDA).
 bool gpu_memory(int index, size_t* free_bytes, size_t* total_bytes);
+// cudaProfilerStart: a profiler attached with its collection off from the start (ncu / nsys
+// --profile-from-start off) records from here on; nothing without one (or without CUDA).
+void gpu_profiler_start();
 // Whether this binary was built with the CUDA backend, and why no GPU is visible when none is
 // ("" when at least one is, else e.g. "built without CUDA" / "cudaGetDeviceCount: no CUDA-capable device").
 bool built_with_cuda();

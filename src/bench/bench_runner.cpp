@@ -319,6 +319,7 @@ BenchResult run_bench(const BenchSpec& spec, const BenchLoader& loader, const Be
       try {
         eng = loader(o, [&](const std::string& s, int done, int total) { stage(cat(s, " ", done, "/", total)); });
         cr.loaded = true;
+        gpu_profiler_start();  // a profiler started with collection off skips the load's kernels
         cr.load_ms = eng->report().load_ms;
         eng_quant = cfg.quant;
         eng_dq = cfg.double_quant;

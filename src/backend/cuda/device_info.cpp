@@ -1,5 +1,6 @@
 // CUDA implementation of the GPU half of backend/device_info.h: plain C++ over the CUDA runtime
 // API (compiled only in CUDA builds). Never throws: a missing driver or device gives no GPUs.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -85,6 +86,10 @@ std::vector<GpuInfo> query_gpus() {
   }
   cudaSetDevice(prev);
   return out;
+}
+
+void gpu_profiler_start() {
+  if (cudaProfilerStart() != cudaSuccess) cudaGetLastError();
 }
 
 bool gpu_memory(int index, size_t* free_bytes, size_t* total_bytes) {
