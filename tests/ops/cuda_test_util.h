@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "quant/blockwise.h"
 #include "test_util.h"
@@ -124,6 +125,18 @@ inline TensorInfo f32_tensor(const std::vector<float>& v, std::vector<int64_t> s
 }
 
 // The CPU f32 reference and a CUDA backend with the default tuning, or with `t` (tuning_with).
+// A mixture-of-experts block's config: hidden size H, E experts of I rows, top K, the K weights
+// renormalized when norm_topk.
+inline ModelConfig moe_test_config(int64_t H, int E, int K, int64_t I, bool norm_topk) {
+  ModelConfig cfg;
+  cfg.hidden_size = H;
+  cfg.moe.n_experts = E;
+  cfg.moe.top_k = K;
+  cfg.moe.expert_intermediate = I;
+  cfg.moe.norm_topk = norm_topk;
+  return cfg;
+}
+
 struct Backends {
   std::unique_ptr<Backend> cpu, gpu;
   explicit Backends(DType compute = DType::BF16, const CudaTuning& t = {}) {

@@ -78,12 +78,7 @@ void expect_experts_match(const MoeShape& sh, DType compute, ExpertKind kind, in
   Experts x = make_experts(b, compute, kind, E, H, I, period);
   ASSERT_TRUE(x.gpu.set) << "the CUDA backend bundles the experts";
   for (bool norm : {true, false}) {
-    ModelConfig cfg;
-    cfg.hidden_size = H;
-    cfg.moe.n_experts = E;
-    cfg.moe.top_k = K;
-    cfg.moe.expert_intermediate = I;
-    cfg.moe.norm_topk = norm;
+    const ModelConfig cfg = moe_test_config(H, E, K, I, norm);
     MoeBlock ref(*b.cpu, cfg);
     for (int64_t T : {1, 5, 40}) {
       SCOPED_TRACE(cat(E, " experts ", H, "x", I, " ", dtype_name(compute), " kind ", int(kind), " norm ", norm, " T ", T,

@@ -14,12 +14,7 @@ TEST(MoeBlock, ResidualAddsTheBlockToOut) {
   auto be = make_cpu_backend({DType::F32, 1});
   const int64_t H = 64, I = 32, T = 3;
   const int E = 6, K = 2;
-  ModelConfig cfg;
-  cfg.hidden_size = H;
-  cfg.moe.n_experts = E;
-  cfg.moe.top_k = K;
-  cfg.moe.expert_intermediate = I;
-  cfg.moe.norm_topk = true;
+  const ModelConfig cfg = moe_test_config(H, E, K, I, true);
   MoeWeights w;
   w.router = be->upload_dense(f32_tensor(randn(size_t(E * H), 0.5f), {E, H}), DType::F32);
   auto dense = [&](int64_t rows, int64_t cols) {
