@@ -500,6 +500,12 @@ __global__ void __launch_bounds__(kMoeWarps * 32, 2) moe_gemv_kernel(const __gri
   }
 }
 
+// s + sigmoid(logit) * shared: a shared expert's output (Qwen2-MoE) added to the weighted sum.
+template <typename TA>
+__device__ __forceinline__ float moe_add_shared(float s, float logit, TA shared) {
+  return fmaf(1.f / (1.f + expf(-logit)), to_f32<TA>(shared), s);
+}
+
 // A weighted sum s into *o, rounded to the compute dtype; residual: *o + that, as add() adds.
 template <typename TA>
 __device__ __forceinline__ void moe_store_sum(TA* o, float s, int residual) {
@@ -517,10 +523,7 @@ __global__ void moe_combine_kernel(const MoeCombineArgs a) {
     const int64_t p = t * a.K + k;
     s = fmaf(a.wts[p], to_f32<TA>(static_cast<const TA*>(a.y)[int64_t(a.pos_of[p]) * a.cols + c]), s);
   }
-  if (a.shared) {
-    const float gl = a.shared_logit[t];
-    s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.shared)[t * a.cols + c]), s);
-  }
+  if (a.shared) s = moe_add_shared(s, a.shared_logit[t], static_cast<const TA*>(a.shared)[t * a.cols + c]);
   moe_store_sum<TA>(static_cast<TA*>(a.out) + t * a.cols + c, s, a.residual);
 }
 

@@ -83,10 +83,7 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
           for (int jj = 0; jj < NW; ++jj) y += red[jj * K + kk][tid];
           s = fmaf(s_w[kk], to_f32<TA>(from_f32<TA>(y)), s);
         }
-        if (a.sum.shared) {
-          const float gl = a.sum.shared_logit[0];
-          s = fmaf(1.f / (1.f + expf(-gl)), to_f32<TA>(static_cast<const TA*>(a.sum.shared)[row]), s);
-        }
+        if (a.sum.shared) s = moe_add_shared(s, a.sum.shared_logit[0], static_cast<const TA*>(a.sum.shared)[row]);
         moe_store_sum<TA>(static_cast<TA*>(a.sum.out) + row, s, a.sum.residual);
       }
     }
