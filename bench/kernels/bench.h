@@ -81,5 +81,6 @@ void decode_attention(Context& c);       // decode_attention.cpp
 void prefill_linears(Context& c);        // prefill_linear.cpp
 void prefill_attention(Context& c);      // prefill_attention.cpp
 void moe_experts(Context& c);            // moe_experts.cpp
+void decode_forms(Context& c);           // decode_forms.cu
 
 }  // namespace nf4flash::kbench

@@ -20,7 +20,7 @@ namespace {
 
 struct Options {
   std::string json_path;
-  bool attention_only = false, gemv_only = false, moe_only = false;
+  bool attention_only = false, gemv_only = false, moe_only = false, forms_only = false;
   int reps = 50, trials = 9, device = 0;
 };
 
@@ -65,12 +65,13 @@ int run(const Options& o) {
               o.trials);
 
   const double copy_gbs = kbench::copy_reference(c);
-  const bool all = !o.attention_only && !o.gemv_only && !o.moe_only;
+  const bool all = !o.attention_only && !o.gemv_only && !o.moe_only && !o.forms_only;
   if (all || o.gemv_only) kbench::decode_linears(c);
   if (all || o.attention_only) kbench::decode_attention(c);
   if (all) kbench::prefill_linears(c);
   if (all || o.attention_only) kbench::prefill_attention(c);
   if (all || o.moe_only) kbench::moe_experts(c);
+  if (all || o.forms_only) kbench::decode_forms(c);
 
   if (json_out.is_open()) {
     const nlohmann::json j = {
@@ -84,7 +85,11 @@ int run(const Options& o) {
         {"tuning", tuning_json(*bo.tuning)},
         {"reps", o.reps},
         {"trials", o.trials},
-        {"mode", o.attention_only ? "attention-only" : o.gemv_only ? "gemv-only" : o.moe_only ? "moe-only" : "all"},
+        {"mode", o.attention_only ? "attention-only"
+                 : o.gemv_only    ? "gemv-only"
+                 : o.moe_only     ? "moe-only"
+                 : o.forms_only   ? "decode-forms"
+                                  : "all"},
         {"copy_gb_per_s", copy_gbs},
         {"attention_prefill_flop_convention", "4 * seq^2 / 2 * head_dim * n_heads (causal)"},
         {"kernels", report.rows()}};
@@ -102,15 +107,19 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"nf4flash-kernel-bench: times the CUDA backend's default kernels on the Llama-3-8B shapes "
                "(copy reference, decode linears, decode attention, prefill linears, prefill attention; and a "
-               "Qwen3-30B-A3B mixture-of-experts layer)"};
+               "Qwen3-30B-A3B mixture-of-experts layer; the 4-bit decode GEMV's code-decode forms)"};
   app.add_option("--json", o.json_path, "Write the JSON report to FILE")->type_name("FILE");
   auto* att = app.add_flag("--attention-only", o.attention_only,
                            "Only the copy reference, decode attention and prefill attention");
   auto* gemv = app.add_flag("--gemv-only", o.gemv_only, "Only the copy reference and the decode linears (GEMV)");
   auto* moe = app.add_flag("--moe-only", o.moe_only, "Only the copy reference and the mixture-of-experts layer");
+  auto* forms = app.add_flag("--decode-forms", o.forms_only,
+                              "Only the copy reference and the 4-bit decode GEMV's code-decode forms (register "
+                              "table, shuffles, shared table; T=1)");
   att->excludes(gemv);
   moe->excludes(att);
   moe->excludes(gemv);
+  for (auto* f : {att, gemv, moe}) forms->excludes(f);
   app.add_option("--reps", o.reps, "Launches per timed graph replay (default 50)")
       ->check(CLI::Range(1, 100000))
       ->type_name("N");

@@ -63,10 +63,7 @@ void gemv_q4(const GemvQ4Args& g, cudaStream_t st) {
 }
 
 // ---- decode GEMV (1..8 rows) --------------------------------------------------------------------
-namespace {
-// The kernel arguments from the launcher's: every segment like segment 0; SwiGLU = gate and up of
-// equal rows.
-Q4DecodeArgs decode_args(const GemvQ4DecodeArgs& g) {
+Q4DecodeArgs gemv_q4_decode_kernel_args(const GemvQ4DecodeArgs& g) {
   NF4FLASH_CHECK(g.T >= 1 && g.T <= kGemvMaxRows, "gemv_q4_decode: T=", g.T, " outside 1..", kGemvMaxRows);
   NF4FLASH_CHECK(g.nseg >= 1 && g.nseg <= kGemvMaxSegs, "gemv_q4_decode: ", g.nseg, " segments");
   Q4DecodeArgs k{};
@@ -111,6 +108,7 @@ Q4DecodeArgs decode_args(const GemvQ4DecodeArgs& g) {
   return k;
 }
 
+namespace {
 // Whether the shared-memory kernel serves these arguments: x fits beside the table, 32-bit offsets.
 bool decode_smem_applies(const Q4DecodeArgs& k) {
   if (int64_t(k.T) * decode_x_stride(k.cols) > kDecodeXMax) return false;
@@ -172,7 +170,7 @@ bool gemv_q4_norm_fusable(int64_t T, int64_t cols) {
 }
 
 void gemv_q4_decode(const GemvQ4DecodeArgs& g, cudaStream_t st) {
-  Q4DecodeArgs k = decode_args(g);
+  Q4DecodeArgs k = gemv_q4_decode_kernel_args(g);
   const bool dq = g.w[0]->double_quant;
   if (g.act == DType::BF16) {
     if (dq) launch_decode<__nv_bfloat16, true>(k, st);

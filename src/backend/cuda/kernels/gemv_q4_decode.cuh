@@ -68,9 +68,17 @@ struct Q4DecodeArgs {
   float norm_eps;
 };
 
+// Bytes of the shared byte table gemv_q4_decode_kernel<..., PW, SW> reads: none when every code word
+// decodes in registers.
+__host__ __device__ constexpr int decode_lut_bytes(int pw, int sw) { return pw + sw < 4 ? kQ4LutBytes : 0; }
+
 // Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
 // different banks).
 __host__ __device__ constexpr int decode_x_stride(int64_t cols) { return int(cols * 2 + 16); }
+
+// The kernel arguments of a launch (ops_gemv_q4.cu; x_stride is set by the launcher): every segment
+// like segment 0, SwiGLU = gate and up of equal rows. Errors name what does not fit.
+Q4DecodeArgs gemv_q4_decode_kernel_args(const GemvQ4DecodeArgs& g);
 
 // Segment and row tile of (unit u, sub) (SwiGLU: the sub picks gate or up; else the segment whose
 // cumulative row tiles hold u). I: the caller's index type.
@@ -128,14 +136,14 @@ __device__ __forceinline__ void decode_item_epilogue(const Q4DecodeArgs& a, floa
 // g + 8 scaled by the absmax held by lanes src0, src8 (sv: each lane's decoded absmax) and added to
 // acc. T1: one token: the accumulators of token column 1 (acc[1], acc[3]) are never stored, so they
 // are not scaled and added.
-template <typename TA, bool T1 = false, int PW = 0>
+template <typename TA, bool T1 = false, int PW = 0, int SW = 0>
 __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                               const uint4& xb, float sv, int src0, int src8, float* acc,
-                                              const Q4RegTable* tb = nullptr) {
+                                              const Q4RegTable* tb = nullptr, uint32_t shfl_tab = 0) {
   const float s0 = __shfl_sync(0xffffffffu, sv, src0);
   const float s8 = __shfl_sync(0xffffffffu, sv, src8);
   float dd[4] = {0.f, 0.f, 0.f, 0.f};
-  q4_tile_mma_prmt<TA, PW>(lut_s, lane_b, wq, xa, xb, dd, tb);
+  q4_tile_mma_prmt<TA, PW, SW>(lut_s, lane_b, wq, xa, xb, dd, tb, shfl_tab);
   acc[0] = fmaf(dd[0], s0, acc[0]);
   acc[2] = fmaf(dd[2], s8, acc[2]);
   if constexpr (!T1) {
@@ -145,12 +153,15 @@ __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, c
 }
 
 // x staged in shared memory. Grid: min(units, 2 blocks per SM); 256 threads; dynamic shared memory
-// kQ4LutBytes + T * x_stride.
-template <typename TA, bool DQ, bool FULL, bool T1>
+// decode_lut_bytes(PW, SW) + T * x_stride. PW, SW: code words of a tile decoded through the register table and by
+// shuffles (q4_tile_mma_prmt); the backend runs PW = kDecodePrmtWords, SW = 0, and the kernel
+// benchmark's decode-form rows the others.
+template <typename TA, bool DQ, bool FULL, bool T1, int PW = kDecodePrmtWords, int SW = 0>
 __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decode_kernel(const __grid_constant__ Q4DecodeArgs a) {
   constexpr int W = kDecodeW, U = kDecodeU, D = kDecodeD, WU = W * U;
   constexpr int US = U / 2;  // scale loads per lane and batch: one per pair of tiles
-  extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then x [T][x_stride bytes]
+  constexpr int kLut = decode_lut_bytes(PW, SW);
+  extern __shared__ __align__(16) uint32_t lut[];  // [256][64] (unless kLut = 0), then x [T][x_stride bytes]
   __shared__ float red[2][W][16][8];  // two buffers: one barrier per item (item & 1)
   __shared__ float gate_v[128];
   __shared__ float s_nested_code[256];
@@ -254,15 +265,16 @@ __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decod
   }
   if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
   __syncthreads();
-  q4_fill_lut<64, W * 32>(lut, s_bits);
+  if constexpr (kLut > 0) q4_fill_lut<64, W * 32>(lut, s_bits);
   const Q4RegTable tb = q4_reg_table(s_bits);
+  const uint32_t shfl_tab = SW > 0 ? s_bits[lane & 15] : 0u;
   if constexpr (DQ) {  // read after the barrier that follows the x staging
 #pragma unroll
     for (int j = 0; j < NCT; ++j)
       if (tid + j * W * 32 < 256) s_nested_code[tid + j * W * 32] = ncode[j];
   }
   pdl_wait();
-  uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + kQ4LutBytes;
+  uint8_t* xs = reinterpret_cast<uint8_t*>(lut) + kLut;
   // x, with the norm folded (ends with a barrier)
   stage_rms_norm_x<TA>(a.x, a.T, a.cols, a.x_stride, a.norm_w, a.norm_eps, xs, s_part);
   // this lane's x: token min(g, T-1), columns 64 kt + 16 t .. +15. Only lanes g < T load (1-2
@@ -300,7 +312,7 @@ __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decod
           // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
           if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
           const int src = g + 16 * (uu & 1);
-          q4_tile_apply<TA, T1, kDecodePrmtWords>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc, &tb);
+          q4_tile_apply<TA, T1, PW, SW>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc, &tb, shfl_tab);
         }
       }
       if (++cb == NB) {
