@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The 4-bit decode GEMV's code-decode forms on the GPU machine, from the repo root:
-#   1. builds build-gpu (the kernel benchmark and the gpu tests)
-#   2. the 4-bit GEMV gpu tests (GTEST_FILTER, default CudaOps.Linear*:CudaFused.*)
+#   1. builds build-gpu (the kernel benchmark and, unless TESTS=0, the gpu tests)
+#   2. the 4-bit GEMV gpu tests (GTEST_FILTER, default CudaOps.Linear*:CudaFused.*; TESTS=0 skips
+#      building and running them)
 #   3. nf4flash-kernel-bench --decode-forms ROUNDS times (default 2): each form's time on 4096x14336
 #      and 14336x4096 at T=1, nf4-dq, and whether its output equals the backend's bit for bit
 #   4. with NCU=1 (default, where ncu is on PATH): every form's launches under ncu, one line a
@@ -12,12 +13,17 @@
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=OFF)
 cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
-ninja -C build-gpu -j"${JOBS:-14}" nf4flash-kernel-bench nf4flash_gpu_tests >"$out/build.log" 2>&1 ||
+tests=${TESTS:-1}
+targets=(nf4flash-kernel-bench)
+[ "$tests" = 1 ] && targets+=(nf4flash_gpu_tests)
+ninja -C build-gpu -j"${JOBS:-14}" "${targets[@]}" >"$out/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
 stamp "built"
 
-./build-gpu/tests/nf4flash_gpu_tests --gtest_filter="${GTEST_FILTER:-CudaOps.Linear*:CudaFused.*}" >"$out/forms-tests.log" 2>&1
-stamp "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/forms-tests.log" | tr '\n' ' ')"
+if [ "$tests" = 1 ]; then
+  ./build-gpu/tests/nf4flash_gpu_tests --gtest_filter="${GTEST_FILTER:-CudaOps.Linear*:CudaFused.*}" >"$out/forms-tests.log" 2>&1
+  stamp "tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)  \]' "$out/forms-tests.log" | tr '\n' ' ')"
+fi
 
 kb=./build-gpu/bench/kernels/nf4flash-kernel-bench
 for r in $(seq 1 "${ROUNDS:-2}"); do
@@ -28,9 +34,9 @@ done
 
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   common=(--clock-control none --print-kernel-base demangled -k regex:gemv_q4_decode_kernel --csv)
-  ncu "${common[@]}" --metrics "gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+  timeout 150 ncu "${common[@]}" --metrics "gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     $kb --decode-forms --reps 1 --trials 1 >"$out/ncu-forms.csv" 2>"$out/ncu-forms.err" || echo "ncu (metrics) failed: see ncu-forms.err"
-  ncu "${common[@]}" --metrics sass__inst_executed_per_opcode --print-metric-instances values \
+  timeout 150 ncu "${common[@]}" --metrics sass__inst_executed_per_opcode --print-metric-instances values \
     $kb --decode-forms --reps 1 --trials 1 >"$out/ncu-forms-opcodes.csv" 2>"$out/ncu-forms-opcodes.err" || echo "ncu (opcodes) failed: see ncu-forms-opcodes.err"
   stamp "ncu done"
   python3 - "$out/ncu-forms.csv" "$out/ncu-forms-opcodes.csv" <<'PY'
