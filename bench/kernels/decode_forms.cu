@@ -4,7 +4,8 @@
 // table (byte permutes), SW by warp shuffles of a 16-entry register table (the any4 / tinygemm
 // decode), the rest through the per-lane shared byte table (the FLUTE-style replicated table).
 // Every form runs the default's work order, loads and arithmetic, so its output must equal the
-// backend's bit for bit; each row says whether it did, and the kernel's registers and spills.
+// backend's bit for bit; each row says whether it did, and the kernel's registers and spills
+// (local bytes). decode_forms returns the forms that differed ("" when none).
 // Shapes: Llama-3-8B's 4096x14336 and 14336x4096, weights rotated over copies past the L2.
 #include <cstring>
 #include <string>
@@ -110,14 +111,14 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
 
 }  // namespace
 
-void decode_forms(Context& c) {
+std::string decode_forms(Context& c) {
   c.report.section("decode_forms", "4-bit decode GEMV code-decode forms (T=1, nf4-dq; weights from HBM)");
   std::vector<std::string> differ;
   shape_rows(c, 4096, 14336, differ);
   shape_rows(c, 14336, 4096, differ);
   std::string list;
   for (const auto& d : differ) list += (list.empty() ? "" : "; ") + d;
-  NF4FLASH_CHECK(differ.empty(), "decode forms whose output differs from the backend's: ", list);
+  return list;
 }
 
 }  // namespace nf4flash::kbench

@@ -71,7 +71,8 @@ int run(const Options& o) {
   if (all) kbench::prefill_linears(c);
   if (all || o.attention_only) kbench::prefill_attention(c);
   if (all || o.moe_only) kbench::moe_experts(c);
-  if (all || o.forms_only) kbench::decode_forms(c);
+  std::string forms_differ;
+  if (all || o.forms_only) forms_differ = kbench::decode_forms(c);
 
   if (json_out.is_open()) {
     const nlohmann::json j = {
@@ -98,6 +99,8 @@ int run(const Options& o) {
     NF4FLASH_CHECK(json_out.good(), "--json ", o.json_path, ": write failed");
     std::printf("\nJSON report: %s\n", o.json_path.c_str());
   }
+  // after the report is written: a form with other results than the backend's is a failed run
+  NF4FLASH_CHECK(forms_differ.empty(), "decode forms whose output differs from the backend's: ", forms_differ);
   return 0;
 }
 
