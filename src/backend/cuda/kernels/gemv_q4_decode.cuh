@@ -153,9 +153,9 @@ __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, c
 }
 
 // x staged in shared memory. Grid: min(units, 2 blocks per SM); 256 threads; dynamic shared memory
-// decode_lut_bytes(PW, SW) + T * x_stride. PW, SW: code words of a tile decoded through the register table and by
-// shuffles (q4_tile_mma_prmt); the backend runs PW = kDecodePrmtWords, SW = 0, and the kernel
-// benchmark's decode-form rows the others.
+// decode_lut_bytes(PW, SW) + T * x_stride. PW, SW: code words of a tile decoded through the
+// register table and by shuffles (q4_tile_mma_prmt); the backend runs PW = kDecodePrmtWords,
+// SW = 0, the kernel benchmark's decode-form rows the others.
 template <typename TA, bool DQ, bool FULL, bool T1, int PW = kDecodePrmtWords, int SW = 0>
 __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decode_kernel(const __grid_constant__ Q4DecodeArgs a) {
   constexpr int W = kDecodeW, U = kDecodeU, D = kDecodeD, WU = W * U;
