@@ -157,9 +157,10 @@ __device__ __forceinline__ void q4_finish_row_tile(float (&red)[W][16][8], const
   __syncthreads();
 }
 
-// Epilogue stores of the decode GEMV (gemv_q4_decode.cuh), element o of an output:
-// SwiGLU from the gate and up values already rounded to the compute dtype; a plain result y as f32,
-// as the compute dtype, or added to the residual there (rounded first: the unfused result).
+// Epilogue stores of the decode GEMV (gemv_q4_decode.cuh; q4_store_y also stores the MoE weighted
+// sums, moe.cuh), element o of an output: SwiGLU from the gate and up values already rounded to the
+// compute dtype; a plain result y as f32, as the compute dtype, or added to the residual there
+// (rounded first: the unfused result).
 template <typename TA>
 __device__ __forceinline__ void q4_store_swiglu(void* out, int64_t o, float gv, float uv) {
   static_cast<TA*>(out)[o] = from_f32<TA>(gv / (1.f + __expf(-gv)) * uv);

@@ -506,12 +506,6 @@ __device__ __forceinline__ float moe_add_shared(float s, float logit, TA shared)
   return fmaf(1.f / (1.f + expf(-logit)), to_f32<TA>(shared), s);
 }
 
-// A weighted sum s into *o, rounded to the compute dtype; residual: *o + that, as add() adds.
-template <typename TA>
-__device__ __forceinline__ void moe_store_sum(TA* o, float s, int residual) {
-  *o = residual ? from_f32<TA>(to_f32<TA>(*o) + to_f32<TA>(from_f32<TA>(s))) : from_f32<TA>(s);
-}
-
 template <typename TA>
 __global__ void moe_combine_kernel(const MoeCombineArgs a) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, t = blockIdx.y;
@@ -524,7 +518,7 @@ __global__ void moe_combine_kernel(const MoeCombineArgs a) {
     s = fmaf(a.wts[p], to_f32<TA>(static_cast<const TA*>(a.y)[int64_t(a.pos_of[p]) * a.cols + c]), s);
   }
   if (a.shared) s = moe_add_shared(s, a.shared_logit[t], static_cast<const TA*>(a.shared)[t * a.cols + c]);
-  moe_store_sum<TA>(static_cast<TA*>(a.out) + t * a.cols + c, s, a.residual);
+  q4_store_y<TA>(a.out, t * a.cols + c, s, 0, a.residual);  // rounded; residual: added as add() adds
 }
 
 }  // namespace nf4flash::cuda

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kMoeDcWarps * 32, 1) moe_down_combine_kernel(c
           s = fmaf(s_w[kk], to_f32<TA>(from_f32<TA>(y)), s);
         }
         if (a.sum.shared) s = moe_add_shared(s, a.sum.shared_logit[0], static_cast<const TA*>(a.sum.shared)[row]);
-        moe_store_sum<TA>(static_cast<TA*>(a.sum.out) + row, s, a.sum.residual);
+        q4_store_y<TA>(a.sum.out, row, s, 0, a.sum.residual);
       }
     }
     __syncthreads();  // red read before the next row tile's writes
