@@ -124,7 +124,6 @@ inline TensorInfo f32_tensor(const std::vector<float>& v, std::vector<int64_t> s
   return t;
 }
 
-// The CPU f32 reference and a CUDA backend with the default tuning, or with `t` (tuning_with).
 // A mixture-of-experts block's config: hidden size H, E experts of I rows, top K, the K weights
 // renormalized when norm_topk.
 inline ModelConfig moe_test_config(int64_t H, int E, int K, int64_t I, bool norm_topk) {
@@ -137,6 +136,7 @@ inline ModelConfig moe_test_config(int64_t H, int E, int K, int64_t I, bool norm
   return cfg;
 }
 
+// The CPU f32 reference and a CUDA backend with the default tuning, or with `t` (tuning_with).
 struct Backends {
   std::unique_ptr<Backend> cpu, gpu;
   explicit Backends(DType compute = DType::BF16, const CudaTuning& t = {}) {
