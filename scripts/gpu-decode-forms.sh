@@ -3,8 +3,9 @@
 #   1. builds build-gpu (the kernel benchmark and, unless TESTS=0, the gpu tests)
 #   2. the 4-bit GEMV gpu tests (GTEST_FILTER, default CudaOps.Linear*:CudaFused.*; TESTS=0 skips
 #      building and running them)
-#   3. nf4flash-kernel-bench --decode-forms ROUNDS times (default 2): each form's time on 4096x14336
-#      and 14336x4096 at T=1, nf4-dq, and whether its output equals the backend's bit for bit
+#   3. nf4flash-kernel-bench --decode-forms ROUNDS times (default 2): each form's time on 4096x14336,
+#      14336x4096, 5120x2048 and 2048x4096 at T=1, nf4-dq, and whether its output equals the
+#      backend's bit for bit
 #   4. with NCU=1 (default, where ncu is on PATH): every form's launches under ncu, one line a
 #      form and shape: time, warp instructions, issue-slot use, the stall reasons above 0.1 cycles an
 #      issued instruction, and the executed SASS opcodes that differ between the forms (LDS, SHFL,

@@ -6,7 +6,8 @@
 // Every form runs the default's work order, loads and arithmetic, so its output must equal the
 // backend's bit for bit; each row says whether it did, and the kernel's registers and spills
 // (local bytes). decode_forms returns the forms that differed ("" when none).
-// Shapes: Llama-3-8B's 4096x14336 and 14336x4096, weights rotated over copies past the L2.
+// Shapes: Llama-3-8B's 4096x14336 and 14336x4096, and Qwen3-30B-A3B's q/k/v (5120x2048) and o_proj
+// (2048x4096), where a block's 64 KB table fill weighs more; weights rotated over copies past the L2.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -116,6 +117,8 @@ std::string decode_forms(Context& c) {
   std::vector<std::string> differ;
   shape_rows(c, 4096, 14336, differ);
   shape_rows(c, 14336, 4096, differ);
+  shape_rows(c, 5120, 2048, differ);
+  shape_rows(c, 2048, 4096, differ);
   std::string list;
   for (const auto& d : differ) list += (list.empty() ? "" : "; ") + d;
   return list;
