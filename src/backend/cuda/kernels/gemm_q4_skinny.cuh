@@ -18,10 +18,12 @@
 // the unit's 16 code tiles (8 KiB, as laid out in global memory), their absmax (64 bytes per tile)
 // and x's 64 columns of the T tokens (rows of 144 bytes: conflict-free 16-byte fragment loads).
 // The first S-1 steps' weights are requested before the PDL wait, their x after it.
-// One barrier per step; one block of 8 warps per SM (up to 255 registers), 6 stages. Each block takes at least kSkinnyMinSteps steps (fewer blocks than SMs on
-// small launches) so that a unit is cut into few parts. Per step a warp decodes its R tiles once (16 table lookups each) and
-// multiplies each against NT = ceil(T/8) token tiles (R * NT * 4 mma.m16n8k16); with NT = 8 the
-// token tiles go in two halves of 4 (x fragments reloaded from shared memory per tile).
+// One barrier per step; one block of 8 warps per SM (up to 255 registers), 6 stages. Each block
+// takes at least kSkinnyMinSteps steps (fewer blocks than SMs on small launches) so that a unit is
+// cut into few parts. Per step a warp decodes its R tiles once (code word 0 through the register
+// table, q4_word_prmt; words 1-3 by 12 shared-table lookups) and multiplies each against
+// NT = ceil(T/8) token tiles (R * NT * 4 mma.m16n8k16); with NT = 8 the token tiles go in two
+// halves of 4 (x fragments reloaded from shared memory per tile).
 //
 // A unit whose steps fall in one block's range is stored by that block. A unit cut between blocks
 // first..last: each block stores its f32 accumulators to slot (unit + block) of the workspace (in
@@ -194,6 +196,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
   if constexpr (DQ) s_nested_code[tid] = a.nested_code[tid];  // 256 threads
   __syncthreads();
   q4_fill_lut<64, W * 32>(lut, s_bits);
+  const Q4RegTable tb = q4_reg_table(s_bits);  // code word 0 of each tile: byte permutes, no LDS
   // The first S-1 steps' weights before the wait (the previous kernel never writes them: their
   // loads overlap its tail), their x after it; all in the first commit group with x of step p0,
   // then one group per step's x.
@@ -333,7 +336,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
                    : "=r"(wq.x), "=r"(wq.y), "=r"(wq.z), "=r"(wq.w)
                    : "r"(st + ((warp * R + r) * 32 + lane) * 16));
       uint32_t fa[4][4];
-      q4_word_lds(lut_s, lane_b, wq.x, fa[0]);
+      q4_word_prmt(tb, wq.x, fa[0]);
       q4_word_lds(lut_s, lane_b, wq.y, fa[1]);
       q4_word_lds(lut_s, lane_b, wq.z, fa[2]);
       q4_word_lds(lut_s, lane_b, wq.w, fa[3]);
