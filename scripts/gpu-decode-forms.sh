@@ -35,9 +35,9 @@ done
 
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   common=(--clock-control none --print-kernel-base demangled -k regex:gemv_q4_decode_kernel --csv)
-  timeout 150 ncu "${common[@]}" --metrics "gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+  timeout 150 ncu "${common[@]}" --metrics "launch__shared_mem_per_block_dynamic,gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
     $kb --decode-forms --reps 1 --trials 1 >"$out/ncu-forms.csv" 2>"$out/ncu-forms.err" || echo "ncu (metrics) failed: see ncu-forms.err"
-  timeout 150 ncu "${common[@]}" --metrics sass__inst_executed_per_opcode --print-metric-instances values \
+  timeout 150 ncu "${common[@]}" --metrics launch__shared_mem_per_block_dynamic,sass__inst_executed_per_opcode --print-metric-instances values \
     $kb --decode-forms --reps 1 --trials 1 >"$out/ncu-forms-opcodes.csv" 2>"$out/ncu-forms-opcodes.err" || echo "ncu (opcodes) failed: see ncu-forms-opcodes.err"
   stamp "ncu done"
   python3 - "$out/ncu-forms.csv" "$out/ncu-forms-opcodes.csv" <<'PY'
@@ -51,25 +51,32 @@ def rows(path):
         return []
     return list(csv.DictReader(lines))
 
-def key(r):  # form (template arguments) and shape (grid)
-    m = re.search(r"gemv_q4_decode_kernel<([^>]*)>", r["Kernel Name"])
-    return (m.group(1) if m else r["Kernel Name"][:60]), r["Grid Size"]
+def keyed(path):  # rows by launch, keyed by form (template arguments) and shape (grid, shared memory)
+    launches = defaultdict(list)
+    for r in rows(path):
+        launches[r["ID"]].append(r)
+    for rs in launches.values():
+        m = re.search(r"gemv_q4_decode_kernel<([^>]*)>", rs[0]["Kernel Name"])
+        smem = next((r["Metric Value"] for r in rs if r["Metric Name"] == "launch__shared_mem_per_block_dynamic"), "?")
+        k = (m.group(1) if m else rs[0]["Kernel Name"][:60]), f"{rs[0]['Grid Size']} smem {smem}"
+        for r in rs:
+            yield k, r
 
 vals = defaultdict(lambda: defaultdict(list))
-for r in rows(sys.argv[1]):
+for k, r in keyed(sys.argv[1]):
     try:
-        vals[key(r)][r["Metric Name"]].append(float(r["Metric Value"].replace(",", "")))
+        vals[k][r["Metric Name"]].append(float(r["Metric Value"].replace(",", "")))
     except ValueError:
         pass
 ops = defaultdict(lambda: defaultdict(list))
-for r in rows(sys.argv[2]):
+for k, r in keyed(sys.argv[2]):
     if r["Metric Name"] != "sass__inst_executed_per_opcode":
         continue
     # instance values: OPCODE: count pairs (one launch)
     d = {op: float(n.replace(",", "")) for op, n in
          re.findall(r"([A-Z][A-Z0-9_.]*)\s*[:=]\s*([0-9][0-9,.]*)", r["Metric Value"])}
     for op, n in d.items():
-        ops[key(r)][op].append(n)
+        ops[k][op].append(n)
 
 avg = lambda v: sum(v) / len(v) if v else float("nan")
 for k in sorted(vals):
