@@ -7,7 +7,7 @@
 // backend's bit for bit; each row says whether it did, and the kernel's registers and spills
 // (local bytes). decode_forms returns the forms that differed ("" when none).
 // Shapes: Llama-3-8B's 4096x14336 and 14336x4096, and Qwen3-30B-A3B's q/k/v (5120x2048) and o_proj
-// (2048x4096), where a block's 64 KB table fill weighs more; weights rotated over copies past the L2.
+// (2048x4096), one or two row tiles a block; weights rotated over copies past the L2.
 #include <cstring>
 #include <string>
 #include <vector>
