@@ -1,7 +1,10 @@
-# Sourced by the GPU check scripts (gpu-batch-check.sh, gpu-serve-check.sh, gpu-moe-check.sh):
-# strict mode, the repo root as working folder, $out (OUT, default build-gpu/out) created, $gpu
-# (the GPU's name with dashes, for file names), stamp MESSAGE (prints the seconds since sourcing)
-# and bench_summary (below).
+# Sourced by the GPU check scripts (gpu-batch-check.sh, gpu-serve-check.sh, gpu-moe-check.sh,
+# gpu-decode-forms.sh, gpu-targets.sh): strict mode, the repo root as working folder, $out (OUT,
+# default build-gpu/out) created, $gpu (the GPU's name with dashes, for file names), stamp MESSAGE
+# (prints the seconds since sourcing) and bench_summary (below). With PACK=1 the files a script
+# leaves in $out (logs, JSON, Markdown, CSV) go on exit into one archive, $out/SCRIPT-outputs.tar.gz
+# (SCRIPT: the script's name; -2, -3, ... where one exists), and are removed: one file to copy back
+# from the GPU machine.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -11,6 +14,15 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | 
 gpu=${gpu:-gpu}
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+pack_out() {
+  local name files k=1
+  name="$(basename "$0" .sh)-outputs.tar.gz"
+  while [ -e "$out/$name" ]; do k=$((k + 1)); name="$(basename "$0" .sh)-outputs-$k.tar.gz"; done
+  mapfile -t files < <(cd "$out" && find . -type f ! -name '*-outputs*.tar.gz' | sort)
+  [ "${#files[@]}" -gt 0 ] || return 0
+  (cd "$out" && tar -czf "$name" "${files[@]}" && rm -f "${files[@]}") || echo "PACK: could not archive $out"
+}
+if [ "${PACK:-0}" = 1 ]; then trap pack_out EXIT; fi
 # bench_summary JSON LABEL [FLOOR]: one line per ok config of a single-sequence bench JSON, its first
 # prompt's median TTFT and first context's median decode rate (with FLOOR tok/s: the share of it)
 bench_summary() {
