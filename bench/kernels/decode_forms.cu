@@ -1,8 +1,8 @@
 // nf4flash-kernel-bench: the 4-bit decode GEMV's code-decode forms. The backend's decode kernel
 // (gemv_q4_decode_kernel, T = 1, nf4-dq, bf16) instantiated with each way of turning a tile's four
 // code words into mma fragments (gemv_q4.cuh, q4_tile_mma_prmt): PW words through the register
-// table (byte permutes), SW by warp shuffles of a 16-entry register table (the any4 / tinygemm
-// decode), the rest through the per-lane shared byte table (the FLUTE-style replicated table).
+// table (byte permutes), the rest through the per-lane shared byte table (the FLUTE-style
+// replicated table; none with PW = 4).
 // Every form runs the default's work order, loads and arithmetic, so its output must equal the
 // backend's bit for bit; each row says whether it did, and the kernel's registers and spills
 // (local bytes). decode_forms returns the forms that differed ("" when none).
@@ -28,19 +28,17 @@ struct Form {
   int lut_bytes;  // dynamic shared memory before x
 };
 
-template <int PW, int SW>
+template <int PW>
 Form form(const char* name) {
-  return {name, cuda::gemv_q4_decode_kernel<__nv_bfloat16, true, true, true, PW, SW>, cuda::decode_lut_bytes(PW, SW)};
+  return {name, cuda::gemv_q4_decode_kernel<__nv_bfloat16, true, true, true, PW>, cuda::decode_lut_bytes(PW)};
 }
 
 const std::vector<Form>& forms() {
   static const std::vector<Form> f = {
-      form<cuda::kDecodePrmtWords, 0>("default (1 register-table word, 3 shared-table words)"),
-      form<0, 0>("shared table, 4 words"),
-      form<0, 4>("shuffles, 4 words (any4/tinygemm)"),
-      form<1, 1>("1 register-table, 1 shuffle, 2 shared-table words"),
-      form<1, 3>("1 register-table, 3 shuffle words"),
-      form<0, 2>("2 shuffle, 2 shared-table words"),
+      form<cuda::kDecodePrmtWords>("default (1 register-table word, 3 shared-table words)"),
+      form<0>("shared table, 4 words"),
+      form<2>("2 register-table, 2 shared-table words"),
+      form<4>("register table, 4 words (no shared table)"),
   };
   return f;
 }

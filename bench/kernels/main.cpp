@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   auto* moe = app.add_flag("--moe-only", o.moe_only, "Only the copy reference and the mixture-of-experts layer");
   auto* forms = app.add_flag("--decode-forms", o.forms_only,
                               "Only the copy reference and the 4-bit decode GEMV's code-decode forms (register "
-                              "table, shuffles, shared table; T=1)");
+                              "table or shared table; T=1)");
   att->excludes(gemv);
   moe->excludes(att);
   moe->excludes(gemv);

@@ -90,34 +90,19 @@ __device__ __forceinline__ void q4_word_prmt(const Q4RegTable& tb, uint32_t w, u
   }
 }
 
-// q4_word_lds's result by warp shuffles (the any4 / tinygemm decode: no table in shared memory,
-// 8 SHFL + 7 shifts + 4 byte permutes a word): lane L holds tab = the 16-bit code of nibble L & 15
-// (lanes 16-31 repeat 0-15), and shfl.idx reads only bits 0-4 of its source lane, so w >> 4i needs
-// no mask (bit 4 picks a repeated half).
-__device__ __forceinline__ void q4_word_shfl(uint32_t tab, uint32_t w, uint32_t* fa) {
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const uint32_t lo = __shfl_sync(0xffffffffu, tab, int(w >> (8 * k)));      // low nibble of byte k
-    const uint32_t hi = __shfl_sync(0xffffffffu, tab, int(w >> (8 * k + 4)));  // its high nibble
-    fa[k] = __byte_perm(hi, lo, 0x5410u);  // { code[high], code[low] }, as the byte table's entry
-  }
-}
-
 // One tile: the lane's 4 code words, each against its x fragments (one mma.m16n8k16 per word).
-// Words 0..PW-1 decode through the register table tb (q4_word_prmt), PW..PW+SW-1 by shuffles of
-// shfl_tab (q4_word_shfl), the rest through the shared byte table (q4_word_lds): the same entries
-// whichever way. d[0..3] += the unscaled partial sums of rows g, g+8 x tokens 2t, 2t+1.
-template <typename TA, int PW = 0, int SW = 0>
+// Words 0..PW-1 decode through the register table tb (q4_word_prmt), the rest through the shared
+// byte table (q4_word_lds): the same entries either way. d[0..3] += the unscaled partial sums of
+// rows g, g+8 x tokens 2t, 2t+1.
+template <typename TA, int PW = 0>
 __device__ __forceinline__ void q4_tile_mma_prmt(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
-                                                 const uint4& xb, float* d, const Q4RegTable* tb = nullptr,
-                                                 uint32_t shfl_tab = 0) {
+                                                 const uint4& xb, float* d, const Q4RegTable* tb = nullptr) {
   const uint32_t wv[4] = {wq.x, wq.y, wq.z, wq.w};
   const uint32_t xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t fa[4];
     if (j < PW) q4_word_prmt(*tb, wv[j], fa);
-    else if (j < PW + SW) q4_word_shfl(shfl_tab, wv[j], fa);
     else q4_word_lds(lut_s, lane_b, wv[j], fa);
     mma_16816<TA>(d, fa, xv[2 * j], xv[2 * j + 1]);
   }

@@ -68,9 +68,9 @@ struct Q4DecodeArgs {
   float norm_eps;
 };
 
-// Bytes of the shared byte table gemv_q4_decode_kernel<..., PW, SW> reads: none when every code word
+// Bytes of the shared byte table gemv_q4_decode_kernel<..., PW> reads: none when every code word
 // decodes in registers.
-__host__ __device__ constexpr int decode_lut_bytes(int pw, int sw) { return pw + sw < 4 ? kQ4LutBytes : 0; }
+__host__ __device__ constexpr int decode_lut_bytes(int pw) { return pw < 4 ? kQ4LutBytes : 0; }
 
 // Row stride of x staged in shared memory (16 bytes of padding: rows of different tokens start on
 // different banks).
@@ -136,14 +136,14 @@ __device__ __forceinline__ void decode_item_epilogue(const Q4DecodeArgs& a, floa
 // g + 8 scaled by the absmax held by lanes src0, src8 (sv: each lane's decoded absmax) and added to
 // acc. T1: one token: the accumulators of token column 1 (acc[1], acc[3]) are never stored, so they
 // are not scaled and added.
-template <typename TA, bool T1 = false, int PW = 0, int SW = 0>
+template <typename TA, bool T1 = false, int PW = 0>
 __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, const uint4& wq, const uint4& xa,
                                               const uint4& xb, float sv, int src0, int src8, float* acc,
-                                              const Q4RegTable* tb = nullptr, uint32_t shfl_tab = 0) {
+                                              const Q4RegTable* tb = nullptr) {
   const float s0 = __shfl_sync(0xffffffffu, sv, src0);
   const float s8 = __shfl_sync(0xffffffffu, sv, src8);
   float dd[4] = {0.f, 0.f, 0.f, 0.f};
-  q4_tile_mma_prmt<TA, PW, SW>(lut_s, lane_b, wq, xa, xb, dd, tb, shfl_tab);
+  q4_tile_mma_prmt<TA, PW>(lut_s, lane_b, wq, xa, xb, dd, tb);
   acc[0] = fmaf(dd[0], s0, acc[0]);
   acc[2] = fmaf(dd[2], s8, acc[2]);
   if constexpr (!T1) {
@@ -153,14 +153,14 @@ __device__ __forceinline__ void q4_tile_apply(uint32_t lut_s, uint32_t lane_b, c
 }
 
 // x staged in shared memory. Grid: min(units, 2 blocks per SM); 256 threads; dynamic shared memory
-// decode_lut_bytes(PW, SW) + T * x_stride. PW, SW: code words of a tile decoded through the
-// register table and by shuffles (q4_tile_mma_prmt); the backend runs PW = kDecodePrmtWords,
-// SW = 0, the kernel benchmark's decode-form rows the others.
-template <typename TA, bool DQ, bool FULL, bool T1, int PW = kDecodePrmtWords, int SW = 0>
+// decode_lut_bytes(PW) + T * x_stride. PW: code words of a tile decoded through the register table
+// (q4_tile_mma_prmt); the backend runs PW = kDecodePrmtWords, the kernel benchmark's decode-form
+// rows the others.
+template <typename TA, bool DQ, bool FULL, bool T1, int PW = kDecodePrmtWords>
 __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decode_kernel(const __grid_constant__ Q4DecodeArgs a) {
   constexpr int W = kDecodeW, U = kDecodeU, D = kDecodeD, WU = W * U;
   constexpr int US = U / 2;  // scale loads per lane and batch: one per pair of tiles
-  constexpr int kLut = decode_lut_bytes(PW, SW);
+  constexpr int kLut = decode_lut_bytes(PW);
   extern __shared__ __align__(16) uint32_t lut[];  // [256][64] (unless kLut = 0), then x [T][x_stride bytes]
   __shared__ float red[2][W][16][8];  // two buffers: one barrier per item (item & 1)
   __shared__ float gate_v[128];
@@ -267,7 +267,6 @@ __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decod
   __syncthreads();
   if constexpr (kLut > 0) q4_fill_lut<64, W * 32>(lut, s_bits);
   const Q4RegTable tb = q4_reg_table(s_bits);
-  const uint32_t shfl_tab = SW > 0 ? s_bits[lane & 15] : 0u;
   if constexpr (DQ) {  // read after the barrier that follows the x staging
 #pragma unroll
     for (int j = 0; j < NCT; ++j)
@@ -312,7 +311,7 @@ __global__ void __launch_bounds__(kDecodeW * 32, kDecodeMinBlocks) gemv_q4_decod
           // rows, 16-31 the odd one's (an odd tile is valid only where its even one is)
           if ((uu & 1) == 0) sv_pair = q4_scale_decode<DQ>(sb[d][uu / 2], offset, s_nested_code);
           const int src = g + 16 * (uu & 1);
-          q4_tile_apply<TA, T1, PW, SW>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc, &tb, shfl_tab);
+          q4_tile_apply<TA, T1, PW>(lut_s, lane_b, wb[d][uu], xa, xb, sv_pair, src, src + 8, acc, &tb);
         }
       }
       if (++cb == NB) {
