@@ -52,7 +52,7 @@ fi
 if [[ "$skip" != *" BB "* ]]; then
   $b bench --preset llama3-8b "${common[@]}" --batch 1,32,64 -p 512 -n 128 --json "$out/$gpu-batch.json" \
     --markdown "$out/$gpu-batch.md" >/dev/null 2>"$out/batch.err" || { echo "bench --batch failed"; tail -3 "$out/batch.err"; }
-  sed -n '3,6p' "$out/$gpu-batch.md" 2>/dev/null
+  sed -n '3,7p' "$out/$gpu-batch.md" 2>/dev/null  # header, rule, batch 1, 32, 64
   echo "batch floors: 32 sequences $f32s tok/s, 64 sequences $f64s tok/s"
   stamp "batch bench"
 fi
