@@ -63,6 +63,12 @@ CudaTuning cuda_tuning_from_env() {
   t.pdl = env_bool("NF4FLASH_PDL", t.pdl);
   t.gemv_max_rows = int(env_int("NF4FLASH_GEMV_MAX_ROWS", 0, 256, t.gemv_max_rows));
   t.q4_skinny_max_rows = int(env_int("NF4FLASH_Q4_SKINNY_MAX_ROWS", 0, 64, t.q4_skinny_max_rows));
+  if (const char* v = env("NF4FLASH_Q4_SKINNY_KERNEL")) {
+    const std::string_view s(v);
+    if (s == "mma") t.q4_skinny_kernel = SkinnyKernelChoice::Mma;
+    else if (s == "wgmma") t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma;
+    else fail("NF4FLASH_Q4_SKINNY_KERNEL=", s, ": expected mma or wgmma");
+  }
   if (const char* v = env("NF4FLASH_Q4_GEMM")) {
     const std::string_view s(v);
     if (s == "auto") t.q4_gemm = Q4GemmMode::Auto;

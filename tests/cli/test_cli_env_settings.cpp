@@ -54,6 +54,7 @@ TEST(CudaTuningFromEnv, ParsesEveryField) {
   EXPECT_TRUE(d.pdl);
   EXPECT_EQ(d.gemv_max_rows, 8);
   EXPECT_EQ(d.q4_skinny_max_rows, 32);
+  EXPECT_EQ(d.q4_skinny_kernel, SkinnyKernelChoice::Mma);
   EXPECT_EQ(d.q4_gemm, Q4GemmMode::Auto);
   EXPECT_EQ(d.q4_fused_max_rows, 512);
   EXPECT_EQ(d.dequant_chunk_mb, 32);
@@ -64,11 +65,12 @@ TEST(CudaTuningFromEnv, ParsesEveryField) {
     EnvVar a("NF4FLASH_PDL", "0"), b("NF4FLASH_GEMV_MAX_ROWS", "16"), c("NF4FLASH_Q4_GEMM", "fused"),
         e("NF4FLASH_Q4GEMM_FUSED_MAX_ROWS", "1024"), f("NF4FLASH_DEQUANT_CHUNK_MB", "0"),
         g("NF4FLASH_FLASH_KERNEL", "wgmma"), h("NF4FLASH_CUDA_STACK_BYTES", "256"), i("NF4FLASH_VRAM_TRACE", "1"),
-        j("NF4FLASH_Q4_SKINNY_MAX_ROWS", "0");
+        j("NF4FLASH_Q4_SKINNY_MAX_ROWS", "0"), k("NF4FLASH_Q4_SKINNY_KERNEL", "wgmma");
     const CudaTuning t = cuda_tuning_from_env();
     EXPECT_FALSE(t.pdl);
     EXPECT_EQ(t.gemv_max_rows, 16);
     EXPECT_EQ(t.q4_skinny_max_rows, 0);
+    EXPECT_EQ(t.q4_skinny_kernel, SkinnyKernelChoice::Wgmma);
     EXPECT_EQ(t.q4_gemm, Q4GemmMode::Fused);
     EXPECT_EQ(t.q4_fused_max_rows, 1024);
     EXPECT_EQ(t.dequant_chunk_mb, 0);
@@ -80,7 +82,8 @@ TEST(CudaTuningFromEnv, ParsesEveryField) {
                              {"NF4FLASH_GEMV_MAX_ROWS", "abc"}, {"NF4FLASH_GEMV_MAX_ROWS", "12x"},
                              {"NF4FLASH_PDL", "yes"}, {"NF4FLASH_Q4_GEMM", "FUSED"}, {"NF4FLASH_FLASH_KERNEL", "fa3"},
                              {"NF4FLASH_DEQUANT_CHUNK_MB", "4097"}, {"NF4FLASH_VRAM_TRACE", "2"},
-                             {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "65"}, {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "-1"}}) {
+                             {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "65"}, {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "-1"},
+                             {"NF4FLASH_Q4_SKINNY_KERNEL", "WGMMA"}, {"NF4FLASH_Q4_SKINNY_KERNEL", "auto"}}) {
     EnvVar v(name, value);
     try {
       cuda_tuning_from_env();

@@ -4,7 +4,8 @@
 // ragged), NF4/FP4, plain and double-quant absmax, ragged rows (row tiles past the weight), and
 // launches where units are cut between blocks (stream-K slots summed by the last block) or not.
 // Every launch runs twice and must give bit-identical results (the counters reset themselves);
-// the path names say which rows take it. They need a GPU whose shared memory per block holds the
+// the path names say which rows take it. The wgmma form (NF4FLASH_Q4_SKINNY_KERNEL=wgmma, sm_90a:
+// 17..32 rows; 9..16 keep mma.sync) runs the same cases up to 32 rows. They need a GPU whose shared memory per block holds the
 // kernel at 64 rows (Hopper); elsewhere they skip, and the rows take the other paths.
 #include <cuda_runtime.h>
 
@@ -44,12 +45,19 @@ struct SkCase {
   bool bias, out_f32 = false;
 };
 
-void run_skinny(DType dt, const SkCase& c) {
-  Backends b(dt, skinny64());
+// The skinny GEMM's wgmma form up to 32 rows
+CudaTuning skinny_wgmma() {
+  return tuning_with([](CudaTuning& t) { t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma; });
+}
+
+void run_skinny(DType dt, const SkCase& c, const CudaTuning& tuning = skinny64()) {
+  Backends b(dt, tuning);
+  const bool wg = tuning.q4_skinny_kernel == SkinnyKernelChoice::Wgmma;
   std::vector<QW> ws;
   for (size_t i = 0; i < c.N.size(); ++i) ws.push_back(make_q4(b, dt, c.type, c.dq, c.N[i], c.K, c.bias && i != 1));
   const std::string path = b.gpu->linear_path(*ws[0].gpu, c.T);
   ASSERT_NE(path.find("gemm_q4_skinny"), std::string::npos) << path;
+  ASSERT_EQ(path.find("wgmma") != std::string::npos, wg && c.T > 16) << path;
   SCOPED_TRACE(cat(quant_type_name(c.type), c.dq ? "-dq" : "", " N0=", c.N[0], " K=", c.K, " T=", c.T,
                    c.out_f32 ? " f32 out" : "", " ", dtype_name(dt)));
   auto X = rounded(randn(size_t(c.T * c.K)), dt);
@@ -81,9 +89,8 @@ void run_skinny(DType dt, const SkCase& c) {
   for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(yg[i]->get(), first[i]) << "second launch differs, segment " << i;
 }
 
-TEST(CudaSkinny, LinearAndMulti) {
-  NF4FLASH_REQUIRE_SKINNY64();
-  const SkCase cases[] = {
+const std::vector<SkCase>& skinny_cases() {
+  static const std::vector<SkCase> cases = {
       // units cut between blocks (16 units x 64 column tiles over every SM) and whole units
       {QuantType::NF4, true, {4096}, 4096, 32, false},
       {QuantType::NF4, true, {4096}, 14336, 64, true},
@@ -96,16 +103,47 @@ TEST(CudaSkinny, LinearAndMulti) {
       {QuantType::FP4, false, {2050, 512, 512}, 3072, 24, true},
       {QuantType::NF4, true, {100, 37, 37}, 512, 64, false},
   };
-  for (DType dt : {DType::BF16, DType::F16})
-    for (const SkCase& c : cases) run_skinny(dt, c);
+  return cases;
 }
 
-TEST(CudaSkinny, SwiGLU) {
+TEST(CudaSkinny, LinearAndMulti) {
   NF4FLASH_REQUIRE_SKINNY64();
-  for (auto [I, H, T, bias] : {std::tuple{int64_t{14336}, int64_t{4096}, int64_t{64}, false},
-                               std::tuple{int64_t{1000}, int64_t{512}, int64_t{40}, true},
-                               std::tuple{int64_t{200}, int64_t{128}, int64_t{12}, false}}) {
-    Backends b(DType::BF16, skinny64());
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const SkCase& c : skinny_cases()) run_skinny(dt, c);
+}
+
+#define NF4FLASH_REQUIRE_SKINNY_WGMMA()                                                                    \
+  do {                                                                                                    \
+    NF4FLASH_REQUIRE_CUDA();                                                                              \
+    if (!cuda::gemm_q4_skinny_wgmma_supported())                                                          \
+      GTEST_SKIP() << "the skinny GEMM's wgmma form needs a compute capability 9.0 GPU and a build for sm_90a"; \
+  } while (0)
+
+TEST(CudaSkinny, WgmmaLinearAndMulti) {
+  NF4FLASH_REQUIRE_SKINNY_WGMMA();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const SkCase& c : skinny_cases())
+      if (c.T <= 32) run_skinny(dt, c, skinny_wgmma());
+}
+
+// The wgmma form serves up to 32 rows: a larger skinny range with it is refused by name.
+TEST(CudaSkinny, WgmmaRowsLimit) {
+  NF4FLASH_REQUIRE_SKINNY_WGMMA();
+  const CudaTuning t = tuning_with([](CudaTuning& t) {
+    t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma;
+    t.q4_skinny_max_rows = 64;
+  });
+  try {
+    Backends b(DType::BF16, t);
+    ADD_FAILURE() << "NF4FLASH_Q4_SKINNY_KERNEL=wgmma with 64 rows was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NF4FLASH_Q4_SKINNY_MAX_ROWS=64"), std::string::npos) << e.what();
+  }
+}
+
+void run_swiglu(const CudaTuning& tuning, std::initializer_list<std::tuple<int64_t, int64_t, int64_t, bool>> shapes) {
+  for (auto [I, H, T, bias] : shapes) {
+    Backends b(DType::BF16, tuning);
     QW g = make_q4(b, DType::BF16, QuantType::NF4, true, I, H, bias), u = make_q4(b, DType::BF16, QuantType::NF4, true, I, H, bias);
     auto X = rounded(randn(size_t(T * H)), DType::BF16);
     DevAct xc(*b.cpu, T, H), xg(*b.gpu, T, H), tc(*b.cpu, T, I), tg(*b.gpu, T, I), oc(*b.cpu, T, I), og(*b.gpu, T, I);
@@ -119,6 +157,16 @@ TEST(CudaSkinny, SwiGLU) {
     b.gpu->linear_swiglu(xg.act, *g.gpu, g.bgpu.get(), *u.gpu, u.bgpu.get(), tg.act, og.act);
     EXPECT_EQ(og.get(), once) << "second launch differs";
   }
+}
+
+TEST(CudaSkinny, SwiGLU) {
+  NF4FLASH_REQUIRE_SKINNY64();
+  run_swiglu(skinny64(), {{14336, 4096, 64, false}, {1000, 512, 40, true}, {200, 128, 12, false}});
+}
+
+TEST(CudaSkinny, WgmmaSwiGLU) {
+  NF4FLASH_REQUIRE_SKINNY_WGMMA();
+  run_swiglu(skinny_wgmma(), {{14336, 4096, 32, false}, {1000, 512, 20, true}, {200, 128, 12, false}});
 }
 
 TEST(CudaSkinny, PathByRows) {

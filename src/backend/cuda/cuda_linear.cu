@@ -145,6 +145,7 @@ bool CudaBackend::skinny_args(Act x, const Weight* const* ws, int n, GemmQ4Skinn
   a.x = x.data;
   a.act = act_;
   a.T = int(x.rows);
+  a.wgmma = q4_skinny_wgmma_;
   return true;
 }
 
@@ -509,8 +510,8 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 ", qn, " x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows (tile16x64, ", act,
                  " mma, f32 accum)");
     case LinearPlan::Q4Skinny:
-      return cat("gemm_q4_skinny ", qn, " (tile16x64, ", act, " mma.sync, f32 accum, stream-K over all SMs; q/k/v one "
-                 "launch, gate+up one launch + silu_mul)");
+      return cat("gemm_q4_skinny ", qn, " (tile16x64, ", act, q4_skinny_wgmma_ && rows > 16 ? " wgmma sm_90a" : " mma.sync",
+                 ", f32 accum, stream-K over all SMs; q/k/v one launch, gate+up one launch + silu_mul)");
     case LinearPlan::Q4FusedGemm:
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q4->dev.RT + 7) / 8, q4->dev.cols),
                  ", codes decoded to ", act, " in registers, f32 accum; last partial wave split along K; q/k/v one "

@@ -145,6 +145,7 @@ struct GemmQ4SkinnyArgs {
   DType act = DType::BF16;
   int T = 1;
   DType out_dtype = DType::BF16;  // act or F32
+  bool wgmma = false;             // the wgmma form at 17..32 rows (sm_90a; gemm_q4_skinny_wgmma_supported)
   GemmQ4SkinnyWs ws;
 };
 GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& a);  // sizes only, no pointers
@@ -154,6 +155,9 @@ GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& a);  // sizes on
 // 0 on GPUs with 99 KiB (RTX 30 and 40 series).
 int gemm_q4_skinny_max_rows(size_t smem_per_block);
 void gemm_q4_skinny(const GemmQ4SkinnyArgs& a, cudaStream_t st);
+// The wgmma form (sm90a/gemm_q4_skinny_wgmma.cu): built for sm_90a and the device is CC 9.0.
+bool gemm_q4_skinny_wgmma_supported();
+void gemm_q4_skinny_wgmma(const GemmQ4SkinnyArgs& a, cudaStream_t st);
 
 struct GemvDenseArgs {
   const void* w = nullptr;   // [N, K]

@@ -1,5 +1,6 @@
 // Launcher of the skinny 4-bit GEMM (kernels/gemm_q4_skinny.cuh): the configuration by row count,
 // the grid (the resident blocks of every multiprocessor, stream-K ranges) and the workspace it needs.
+// The wgmma form is launched from sm90a/gemm_q4_skinny_wgmma.cu with the arguments built here.
 #include <algorithm>
 
 #include "backend/cuda/kernels/gemm_q4_skinny.cuh"
@@ -28,7 +29,7 @@ int skinny_grid(int64_t units, int64_t KT) {
   return int(std::max<int64_t>(1, std::min<int64_t>(units * KT / kSkinnyMinSteps, device_sm_count())));
 }
 
-int64_t skinny_slice(int T) { return int64_t(kSkinnyR) * skinny_nt(T) * 4 * kSkinnyW * 32; }
+int64_t skinny_slice(const GemmQ4SkinnyArgs& g) { return int64_t(kSkinnyR) * skinny_nt(g.T) * 4 * kSkinnyW * 32; }
 
 template <typename TA, bool DQ, int NT>
 void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
@@ -39,6 +40,24 @@ void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
     return true;
   }();
   (void)opted_in;
+  int grid = 0;
+  const Q4SkinnyArgs k = skinny_kernel_args(g, grid);
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
+  CUDA_CHECK_LAUNCH();
+}
+
+template <typename TA, bool DQ>
+void launch_skinny_nt(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  switch (skinny_nt(g.T)) {
+    case 2: return launch_skinny<TA, DQ, 2>(g, st);
+    case 4: return launch_skinny<TA, DQ, 4>(g, st);
+    default: return launch_skinny<TA, DQ, 8>(g, st);
+  }
+}
+
+}  // namespace
+
+Q4SkinnyArgs skinny_kernel_args(const GemmQ4SkinnyArgs& g, int& grid) {
   const Q4Device& w0 = *g.w[0];
   Q4SkinnyArgs k{};
   int64_t units = 0;
@@ -59,32 +78,20 @@ void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   k.out_f32 = g.out_dtype == DType::F32;
   k.log2_blocksize = w0.log2_blocksize;
   k.log2_nested = w0.log2_nested;
-  const int grid = skinny_grid(units, w0.KT);
-  const int64_t floats = (units + grid) * skinny_slice(g.T);
+  grid = skinny_grid(units, w0.KT);
+  const int64_t floats = (units + grid) * skinny_slice(g);
   NF4FLASH_CHECK(g.ws.partial && g.ws.floats >= floats && g.ws.tickets && g.ws.n_tickets >= units,
                  "gemm_q4_skinny: workspace of ", g.ws.floats, " floats / ", g.ws.n_tickets, " counters, needs ",
                  floats, " / ", units);
   k.partial = g.ws.partial;
   k.tickets = g.ws.tickets;
-  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
-  CUDA_CHECK_LAUNCH();
+  return k;
 }
-
-template <typename TA, bool DQ>
-void launch_skinny_nt(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  switch (skinny_nt(g.T)) {
-    case 2: return launch_skinny<TA, DQ, 2>(g, st);
-    case 4: return launch_skinny<TA, DQ, 4>(g, st);
-    default: return launch_skinny<TA, DQ, 8>(g, st);
-  }
-}
-
-}  // namespace
 
 GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& g) {
   const int64_t units = skinny_units(g);
   GemmQ4SkinnyWs r;
-  r.floats = (units + skinny_grid(units, g.w[0]->KT)) * skinny_slice(g.T);
+  r.floats = (units + skinny_grid(units, g.w[0]->KT)) * skinny_slice(g);
   r.n_tickets = units;
   return r;
 }
@@ -108,6 +115,7 @@ void gemm_q4_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   NF4FLASH_CHECK(w0.cols % 64 == 0 && w0.KT * 64 == w0.cols, "gemm_q4_skinny: cols ", w0.cols, " not a multiple of 64");
   NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_skinny: output dtype ",
                  dtype_name(g.out_dtype), " (the compute dtype or f32)");
+  if (g.wgmma && skinny_nt(g.T) == kSkinnyWgTokens / 8) return gemm_q4_skinny_wgmma(g, st);  // 17..32 rows
   const bool dq = w0.double_quant;
   if (g.act == DType::BF16) {
     if (dq) launch_skinny_nt<__nv_bfloat16, true>(g, st);

@@ -25,6 +25,17 @@
 // NT = ceil(T/8) token tiles (R * NT * 4 mma.m16n8k16); with NT = 8 the token tiles go in two
 // halves of 4 (x fragments reloaded from shared memory per tile).
 //
+// The wgmma form (WG, sm_90a, 17..32 rows: NT = 4): the same units, steps, absmax and per-tile f32
+// scaling; the mma products become one warpgroup MMA per row tile and K step (wgmma m64n32k16,
+// A = the decoded code words in registers, warps 0-3 / 4-7 each giving 16 of the 64 rows; B = x
+// from shared memory): x's 64 columns of 32 tokens (zero past T) are staged in wgmma's
+// 128-byte-swizzled K-major layout with the columns permuted as the tile layout permutes the A
+// fragment's K slots (4-byte unit 8j + 4h + t of a token's row holds x's 4-byte unit 8t + 2j + h:
+// column pair c of a row goes to chunk c % 8 ^ token % 8 of the row, slot c / 8), gathered by
+// 4-byte cp.async. Each step's wgmmas start from zero (scale-d 0); the warp waits for them and
+// scales them by the absmax into the f32 accumulators (keeping a step's wgmmas in flight while the
+// next step decodes measured 14% slower).
+//
 // A unit whose steps fall in one block's range is stored by that block. A unit cut between blocks
 // first..last: each block stores its f32 accumulators to slot (unit + block) of the workspace (in
 // register order: value i of thread tid at i * 256 + tid), then takes a ticket on the unit's
@@ -33,6 +44,7 @@
 #pragma once
 #include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/wgmma.cuh"
 
 namespace nf4flash::cuda {
 
@@ -68,11 +80,14 @@ struct Q4SkinnyArgs {
 constexpr int kSkinnyR = 2;
 constexpr int kSkinnyMinSteps = 8;
 constexpr int kSkinnyXRow = 144;
-__host__ __device__ constexpr int skinny_stage_bytes(int nt) {
-  return kSkinnyW * kSkinnyR * (512 + 64) + nt * 8 * kSkinnyXRow;
+// The wgmma form's stage: x [32 tokens][128 bytes] (swizzled, 1024-byte aligned), then codes and
+// absmax as above; the dynamic shared memory gets 1024 bytes of slack for the alignment.
+constexpr int kSkinnyWgTokens = 32;
+__host__ __device__ constexpr int skinny_stage_bytes(int nt, bool wg = false) {
+  return kSkinnyW * kSkinnyR * (512 + 64) + (wg ? kSkinnyWgTokens * 128 : nt * 8 * kSkinnyXRow);
 }
-__host__ __device__ constexpr int skinny_smem_bytes(int nt, int stages) {
-  return kQ4LutBytes + stages * skinny_stage_bytes(nt);
+__host__ __device__ constexpr int skinny_smem_bytes(int nt, int stages, bool wg = false) {
+  return (wg ? 1024 : 0) + kQ4LutBytes + stages * skinny_stage_bytes(nt, wg);
 }
 
 // The block that owns step p of N steps cut into G ranges: the largest b with b*N/G <= p.
@@ -109,19 +124,24 @@ __device__ __forceinline__ void skinny_mma_tile(const uint32_t (&fa)[4][4], uint
   }
 }
 
-// NT token tiles, S stages, MINB blocks per multiprocessor (the register budget).
-template <typename TA, bool DQ, int NT, int S, int MINB>
+// NT token tiles, S stages, MINB blocks per multiprocessor (the register budget), WG: the wgmma
+// form (NT = 4).
+template <typename TA, bool DQ, int NT, int S, int MINB, bool WG = false>
 __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(const __grid_constant__ Q4SkinnyArgs a) {
   constexpr int W = kSkinnyW, R = kSkinnyR, RS = R / 2, NACC = R * NT * 4, SLICE = NACC * W * 32;
-  constexpr int SB = skinny_stage_bytes(NT), TILES = W * R;
-  constexpr int OFF_A = TILES * 512, OFF_X = TILES * (512 + 64);
-  extern __shared__ __align__(16) uint32_t lut[];  // [256][64], then the S stages
+  constexpr int SB = skinny_stage_bytes(NT, WG), TILES = W * R;
+  constexpr int D = S - 1;  // steps loaded ahead
+  constexpr int OFF_C = WG ? kSkinnyWgTokens * 128 : 0, OFF_A = OFF_C + TILES * 512, OFF_X = WG ? 0 : TILES * (512 + 64);
+  static_assert(!WG || (NT == 4 && W * 32 == kSkinnyWgTokens * 8 && SB % 1024 == 0), "gemm_q4_skinny: wgmma form");
+  extern __shared__ __align__(16) uint32_t smem_dyn[];  // [256][64] table, then the S stages
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dyn));
+  const uint32_t lut_s = WG ? (raw_s + 1023u) & ~1023u : raw_s;
+  uint32_t* const lut = smem_dyn + (lut_s - raw_s) / 4;
   const uint32_t stage_s = lut_s + kQ4LutBytes;
   const uint32_t lane_b = 4u * lane;
   const int KT = a.KT, G = int(gridDim.x), b = int(blockIdx.x), T = a.T;
@@ -161,7 +181,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
       const int c = tid + i * W * 32, rt = l_rt0 + (c >> 5);
       const bool ok = rt < l_RT;
       const uint8_t* src = l_tiles + ((int64_t(ok ? rt : 0) * KT + lkt) * 32 + (c & 31)) * 16;
-      cp_async16_sa(st + c * 16, src, ok);
+      cp_async16_sa(st + OFF_C + c * 16, src, ok);
     }
     constexpr int ACH = DQ ? 1 : 4;  // 16-byte absmax chunks per tile
     if (tid < TILES * ACH) {
@@ -173,12 +193,21 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
   };
   // x's 64 columns of column tile kt (tokens < T) into stage st
   auto issue_x = [&](uint32_t st, int kt) {
+    if constexpr (WG) {  // thread = (token n, destination chunk c): 4 units from 32 bytes apart
+      const int n = tid >> 3, c = tid & 7;
+      const uint8_t* src = xg + (int64_t(min(n, T - 1)) * a.cols + int64_t(kt) * 64) * 2 + 4 * c;
+      const uint32_t dst = st + OFF_X + n * 128 + ((c ^ (n & 7)) << 4);
 #pragma unroll
-    for (int i = 0; i < (NT * 64 + W * 32 - 1) / (W * 32); ++i) {
-      const int c = tid + i * W * 32;
-      if (c < T * 8) {
-        const int n = c >> 3, ch = c & 7;
-        cp_async16_sa(st + OFF_X + n * kSkinnyXRow + ch * 16, xg + (int64_t(n) * a.cols + int64_t(kt) * 64 + ch * 8) * 2, true);
+      for (int i = 0; i < 4; ++i) cp_async4_sa(dst + 4 * i, src + 32 * i, n < T);
+    } else {
+#pragma unroll
+      for (int i = 0; i < (NT * 64 + W * 32 - 1) / (W * 32); ++i) {
+        const int c = tid + i * W * 32;
+        if (c < T * 8) {
+          const int n = c >> 3, ch = c & 7;
+          cp_async16_sa(st + OFF_X + n * kSkinnyXRow + ch * 16,
+                        xg + (int64_t(n) * a.cols + int64_t(kt) * 64 + ch * 8) * 2, true);
+        }
       }
     }
   };
@@ -202,13 +231,13 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
   // then one group per step's x.
   start_load_unit();
   int pro = 0;
-  for (; pro < S - 1 && lp < p1; ++pro) {
+  for (; pro < D && lp < p1; ++pro) {
     issue_w(stage_s + pro * SB);
     advance_load();
   }
   pdl_wait();
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
+  for (int s = 0; s < D; ++s) {
     if (s < pro) issue_x(stage_s + s * SB, int((p0 + s) % KT));
     cp_async_commit();
   }
@@ -300,10 +329,14 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
         }
   };
 
-  int cslot = 0, lslot = S - 1;
-  for (; cp < p1;) {
-    cp_async_wait<S - 2>();
-    __syncthreads();  // step cp's stage has landed for every thread; the previous step's stage is free
+  int cslot = 0, lslot = D;
+  // The start of step cp: its stage landed (for every thread) and the loads of step lp issued into
+  // the stage step cp - 1 used (its reads, wgmmas included, completed before the barrier). Returns
+  // step cp's stage.
+  auto begin_step = [&]() -> uint32_t {
+    cp_async_wait<D - 1>();
+    if constexpr (WG) fence_proxy_async_smem();  // the copies' writes visible to wgmma's reads
+    __syncthreads();
     if (lp < p1) {
       issue_w(stage_s + lslot * SB);
       issue_x(stage_s + lslot * SB, lkt);
@@ -311,10 +344,12 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
     }
     cp_async_commit();
     lslot = lslot + 1 == S ? 0 : lslot + 1;
-
     const uint32_t st = stage_s + cslot * SB;
     cslot = cslot + 1 == S ? 0 : cslot + 1;
-    float sv[RS];
+    return st;
+  };
+  // The absmax of step cp's stage st: lane l holds row l % 16 of the warp's row tile 2q + l / 16.
+  auto load_scales = [&](uint32_t st, float (&sv)[RS]) {
 #pragma unroll
     for (int q = 0; q < RS; ++q) {
       const uint32_t aa = st + OFF_A + (warp * R + 2 * q + (lane >> 4)) * 64;
@@ -327,36 +362,100 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
         asm volatile("ld.shared.f32 %0, [%1];" : "=f"(sv[q]) : "r"(aa + 4 * (lane & 15)));
       }
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float s0 = __shfl_sync(0xffffffffu, sv[r / 2], g + 16 * (r & 1));
-      const float s8 = __shfl_sync(0xffffffffu, sv[r / 2], g + 8 + 16 * (r & 1));
-      uint4 wq;
-      asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(wq.x), "=r"(wq.y), "=r"(wq.z), "=r"(wq.w)
-                   : "r"(st + ((warp * R + r) * 32 + lane) * 16));
-      uint32_t fa[4][4];
-      q4_word_prmt(tb, wq.x, fa[0]);
-      q4_word_lds(lut_s, lane_b, wq.y, fa[1]);
-      q4_word_lds(lut_s, lane_b, wq.z, fa[2]);
-      q4_word_lds(lut_s, lane_b, wq.w, fa[3]);
-#pragma unroll
-      for (int h = 0; h < (NT + 3) / 4; ++h) {
-        constexpr int NTH = NT < 4 ? NT : 4;
-        skinny_mma_tile<TA, NTH>(fa, st + OFF_X, &xo[h * NTH], s0, s8, &acc[r][h * NTH]);
-      }
-    }
+  };
+  // Row tile r's absmax of rows g (s0) and g + 8 (s8) from load_scales' values.
+  auto scale_of = [&](const float (&sv)[RS], int r, float& s0, float& s8) {
+    s0 = __shfl_sync(0xffffffffu, sv[r / 2], g + 16 * (r & 1));
+    s8 = __shfl_sync(0xffffffffu, sv[r / 2], g + 8 + 16 * (r & 1));
+  };
+  // Row tile r's 4 code words of stage st as the A fragments of its 4 K steps.
+  auto decode = [&](uint32_t st, int r, uint32_t (&fa)[4][4]) {
+    uint4 wq;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(wq.x), "=r"(wq.y), "=r"(wq.z), "=r"(wq.w)
+                 : "r"(st + OFF_C + ((warp * R + r) * 32 + lane) * 16));
+    q4_word_prmt(tb, wq.x, fa[0]);
+    q4_word_lds(lut_s, lane_b, wq.y, fa[1]);
+    q4_word_lds(lut_s, lane_b, wq.z, fa[2]);
+    q4_word_lds(lut_s, lane_b, wq.w, fa[3]);
+  };
+  // The end of step cp: the unit's store or hand-off at its last step; true after the block's last.
+  auto end_step = [&]() -> bool {
     ++cp;
     if (++ckt == KT || cp == p1) {  // block-uniform
       finish_unit();
-      if (cp == p1) break;
+      if (cp == p1) return true;
       zero_acc();
       ckt = 0;
       ++cu;
       start_compute_unit();
     }
+    return false;
+  };
+
+  if constexpr (!WG) {
+    for (; cp < p1;) {
+      const uint32_t st = begin_step();
+      float sv[RS];
+      load_scales(st, sv);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float s0, s8;
+        scale_of(sv, r, s0, s8);
+        uint32_t fa[4][4];
+        decode(st, r, fa);
+#pragma unroll
+        for (int h = 0; h < (NT + 3) / 4; ++h) {
+          constexpr int NTH = NT < 4 ? NT : 4;
+          skinny_mma_tile<TA, NTH>(fa, st + OFF_X, &xo[h * NTH], s0, s8, &acc[r][h * NTH]);
+        }
+      }
+      if (end_step()) break;
+    }
+  } else {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    __trap();  // launched only from the sm_90a build (gemm_q4_skinny_wgmma_supported)
+#endif
+    constexpr bool BF = std::is_same_v<TA, __nv_bfloat16>;
+    for (; cp < p1;) {
+      const uint32_t st = begin_step();
+      float sv[RS];
+      load_scales(st, sv);
+      uint32_t A[R][4][4];
+      float P[R][16], c0[R], c8[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        scale_of(sv, r, c0[r], c8[r]);
+        decode(st, r, A[r]);
+      }
+      const uint64_t db = wgmma_desc_sw128(st + OFF_X);
+      wgmma_fence();
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wgmma_fence_regs(P[r]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wgmma_rs<kSkinnyWgTokens, BF>(P[r], A[r][k], db + 2 * k, k);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        wgmma_fence_regs(P[r]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          acc[r][nt][0] = fmaf(P[r][4 * nt], c0[r], acc[r][nt][0]);
+          acc[r][nt][1] = fmaf(P[r][4 * nt + 1], c0[r], acc[r][nt][1]);
+          acc[r][nt][2] = fmaf(P[r][4 * nt + 2], c8[r], acc[r][nt][2]);
+          acc[r][nt][3] = fmaf(P[r][4 * nt + 3], c8[r], acc[r][nt][3]);
+        }
+      }
+      if (end_step()) break;
+    }
   }
   cp_async_wait<0>();  // no copy may land after the block exits
 }
+
+// Host side (ops_gemm_q4_skinny.cu): a launch's kernel arguments and grid, the workspace checked.
+Q4SkinnyArgs skinny_kernel_args(const GemmQ4SkinnyArgs& g, int& grid);
 
 }  // namespace nf4flash::cuda

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The skinny GEMM's forms on the GPU machine: build the kernel benchmark, time the 4-bit rows
+# (--gemv-only) with the mma.sync and the wgmma form (NF4FLASH_Q4_SKINNY_KERNEL), two rounds
+# alternated, then with NCU=1 each form's launches under ncu (time, instructions, issue use, stall
+# reasons per issue), one line per kernel template and DRAM bytes read (the shape).
+source "$(dirname "$0")/gpu-common.sh"
+deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=OFF)
+cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
+ninja -C build-gpu -j16 nf4flash-kernel-bench >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
+stamp built
+kb=./build-gpu/bench/kernels/nf4flash-kernel-bench
+run_form() {  # label, env...
+  local label=$1; shift
+  env "$@" $kb --gemv-only --json "$out/kb-$label.json" >"$out/kb-$label.txt" 2>&1 || { echo "$label failed"; tail -3 "$out/kb-$label.txt"; }
+  grep -E "nf4-dq (14336x4096|4096x14336|gate\+up\+silu 2x14336x4096) T=(16|32) " "$out/kb-$label.txt" | sed "s/^/$label: /"
+}
+for r in 1 2; do
+  run_form mma-$r NF4FLASH_Q4_SKINNY_KERNEL=mma
+  run_form wgmma-$r NF4FLASH_Q4_SKINNY_KERNEL=wgmma
+done
+stamp timed
+if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+  for f in mma wgmma; do
+    NF4FLASH_Q4_SKINNY_KERNEL=$f timeout 200 ncu --clock-control none --print-kernel-base demangled -k regex:gemm_q4_skinny_kernel --csv \
+      --metrics "dram__bytes_read.sum,gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      $kb --gemv-only --reps 1 --trials 1 >"$out/ncu-$f.csv" 2>"$out/ncu-$f.err" || echo "ncu $f failed"
+    python3 - "$out/ncu-$f.csv" "$f" <<'PY'
+import csv, re, sys
+from collections import defaultdict
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+launch = defaultdict(dict)
+names = {}
+for r in csv.DictReader(lines):
+    try: launch[r["ID"]][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+    except ValueError: pass
+    names[r["ID"]] = r["Kernel Name"]
+by = defaultdict(lambda: defaultdict(list))
+for i, m in launch.items():  # keyed by template arguments and DRAM megabytes read (the shape)
+    t = re.search(r"gemm_q4_skinny_kernel<([^>]*)>", names[i])
+    k = f"<{t.group(1) if t else '?'}> ~{10 * round(m.get('dram__bytes_read.sum', 0) / 1e7)} MB"
+    for n, v in m.items(): by[k][n].append(v)
+avg = lambda v: sum(v) / len(v) if v else float("nan")
+for k, m in sorted(by.items()):
+    st = sorted(((avg(v), re.sub(r"smsp__average_warps_issue_stalled_|_per_issue_active\.ratio", "", n)) for n, v in m.items() if "issue_stalled" in n), reverse=True)
+    print(f"ncu {sys.argv[2]} {k}: {avg(m['gpu__time_duration.sum'])/1000:.2f} us (mean of {len(m['gpu__time_duration.sum'])}), "
+          f"{avg(m['smsp__inst_executed.sum']):.3e} inst, issue {avg(m['smsp__issue_active.avg.pct_of_peak_sustained_active']):.1f}%; "
+          + ", ".join(f"{n} {v:.2f}" for v, n in st if v > 0.08))
+PY
+  done
+  stamp ncu
+fi

@@ -1,0 +1,51 @@
+// Launcher of the skinny 4-bit GEMM's wgmma form (kernels/gemm_q4_skinny.cuh, WG = true): the same
+// units, grid and workspace as the mma.sync form at 17..32 rows (skinny_kernel_args), 32 tokens a
+// block, 6 stages. Compiled for sm_90a when the build targets 90 (CMakeLists.txt); built
+// without it, gemm_q4_skinny_wgmma_supported() is false and the backend refuses the form by name.
+#include "backend/cuda/kernels/gemm_q4_skinny.cuh"
+
+namespace nf4flash::cuda {
+
+namespace {
+
+constexpr int kWgStages = 6;
+static_assert(skinny_smem_bytes(4, kWgStages, true) + 2048 <= 227 * 1024, "gemm_q4_skinny wgmma: shared memory");
+
+template <typename TA, bool DQ>
+void launch_wg(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, 4, kWgStages, 1, true>;
+  constexpr int smem = skinny_smem_bytes(4, kWgStages, true);
+  static const bool opted_in = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)opted_in;
+  int grid = 0;
+  const Q4SkinnyArgs k = skinny_kernel_args(g, grid);
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+// The fused GEMM's requirement (this file is built for sm_90a exactly when it is).
+bool gemm_q4_skinny_wgmma_supported() { return gemm_q4_wgmma_supported(); }
+
+void gemm_q4_skinny_wgmma(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  NF4FLASH_CHECK(gemm_q4_skinny_wgmma_supported(),
+                 "gemm_q4_skinny: the wgmma form needs a compute capability 9.0 GPU and a build for sm_90a");
+  NF4FLASH_CHECK(g.T > 16 && g.T <= kSkinnyWgTokens, "gemm_q4_skinny: the wgmma form serves 17..", kSkinnyWgTokens,
+                 " rows (T=", g.T, ")");
+  const bool dq = g.w[0]->double_quant;
+  if (g.act == DType::BF16) {
+    if (dq) launch_wg<__nv_bfloat16, true>(g, st);
+    else launch_wg<__nv_bfloat16, false>(g, st);
+  } else if (g.act == DType::F16) {
+    if (dq) launch_wg<__half, true>(g, st);
+    else launch_wg<__half, false>(g, st);
+  } else {
+    fail("gemm_q4_skinny: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+  }
+}
+
+}  // namespace nf4flash::cuda
