@@ -65,9 +65,10 @@ CudaTuning cuda_tuning_from_env() {
   t.q4_skinny_max_rows = int(env_int("NF4FLASH_Q4_SKINNY_MAX_ROWS", 0, 64, t.q4_skinny_max_rows));
   if (const char* v = env("NF4FLASH_Q4_SKINNY_KERNEL")) {
     const std::string_view s(v);
-    if (s == "mma") t.q4_skinny_kernel = SkinnyKernelChoice::Mma;
+    if (s == "auto") t.q4_skinny_kernel = SkinnyKernelChoice::Auto;
+    else if (s == "mma") t.q4_skinny_kernel = SkinnyKernelChoice::Mma;
     else if (s == "wgmma") t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma;
-    else fail("NF4FLASH_Q4_SKINNY_KERNEL=", s, ": expected mma or wgmma");
+    else fail("NF4FLASH_Q4_SKINNY_KERNEL=", s, ": expected auto, mma or wgmma");
   }
   if (const char* v = env("NF4FLASH_Q4_GEMM")) {
     const std::string_view s(v);

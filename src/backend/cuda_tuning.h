@@ -7,7 +7,7 @@
 //   NF4FLASH_PDL                    0|1          programmatic dependent launch (CC >= 9.0)
 //   NF4FLASH_GEMV_MAX_ROWS          0..256       4-bit linears of up to this many rows take a GEMV
 //   NF4FLASH_Q4_SKINNY_MAX_ROWS     0..64        auto: the skinny 4-bit GEMM above the GEMV rows up to this
-//   NF4FLASH_Q4_SKINNY_KERNEL       mma|wgmma    the skinny GEMM's products: mma.sync, or wgmma (sm_90a, <= 32 rows)
+//   NF4FLASH_Q4_SKINNY_KERNEL       auto|mma|wgmma  the skinny GEMM at 17..32 rows: wgmma where it runs, or as named
 //   NF4FLASH_Q4_GEMM                auto|fused|dequant   4-bit products above the GEMV (and skinny) rows
 //   NF4FLASH_Q4GEMM_FUSED_MAX_ROWS  0..1048576   rows up to which auto takes the fused GEMM
 //   NF4FLASH_DEQUANT_CHUNK_MB       0..4096      dequantize + cuBLAS in row chunks of this size
@@ -23,7 +23,7 @@ namespace nf4flash {
 
 enum class Q4GemmMode : uint8_t { Auto, Fused, Dequant };
 enum class FlashKernelChoice : uint8_t { Auto, Mma, Wgmma };
-enum class SkinnyKernelChoice : uint8_t { Mma, Wgmma };
+enum class SkinnyKernelChoice : uint8_t { Auto, Mma, Wgmma };
 
 struct CudaTuning {
   bool pdl = true;
@@ -32,7 +32,9 @@ struct CudaTuning {
   // the fused GEMM at 32 rows (bench --batch 32: 4713 tok/s against 4435) but not at 64 (6409
   // against 7189 with the fused GEMM)
   int q4_skinny_max_rows = 32;
-  SkinnyKernelChoice q4_skinny_kernel = SkinnyKernelChoice::Mma;
+  // its products at 17..32 rows: auto = the wgmma form where it runs (sm_90a build, CC 9.0; H100
+  // bench --batch 32: 5,180 / 5,165 tok/s against 4,929 / 4,940 with mma.sync), else mma.sync
+  SkinnyKernelChoice q4_skinny_kernel = SkinnyKernelChoice::Auto;
   Q4GemmMode q4_gemm = Q4GemmMode::Auto;
   int64_t q4_fused_max_rows = 512;
   int dequant_chunk_mb = 32;

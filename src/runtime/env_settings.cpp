@@ -18,7 +18,7 @@ const std::vector<EnvSetting>& env_settings() {
       {"NF4FLASH_GEMV_MAX_ROWS", "0..256", "4-bit linears of up to this many rows take a GEMV (default 8)"},
       {"NF4FLASH_Q4_GEMM", "auto|fused|dequant", "4-bit products above the GEMV rows (default auto)"},
       {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "0..64", "with NF4FLASH_Q4_GEMM=auto, rows above the GEMV rows up to this take the skinny 4-bit GEMM (default 32)"},
-      {"NF4FLASH_Q4_SKINNY_KERNEL", "mma|wgmma", "the skinny 4-bit GEMM's products: mma.sync, or wgmma (compute capability 9.0, up to 32 rows; default mma)"},
+      {"NF4FLASH_Q4_SKINNY_KERNEL", "auto|mma|wgmma", "the skinny 4-bit GEMM at 17..32 rows: wgmma where it runs (compute capability 9.0), or as named (default auto)"},
       {"NF4FLASH_Q4GEMM_FUSED_MAX_ROWS", "0..1048576", "rows up to which auto takes the fused GEMM (default 512)"},
       {"NF4FLASH_DEQUANT_CHUNK_MB", "0..4096", "dequantize + cuBLAS in row chunks of this size, 0: whole (default 32)"},
       {"NF4FLASH_FLASH_KERNEL", "auto|mma|wgmma", "the prompt flash-attention kernel (default auto)"},

@@ -54,7 +54,7 @@ TEST(CudaTuningFromEnv, ParsesEveryField) {
   EXPECT_TRUE(d.pdl);
   EXPECT_EQ(d.gemv_max_rows, 8);
   EXPECT_EQ(d.q4_skinny_max_rows, 32);
-  EXPECT_EQ(d.q4_skinny_kernel, SkinnyKernelChoice::Mma);
+  EXPECT_EQ(d.q4_skinny_kernel, SkinnyKernelChoice::Auto);
   EXPECT_EQ(d.q4_gemm, Q4GemmMode::Auto);
   EXPECT_EQ(d.q4_fused_max_rows, 512);
   EXPECT_EQ(d.dequant_chunk_mb, 32);
@@ -83,7 +83,7 @@ TEST(CudaTuningFromEnv, ParsesEveryField) {
                              {"NF4FLASH_PDL", "yes"}, {"NF4FLASH_Q4_GEMM", "FUSED"}, {"NF4FLASH_FLASH_KERNEL", "fa3"},
                              {"NF4FLASH_DEQUANT_CHUNK_MB", "4097"}, {"NF4FLASH_VRAM_TRACE", "2"},
                              {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "65"}, {"NF4FLASH_Q4_SKINNY_MAX_ROWS", "-1"},
-                             {"NF4FLASH_Q4_SKINNY_KERNEL", "WGMMA"}, {"NF4FLASH_Q4_SKINNY_KERNEL", "auto"}}) {
+                             {"NF4FLASH_Q4_SKINNY_KERNEL", "WGMMA"}, {"NF4FLASH_Q4_SKINNY_KERNEL", "sm90"}}) {
     EnvVar v(name, value);
     try {
       cuda_tuning_from_env();

@@ -32,9 +32,12 @@ int skinny_rows_here() {
                    << skinny_rows_here() << " rows)";                                                 \
   } while (0)
 
-// The skinny GEMM up to its largest row count (the default stops at 32)
+// The skinny GEMM's mma.sync form up to its largest row count (the default stops at 32)
 CudaTuning skinny64() {
-  return tuning_with([](CudaTuning& t) { t.q4_skinny_max_rows = 64; });
+  return tuning_with([](CudaTuning& t) {
+    t.q4_skinny_max_rows = 64;
+    t.q4_skinny_kernel = SkinnyKernelChoice::Mma;
+  });
 }
 
 struct SkCase {
@@ -45,7 +48,7 @@ struct SkCase {
   bool bias, out_f32 = false;
 };
 
-// The skinny GEMM's wgmma form up to 32 rows
+// The skinny GEMM's wgmma form (17..32 rows)
 CudaTuning skinny_wgmma() {
   return tuning_with([](CudaTuning& t) { t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma; });
 }
@@ -126,21 +129,6 @@ TEST(CudaSkinny, WgmmaLinearAndMulti) {
       if (c.T <= 32) run_skinny(dt, c, skinny_wgmma());
 }
 
-// The wgmma form serves up to 32 rows: a larger skinny range with it is refused by name.
-TEST(CudaSkinny, WgmmaRowsLimit) {
-  NF4FLASH_REQUIRE_SKINNY_WGMMA();
-  const CudaTuning t = tuning_with([](CudaTuning& t) {
-    t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma;
-    t.q4_skinny_max_rows = 64;
-  });
-  try {
-    Backends b(DType::BF16, t);
-    ADD_FAILURE() << "NF4FLASH_Q4_SKINNY_KERNEL=wgmma with 64 rows was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("NF4FLASH_Q4_SKINNY_MAX_ROWS=64"), std::string::npos) << e.what();
-  }
-}
-
 void run_swiglu(const CudaTuning& tuning, std::initializer_list<std::tuple<int64_t, int64_t, int64_t, bool>> shapes) {
   for (auto [I, H, T, bias] : shapes) {
     Backends b(DType::BF16, tuning);
@@ -186,6 +174,9 @@ TEST(CudaSkinny, PathByRows) {
   EXPECT_EQ(path(to64, 65).find("gemm_q4_skinny"), std::string::npos) << path(to64, 65);
   const CudaTuning off = tuning_with([](CudaTuning& t) { t.q4_skinny_max_rows = 0; });
   EXPECT_EQ(path(off, 32).find("gemm_q4_skinny"), std::string::npos) << path(off, 32);
+  // the default form: wgmma at 17..32 rows where it runs, mma.sync at 9..16
+  EXPECT_EQ(path(dflt, 32).find("wgmma") != std::string::npos, cuda::gemm_q4_skinny_wgmma_supported()) << path(dflt, 32);
+  EXPECT_NE(path(dflt, 16).find("mma.sync"), std::string::npos) << path(dflt, 16);
   const CudaTuning dq = tuning_with([](CudaTuning& t) { t.q4_gemm = Q4GemmMode::Dequant; });
   EXPECT_NE(path(dq, 32).find("cublas"), std::string::npos) << path(dq, 32);
   // f32 compute has no 4-bit tensor-core path

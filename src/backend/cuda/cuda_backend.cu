@@ -48,13 +48,16 @@ CudaBackend::CudaBackend(const CudaBackendOptions& o)
   q4_fused_max_rows_ = tuning_.q4_fused_max_rows;
   // the skinny GEMM where its shared-memory ring fits a block (not on GPUs with 99 KiB per block)
   q4_skinny_max_rows_ = std::min<int64_t>(tuning_.q4_skinny_max_rows, gemm_q4_skinny_max_rows(props_.sharedMemPerBlockOptin));
-  if (tuning_.q4_skinny_kernel == SkinnyKernelChoice::Wgmma) {
-    NF4FLASH_CHECK(gemm_q4_skinny_wgmma_supported(), "NF4FLASH_Q4_SKINNY_KERNEL=wgmma: needs a compute capability 9.0 "
-                   "GPU and a build for sm_90a (this: ", props_.major, ".", props_.minor,
-                   gemm_q4_wgmma_built() ? "" : ", built without sm_90a", ")");
-    NF4FLASH_CHECK(tuning_.q4_skinny_max_rows <= 32, "NF4FLASH_Q4_SKINNY_KERNEL=wgmma serves up to 32 rows "
-                   "(NF4FLASH_Q4_SKINNY_MAX_ROWS=", tuning_.q4_skinny_max_rows, ")");
-    q4_skinny_wgmma_ = true;
+  // its wgmma form at 17..32 rows where it runs (auto), always (wgmma: an error where it cannot), or never
+  switch (tuning_.q4_skinny_kernel) {
+    case SkinnyKernelChoice::Auto: q4_skinny_wgmma_ = gemm_q4_skinny_wgmma_supported(); break;
+    case SkinnyKernelChoice::Mma: q4_skinny_wgmma_ = false; break;
+    case SkinnyKernelChoice::Wgmma:
+      NF4FLASH_CHECK(gemm_q4_skinny_wgmma_supported(), "NF4FLASH_Q4_SKINNY_KERNEL=wgmma: needs a compute capability "
+                     "9.0 GPU and a build for sm_90a (this: ", props_.major, ".", props_.minor,
+                     gemm_q4_wgmma_built() ? "" : ", built without sm_90a", ")");
+      q4_skinny_wgmma_ = true;
+      break;
   }
   if (tuning_.q4_gemm == Q4GemmMode::Fused) {
     NF4FLASH_CHECK(fused_ok, "NF4FLASH_Q4_GEMM=fused: the fused 4-bit GEMM needs bf16/f16 compute, a build for "

@@ -255,7 +255,7 @@ class CudaBackend : public Backend {
   bool q4_gemm_fused_ = false;        // the fused GEMM serves 4-bit products above the GEMV rows
   int64_t q4_fused_max_rows_ = 0;     // ... up to this many rows
   int64_t q4_skinny_max_rows_ = 0;    // the skinny GEMM up to this many rows (tuning, capped by shared memory)
-  bool q4_skinny_wgmma_ = false;      // its wgmma form (tuning)
+  bool q4_skinny_wgmma_ = false;      // its wgmma form at 17..32 rows (tuning; auto: where it runs)
   int64_t dequant_chunk_bytes_ = 0;   // dequantize + cuBLAS: row chunks of at most this size
   FlashKernel flash_kernel_ = FlashKernel::Mma;
   // 4-bit GEMM path (dequantize + cuBLAS): products of at least kDequantChunkMinRows rows dequantize
