@@ -116,16 +116,7 @@ void gemm_q4_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   NF4FLASH_CHECK(g.out_dtype == g.act || g.out_dtype == DType::F32, "gemm_q4_skinny: output dtype ",
                  dtype_name(g.out_dtype), " (the compute dtype or f32)");
   if (g.wgmma && skinny_nt(g.T) == kSkinnyWgTokens / 8) return gemm_q4_skinny_wgmma(g, st);  // 17..32 rows
-  const bool dq = w0.double_quant;
-  if (g.act == DType::BF16) {
-    if (dq) launch_skinny_nt<__nv_bfloat16, true>(g, st);
-    else launch_skinny_nt<__nv_bfloat16, false>(g, st);
-  } else if (g.act == DType::F16) {
-    if (dq) launch_skinny_nt<__half, true>(g, st);
-    else launch_skinny_nt<__half, false>(g, st);
-  } else {
-    fail("gemm_q4_skinny: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
-  }
+  skinny_dispatch(g, [&](auto ta, auto dq) { launch_skinny_nt<decltype(ta), decltype(dq)::value>(g, st); });
 }
 
 }  // namespace nf4flash::cuda

@@ -458,4 +458,19 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
 // Host side (ops_gemm_q4_skinny.cu): a launch's kernel arguments and grid, the workspace checked.
 Q4SkinnyArgs skinny_kernel_args(const GemmQ4SkinnyArgs& g, int& grid);
 
+// f(TA{}, std::bool_constant<DQ>{}) for the launch's compute dtype and absmax form (bf16/f16).
+template <typename F>
+void skinny_dispatch(const GemmQ4SkinnyArgs& g, F&& f) {
+  const bool dq = g.w[0]->double_quant;
+  if (g.act == DType::BF16) {
+    if (dq) f(__nv_bfloat16{}, std::true_type{});
+    else f(__nv_bfloat16{}, std::false_type{});
+  } else if (g.act == DType::F16) {
+    if (dq) f(__half{}, std::true_type{});
+    else f(__half{}, std::false_type{});
+  } else {
+    fail("gemm_q4_skinny: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
+  }
+}
+
 }  // namespace nf4flash::cuda

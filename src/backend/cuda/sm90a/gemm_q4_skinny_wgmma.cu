@@ -36,16 +36,7 @@ void gemm_q4_skinny_wgmma(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
                  "gemm_q4_skinny: the wgmma form needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(g.T > 16 && g.T <= kSkinnyWgTokens, "gemm_q4_skinny: the wgmma form serves 17..", kSkinnyWgTokens,
                  " rows (T=", g.T, ")");
-  const bool dq = g.w[0]->double_quant;
-  if (g.act == DType::BF16) {
-    if (dq) launch_wg<__nv_bfloat16, true>(g, st);
-    else launch_wg<__nv_bfloat16, false>(g, st);
-  } else if (g.act == DType::F16) {
-    if (dq) launch_wg<__half, true>(g, st);
-    else launch_wg<__half, false>(g, st);
-  } else {
-    fail("gemm_q4_skinny: compute dtype ", dtype_name(g.act), " not supported (bf16/f16)");
-  }
+  skinny_dispatch(g, [&](auto ta, auto dq) { launch_wg<decltype(ta), decltype(dq)::value>(g, st); });
 }
 
 }  // namespace nf4flash::cuda
