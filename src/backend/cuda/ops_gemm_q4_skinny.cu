@@ -15,7 +15,7 @@ int skinny_nt(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 // One block of 6 stages per multiprocessor for every token-tile count (H100, llama3-8b NF4-dq
 // bench --batch 32: 4713 tok/s against 4450 with two blocks of 3 stages at 2 and 4 token tiles,
 // 128 registers). Its shared memory (131.5-172 KiB) leaves no room for a second block.
-constexpr int kSkinnyStages = 6, kSkinnyMinBlocks = 1;
+constexpr int kSkinnyStages = 6;
 static_assert(2 * skinny_smem_bytes(2, kSkinnyStages) > 228 * 1024, "gemm_q4_skinny: one block per SM");
 
 int64_t skinny_units(const GemmQ4SkinnyArgs& g) {
@@ -31,27 +31,12 @@ int skinny_grid(int64_t units, int64_t KT) {
 
 int64_t skinny_slice(const GemmQ4SkinnyArgs& g) { return int64_t(kSkinnyR) * skinny_nt(g.T) * 4 * kSkinnyW * 32; }
 
-template <typename TA, bool DQ, int NT>
-void launch_skinny(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, kSkinnyStages, kSkinnyMinBlocks>;
-  constexpr int smem = skinny_smem_bytes(NT, kSkinnyStages);
-  static const bool opted_in = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)opted_in;
-  int grid = 0;
-  const Q4SkinnyArgs k = skinny_kernel_args(g, grid);
-  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
-  CUDA_CHECK_LAUNCH();
-}
-
 template <typename TA, bool DQ>
 void launch_skinny_nt(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   switch (skinny_nt(g.T)) {
-    case 2: return launch_skinny<TA, DQ, 2>(g, st);
-    case 4: return launch_skinny<TA, DQ, 4>(g, st);
-    default: return launch_skinny<TA, DQ, 8>(g, st);
+    case 2: return skinny_launch<TA, DQ, 2, kSkinnyStages, false>(g, st);
+    case 4: return skinny_launch<TA, DQ, 4, kSkinnyStages, false>(g, st);
+    default: return skinny_launch<TA, DQ, 8, kSkinnyStages, false>(g, st);
   }
 }
 

@@ -458,6 +458,23 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
 // Host side (ops_gemm_q4_skinny.cu): a launch's kernel arguments and grid, the workspace checked.
 Q4SkinnyArgs skinny_kernel_args(const GemmQ4SkinnyArgs& g, int& grid);
 
+// One launch of the kernel instance TA, DQ, NT, S (one block per SM), WG with g's arguments and grid
+// (its dynamic shared memory opted in at the first launch).
+template <typename TA, bool DQ, int NT, int S, bool WG>
+void skinny_launch(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
+  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, S, 1, WG>;
+  constexpr int smem = skinny_smem_bytes(NT, S, WG);
+  static const bool opted_in = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)opted_in;
+  int grid = 0;
+  const Q4SkinnyArgs k = skinny_kernel_args(g, grid);
+  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
+  CUDA_CHECK_LAUNCH();
+}
+
 // f(TA{}, std::bool_constant<DQ>{}) for the launch's compute dtype and absmax form (bf16/f16).
 template <typename F>
 void skinny_dispatch(const GemmQ4SkinnyArgs& g, F&& f) {

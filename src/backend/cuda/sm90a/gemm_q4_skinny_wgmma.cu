@@ -1,7 +1,8 @@
 // Launcher of the skinny 4-bit GEMM's wgmma form (kernels/gemm_q4_skinny.cuh, WG = true): the same
 // units, grid and workspace as the mma.sync form at 17..32 rows (skinny_kernel_args), 32 tokens a
 // block, 6 stages. Compiled for sm_90a when the build targets 90 (CMakeLists.txt); built
-// without it, gemm_q4_skinny_wgmma_supported() is false and the backend refuses the form by name.
+// without it, gemm_q4_skinny_wgmma_supported() is false: NF4FLASH_Q4_SKINNY_KERNEL=auto keeps
+// mma.sync and =wgmma is refused by name.
 #include "backend/cuda/kernels/gemm_q4_skinny.cuh"
 
 namespace nf4flash::cuda {
@@ -10,21 +11,6 @@ namespace {
 
 constexpr int kWgStages = 6;
 static_assert(skinny_smem_bytes(4, kWgStages, true) + 2048 <= 227 * 1024, "gemm_q4_skinny wgmma: shared memory");
-
-template <typename TA, bool DQ>
-void launch_wg(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, 4, kWgStages, 1, true>;
-  constexpr int smem = skinny_smem_bytes(4, kWgStages, true);
-  static const bool opted_in = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)opted_in;
-  int grid = 0;
-  const Q4SkinnyArgs k = skinny_kernel_args(g, grid);
-  launch_k(kernel, dim3(unsigned(grid)), dim3(kSkinnyW * 32), size_t(smem), st, k);
-  CUDA_CHECK_LAUNCH();
-}
 
 }  // namespace
 
@@ -36,7 +22,7 @@ void gemm_q4_skinny_wgmma(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
                  "gemm_q4_skinny: the wgmma form needs a compute capability 9.0 GPU and a build for sm_90a");
   NF4FLASH_CHECK(g.T > 16 && g.T <= kSkinnyWgTokens, "gemm_q4_skinny: the wgmma form serves 17..", kSkinnyWgTokens,
                  " rows (T=", g.T, ")");
-  skinny_dispatch(g, [&](auto ta, auto dq) { launch_wg<decltype(ta), decltype(dq)::value>(g, st); });
+  skinny_dispatch(g, [&](auto ta, auto dq) { skinny_launch<decltype(ta), decltype(dq)::value, 4, kWgStages, true>(g, st); });
 }
 
 }  // namespace nf4flash::cuda
