@@ -5,8 +5,9 @@
 // launches where units are cut between blocks (stream-K slots summed by the last block) or not.
 // Every launch runs twice and must give bit-identical results (the counters reset themselves);
 // the path names say which rows take it. The wgmma form (NF4FLASH_Q4_SKINNY_KERNEL=wgmma, sm_90a:
-// 17..32 rows; 9..16 keep mma.sync) runs the same cases up to 32 rows. They need a GPU whose shared memory per block holds the
-// kernel at 64 rows (Hopper); elsewhere they skip, and the rows take the other paths.
+// 17..32 rows; 9..16 keep mma.sync) runs the same cases up to 32 rows. They need a GPU whose shared
+// memory per block holds the kernel at 64 rows (Hopper); elsewhere they skip, and the rows take the
+// other paths.
 #include <cuda_runtime.h>
 
 #include "backend/cuda/launchers.h"

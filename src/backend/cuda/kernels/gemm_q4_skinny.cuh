@@ -34,7 +34,7 @@
 // column pair c of a row goes to chunk c % 8 ^ token % 8 of the row, slot c / 8), gathered by
 // 4-byte cp.async. Each step's wgmmas start from zero (scale-d 0); the warp waits for them and
 // scales them by the absmax into the f32 accumulators (keeping a step's wgmmas in flight while the
-// next step decodes measured 14% slower).
+// next step decodes measured 16% slower: H100, 14336x4096 at 32 rows, 32.8 against 28.2 us).
 //
 // A unit whose steps fall in one block's range is stored by that block. A unit cut between blocks
 // first..last: each block stores its f32 accumulators to slot (unit + block) of the workspace (in
