@@ -36,6 +36,17 @@ bool env_bool(const char* name, bool dflt) {
   return s == "1";
 }
 
+// The kernel choice variable `name` (auto, mma or wgmma), or dflt where it is unset.
+MmaKernelChoice env_kernel_choice(const char* name, MmaKernelChoice dflt) {
+  const char* v = env(name);
+  if (!v) return dflt;
+  const std::string_view s(v);
+  if (s == "auto") return MmaKernelChoice::Auto;
+  if (s == "mma") return MmaKernelChoice::Mma;
+  if (s == "wgmma") return MmaKernelChoice::Wgmma;
+  fail(name, "=", s, ": expected auto, mma or wgmma");
+}
+
 std::mutex g_mu;
 std::optional<CudaTuning> g_override;
 }  // namespace
@@ -49,11 +60,11 @@ std::string q4_gemm_mode_name(Q4GemmMode m) {
   return "?";
 }
 
-std::string flash_kernel_choice_name(FlashKernelChoice k) {
+std::string flash_kernel_choice_name(MmaKernelChoice k) {
   switch (k) {
-    case FlashKernelChoice::Auto: return "auto";
-    case FlashKernelChoice::Mma: return "mma";
-    case FlashKernelChoice::Wgmma: return "wgmma";
+    case MmaKernelChoice::Auto: return "auto";
+    case MmaKernelChoice::Mma: return "mma";
+    case MmaKernelChoice::Wgmma: return "wgmma";
   }
   return "?";
 }
@@ -63,13 +74,7 @@ CudaTuning cuda_tuning_from_env() {
   t.pdl = env_bool("NF4FLASH_PDL", t.pdl);
   t.gemv_max_rows = int(env_int("NF4FLASH_GEMV_MAX_ROWS", 0, 256, t.gemv_max_rows));
   t.q4_skinny_max_rows = int(env_int("NF4FLASH_Q4_SKINNY_MAX_ROWS", 0, 64, t.q4_skinny_max_rows));
-  if (const char* v = env("NF4FLASH_Q4_SKINNY_KERNEL")) {
-    const std::string_view s(v);
-    if (s == "auto") t.q4_skinny_kernel = SkinnyKernelChoice::Auto;
-    else if (s == "mma") t.q4_skinny_kernel = SkinnyKernelChoice::Mma;
-    else if (s == "wgmma") t.q4_skinny_kernel = SkinnyKernelChoice::Wgmma;
-    else fail("NF4FLASH_Q4_SKINNY_KERNEL=", s, ": expected auto, mma or wgmma");
-  }
+  t.q4_skinny_kernel = env_kernel_choice("NF4FLASH_Q4_SKINNY_KERNEL", t.q4_skinny_kernel);
   if (const char* v = env("NF4FLASH_Q4_GEMM")) {
     const std::string_view s(v);
     if (s == "auto") t.q4_gemm = Q4GemmMode::Auto;
@@ -79,13 +84,7 @@ CudaTuning cuda_tuning_from_env() {
   }
   t.q4_fused_max_rows = env_int("NF4FLASH_Q4GEMM_FUSED_MAX_ROWS", 0, int64_t(1) << 20, t.q4_fused_max_rows);
   t.dequant_chunk_mb = int(env_int("NF4FLASH_DEQUANT_CHUNK_MB", 0, 4096, t.dequant_chunk_mb));
-  if (const char* v = env("NF4FLASH_FLASH_KERNEL")) {
-    const std::string_view s(v);
-    if (s == "auto") t.flash_kernel = FlashKernelChoice::Auto;
-    else if (s == "mma") t.flash_kernel = FlashKernelChoice::Mma;
-    else if (s == "wgmma") t.flash_kernel = FlashKernelChoice::Wgmma;
-    else fail("NF4FLASH_FLASH_KERNEL=", s, ": expected auto, mma or wgmma");
-  }
+  t.flash_kernel = env_kernel_choice("NF4FLASH_FLASH_KERNEL", t.flash_kernel);
   t.stack_bytes = env_int("NF4FLASH_CUDA_STACK_BYTES", 0, int64_t(1) << 20, t.stack_bytes);
   t.vram_trace = env_bool("NF4FLASH_VRAM_TRACE", t.vram_trace);
   return t;

@@ -22,8 +22,10 @@
 namespace nf4flash {
 
 enum class Q4GemmMode : uint8_t { Auto, Fused, Dequant };
-enum class FlashKernelChoice : uint8_t { Auto, Mma, Wgmma };
-enum class SkinnyKernelChoice : uint8_t { Auto, Mma, Wgmma };
+// A tensor-core kernel choice: the wgmma kernel where it runs (auto), or the one named.
+enum class MmaKernelChoice : uint8_t { Auto, Mma, Wgmma };
+using FlashKernelChoice = MmaKernelChoice;   // NF4FLASH_FLASH_KERNEL
+using SkinnyKernelChoice = MmaKernelChoice;  // NF4FLASH_Q4_SKINNY_KERNEL
 
 struct CudaTuning {
   bool pdl = true;
@@ -53,7 +55,7 @@ struct CudaTuning {
 // variable, its value and the accepted values when one is invalid.
 CudaTuning cuda_tuning_from_env();
 std::string q4_gemm_mode_name(Q4GemmMode m);
-std::string flash_kernel_choice_name(FlashKernelChoice k);
+std::string flash_kernel_choice_name(MmaKernelChoice k);
 
 // While alive, backends created without an explicit tuning (CudaBackendOptions::tuning unset, as
 // the engine creates them) take `t` instead of the environment's. Process-wide; nests (the
