@@ -510,7 +510,7 @@ std::string CudaBackend::linear_path(const Weight& w, int64_t rows) const {
       return cat("gemv_q4 ", qn, " x", (rows + kGemvMaxRows - 1) / kGemvMaxRows, " launches of 8 rows (tile16x64, ", act,
                  " mma, f32 accum)");
     case LinearPlan::Q4Skinny:
-      return cat("gemm_q4_skinny ", qn, " (tile16x64, ", act, q4_skinny_wgmma_ && rows > 16 ? " wgmma sm_90a" : " mma.sync",
+      return cat("gemm_q4_skinny ", qn, " (tile16x64, ", act, q4_skinny_wgmma_ && gemm_q4_skinny_wgmma_rows(rows) ? " wgmma sm_90a" : " mma.sync",
                  ", f32 accum, stream-K over all SMs; q/k/v one launch, gate+up one launch + silu_mul)");
     case LinearPlan::Q4FusedGemm:
       return cat("gemm_q4 fused ", qn, " (wgmma sm_90a, ", gemm_q4_wgmma_cfg(rows, act_, (q4->dev.RT + 7) / 8, q4->dev.cols),

@@ -155,8 +155,10 @@ GemmQ4SkinnyWs gemm_q4_skinny_ws_needed(const GemmQ4SkinnyArgs& a);  // sizes on
 // 0 on GPUs with 99 KiB (RTX 30 and 40 series).
 int gemm_q4_skinny_max_rows(size_t smem_per_block);
 void gemm_q4_skinny(const GemmQ4SkinnyArgs& a, cudaStream_t st);
-// The wgmma form (sm90a/gemm_q4_skinny_wgmma.cu): built for sm_90a and the device is CC 9.0.
+// The wgmma form (sm90a/gemm_q4_skinny_wgmma.cu): built for sm_90a and the device is CC 9.0; the
+// rows it serves when GemmQ4SkinnyArgs::wgmma is set (17..32; fewer take mma.sync).
 bool gemm_q4_skinny_wgmma_supported();
+bool gemm_q4_skinny_wgmma_rows(int64_t T);
 void gemm_q4_skinny_wgmma(const GemmQ4SkinnyArgs& a, cudaStream_t st);
 
 struct GemvDenseArgs {

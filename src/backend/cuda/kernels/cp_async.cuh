@@ -1,5 +1,5 @@
 // cp.async (sm_80+) helpers: 16- and 4-byte global -> shared copies that zero-fill when the predicate is
-// false, commit and wait on groups. Used by the ring GEMV and the fused 4-bit GEMM.
+// false, commit and wait on groups. Used by the ring GEMV and the 4-bit GEMMs.
 #pragma once
 #include <cstdint>
 

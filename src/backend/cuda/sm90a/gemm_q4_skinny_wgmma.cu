@@ -20,7 +20,7 @@ bool gemm_q4_skinny_wgmma_supported() { return gemm_q4_wgmma_supported(); }
 void gemm_q4_skinny_wgmma(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
   NF4FLASH_CHECK(gemm_q4_skinny_wgmma_supported(),
                  "gemm_q4_skinny: the wgmma form needs a compute capability 9.0 GPU and a build for sm_90a");
-  NF4FLASH_CHECK(g.T > 16 && g.T <= kSkinnyWgTokens, "gemm_q4_skinny: the wgmma form serves 17..", kSkinnyWgTokens,
+  NF4FLASH_CHECK(gemm_q4_skinny_wgmma_rows(g.T), "gemm_q4_skinny: the wgmma form serves 17..", kSkinnyWgTokens,
                  " rows (T=", g.T, ")");
   skinny_dispatch(g, [&](auto ta, auto dq) { skinny_launch<decltype(ta), decltype(dq)::value, 4, kWgStages, true>(g, st); });
 }
