@@ -1,29 +1,46 @@
 #!/usr/bin/env bash
 # The skinny GEMM's forms on the GPU machine: build the kernel benchmark, time the 4-bit rows
-# (--gemv-only) with the mma.sync and the wgmma form (NF4FLASH_Q4_SKINNY_KERNEL), two rounds
-# alternated, then with NCU=1 each form's launches under ncu (time, instructions, issue use, stall
-# reasons per issue), one line per kernel template and DRAM bytes read (the shape).
+# (--gemv-only) of each form in FORMS, two rounds alternated, then with NCU=1 each form's launches
+# under ncu (time, instructions, issue use, stall reasons per issue), one line per kernel template
+# and DRAM bytes read (the shape).
+#   FORMS  space-separated LABEL:VAR=VALUE[,VAR=VALUE...] (default: the mma.sync and the wgmma form,
+#          NF4FLASH_Q4_SKINNY_KERNEL=mma / wgmma)
+#   ROWS   the token counts printed, an extended regex (default 16|32)
+#   BASE   DIR: another source tree's kernel benchmark (build-base), timed before this tree's in
+#          each form and round (labels base-LABEL)
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=OFF)
-cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
-ninja -C build-gpu -j16 nf4flash-kernel-bench >"$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
+build_kb() {  # source dir, build dir
+  cmake -S "$1" -B "$2" -G Ninja "${deps[@]}" >"$out/configure-$2.log" 2>&1 || { tail -20 "$out/configure-$2.log"; return 1; }
+  ninja -C "$2" -j"${JOBS:-16}" nf4flash-kernel-bench >"$out/build-$2.log" 2>&1 || { grep -E "error|FAILED" "$out/build-$2.log" | head -30; return 1; }
+}
+build_kb . build-gpu || exit 1
+trees="gpu"
+if [ -n "${BASE:-}" ]; then build_kb "$BASE" build-base || exit 1; trees="base gpu"; fi
 stamp built
-kb=./build-gpu/bench/kernels/nf4flash-kernel-bench
-run_form() {  # label, env...
-  local label=$1; shift
-  env "$@" $kb --gemv-only --json "$out/kb-$label.json" >"$out/kb-$label.txt" 2>&1 || { echo "$label failed"; tail -3 "$out/kb-$label.txt"; }
-  grep -E "nf4-dq (14336x4096|4096x14336|gate\+up\+silu 2x14336x4096) T=(16|32) " "$out/kb-$label.txt" | sed "s/^/$label: /"
+forms=${FORMS:-"mma:NF4FLASH_Q4_SKINNY_KERNEL=mma wgmma:NF4FLASH_Q4_SKINNY_KERNEL=wgmma"}
+run_form() {  # tree, label, env...
+  local t=$1 label=$2; shift 2
+  env "$@" ./build-$t/bench/kernels/nf4flash-kernel-bench --gemv-only --json "$out/kb-$label.json" >"$out/kb-$label.txt" 2>&1 ||
+    { echo "$label failed"; tail -3 "$out/kb-$label.txt"; }
+  grep -E "nf4-dq (14336x4096|4096x14336|gate\+up\+silu 2x14336x4096) T=(${ROWS:-16|32}) " "$out/kb-$label.txt" | sed "s/^/$label: /"
 }
 for r in 1 2; do
-  run_form mma-$r NF4FLASH_Q4_SKINNY_KERNEL=mma
-  run_form wgmma-$r NF4FLASH_Q4_SKINNY_KERNEL=wgmma
+  for f in $forms; do
+    for t in $trees; do
+      label=${f%%:*}-$r
+      [ "$t" = base ] && label=base-$label
+      IFS=, read -r -a envs <<<"${f#*:}"
+      run_form "$t" "$label" "${envs[@]}"
+    done
+  done
 done
 stamp timed
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   for f in mma wgmma; do
     NF4FLASH_Q4_SKINNY_KERNEL=$f timeout 200 ncu --clock-control none --print-kernel-base demangled -k regex:gemm_q4_skinny_kernel --csv \
       --metrics "dram__bytes_read.sum,gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-      $kb --gemv-only --reps 1 --trials 1 >"$out/ncu-$f.csv" 2>"$out/ncu-$f.err" || echo "ncu $f failed"
+      ./build-gpu/bench/kernels/nf4flash-kernel-bench --gemv-only --reps 1 --trials 1 >"$out/ncu-$f.csv" 2>"$out/ncu-$f.err" || echo "ncu $f failed"
     python3 - "$out/ncu-$f.csv" "$f" <<'PY'
 import csv, re, sys
 from collections import defaultdict
