@@ -10,13 +10,13 @@
 #          each form and round (labels base-LABEL)
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=OFF)
-build_kb() {  # source dir, build dir
-  cmake -S "$1" -B "$2" -G Ninja "${deps[@]}" >"$out/configure-$2.log" 2>&1 || { tail -20 "$out/configure-$2.log"; return 1; }
+build_kb() {  # source dir, build dir, cmake options...
+  cmake -S "$1" -B "$2" -G Ninja "${deps[@]}" "${@:3}" >"$out/configure-$2.log" 2>&1 || { tail -20 "$out/configure-$2.log"; return 1; }
   ninja -C "$2" -j"${JOBS:-16}" nf4flash-kernel-bench >"$out/build-$2.log" 2>&1 || { grep -E "error|FAILED" "$out/build-$2.log" | head -30; return 1; }
 }
 build_kb . build-gpu || exit 1
 trees="gpu"
-if [ -n "${BASE:-}" ]; then build_kb "$BASE" build-base || exit 1; trees="base gpu"; fi
+if [ -n "${BASE:-}" ]; then build_kb "$BASE" build-base -DNF4FLASH_TESTS=OFF || exit 1; trees="base gpu"; fi
 stamp built
 forms=${FORMS:-"mma:NF4FLASH_Q4_SKINNY_KERNEL=mma wgmma:NF4FLASH_Q4_SKINNY_KERNEL=wgmma"}
 run_form() {  # tree, label, env...
