@@ -14,9 +14,12 @@ build_kb() {  # source dir, build dir, cmake options...
   cmake -S "$1" -B "$2" -G Ninja "${deps[@]}" "${@:3}" >"$out/configure-$2.log" 2>&1 || { tail -20 "$out/configure-$2.log"; return 1; }
   ninja -C "$2" -j"${JOBS:-16}" nf4flash-kernel-bench >"$out/build-$2.log" 2>&1 || { grep -E "error|FAILED" "$out/build-$2.log" | head -30; return 1; }
 }
-build_kb . build-gpu || exit 1
+build_kb . build-gpu &
+pg=$! pb=
 trees="gpu"
-if [ -n "${BASE:-}" ]; then build_kb "$BASE" build-base -DNF4FLASH_TESTS=OFF || exit 1; trees="base gpu"; fi
+if [ -n "${BASE:-}" ]; then build_kb "$BASE" build-base -DNF4FLASH_TESTS=OFF & pb=$!; trees="base gpu"; fi
+wait "$pg" || exit 1
+if [ -n "$pb" ]; then wait "$pb" || exit 1; fi
 stamp built
 forms=${FORMS:-"mma:NF4FLASH_Q4_SKINNY_KERNEL=mma wgmma:NF4FLASH_Q4_SKINNY_KERNEL=wgmma"}
 run_form() {  # tree, label, env...
