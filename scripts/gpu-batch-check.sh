@@ -2,7 +2,7 @@
 # GPU check of the batched engine, from the repo root on the GPU machine. Stages (STAGES, default
 # "build test bench"):
 #   build  this tree into build-gpu (nf4flash + gpu tests) and, with BASE=DIR, another source tree
-#          into build-base (nf4flash only), both at once
+#          into build-NAME (nf4flash only; NAME: BASE_NAME, default base), both at once
 #   test   the gpu tests of the batched engine (*GpuBatch*: the parametrized suite Models/GpuBatch;
 #          GTEST_FILTER overrides)
 #   bench  bench --batch 1,8,32,64 on the reference preset (llama3-8b, NF4 double quant, -p 512 -n 128)
@@ -11,7 +11,8 @@
 #          uncaptured and the graphed decode steps) and per NF4FLASH_Q4_SKINNY_KERNEL value in SKINNY
 #          (default: "" = the built-in default; "mma wgmma" times both forms of the skinny GEMM, alternated
 #          inside each --graphs round) and per NF4FLASH_Q4_SKINNY_MAX_ROWS value in SKINNY_ROWS
-#          (default: "" = the built-in default); with BASE, each of them for the base tree, then
+#          (default: "" = the built-in default); with BASE, each of them for the base tree (files
+#          and lines labelled NAME), then
 #          this one (the A/B of two trees in one call: GRAPHS="auto auto" for two rounds);
 #          with BASE, also the single-sequence NF4 benchmark (-p 512 -n 128 -r 5) of both trees,
 #          alternated ROUNDS times (batch 1 must not get slower)
@@ -19,19 +20,20 @@
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=${SERVE:-OFF})
 stages=${STAGES:-build test bench}
+bn=${BASE_NAME:-base}  # the base tree's build directory is build-$bn
 
 if [[ " $stages " == *" build "* ]]; then
   cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
   pb=
   if [ -n "${BASE:-}" ]; then
-    cmake -S "$BASE" -B build-base -G Ninja "${deps[@]}" -DNF4FLASH_TESTS=OFF >"$out/configure-base.log" 2>&1 ||
-      { tail -20 "$out/configure-base.log"; exit 1; }
-    ninja -C build-base -j8 nf4flash >"$out/build-base.log" 2>&1 &
+    cmake -S "$BASE" -B "build-$bn" -G Ninja "${deps[@]}" -DNF4FLASH_TESTS=OFF >"$out/configure-$bn.log" 2>&1 ||
+      { tail -20 "$out/configure-$bn.log"; exit 1; }
+    ninja -C "build-$bn" -j8 nf4flash >"$out/build-$bn.log" 2>&1 &
     pb=$!
   fi
   ninja -C build-gpu -j"${JOBS:-12}" nf4flash nf4flash_gpu_tests >"$out/build.log" 2>&1 ||
     { grep -E "error|FAILED" "$out/build.log" | head -30; exit 1; }
-  if [ -n "$pb" ]; then wait "$pb" || { grep -E "error|FAILED" "$out/build-base.log" | head -20; exit 1; }; fi
+  if [ -n "$pb" ]; then wait "$pb" || { grep -E "error|FAILED" "$out/build-$bn.log" | head -20; exit 1; }; fi
   stamp "built"
 fi
 
@@ -43,7 +45,7 @@ fi
 
 if [[ " $stages " == *" bench "* ]]; then
   trees="gpu"
-  [ -n "${BASE:-}" ] && trees="base gpu"
+  [ -n "${BASE:-}" ] && trees="$bn gpu"
   for rows in ${GEMV_ROWS:-default}; do
     if [ "$rows" = default ]; then env_set=(); else env_set=(NF4FLASH_GEMV_MAX_ROWS=$rows); fi
     k=0
@@ -69,7 +71,7 @@ if [[ " $stages " == *" bench "* ]]; then
   done
   if [ -n "${BASE:-}" ]; then
     for r in $(seq 1 "${ROUNDS:-2}"); do
-      for t in gpu base; do
+      for t in gpu "$bn"; do
         ./build-$t/nf4flash bench --preset llama3-8b --device cuda --quant nf4 --double-quant -p 512 -n 128 -r 5 \
           --json "$out/$gpu-single-$t-$r.json" >/dev/null 2>&1 || echo "single bench $t failed"
         bench_summary "$out/$gpu-single-$t-$r.json" "$t"

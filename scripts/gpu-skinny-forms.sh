@@ -6,20 +6,28 @@
 #   FORMS  space-separated LABEL:VAR=VALUE[,VAR=VALUE...] (default: the mma.sync and the wgmma form,
 #          NF4FLASH_Q4_SKINNY_KERNEL=mma / wgmma)
 #   ROWS   the token counts printed, an extended regex (default 16|32)
-#   BASE   DIR: another source tree's kernel benchmark (build-base), timed before this tree's in
-#          each form and round (labels base-LABEL)
+#   TREES  space-separated LABEL=DIR: other source trees' kernel benchmarks (build-LABEL, without
+#          their tests), each timed before this tree's in every form and round (labels
+#          LABEL-FORM-ROUND); BASE=DIR is TREES="base=DIR"
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=OFF)
 build_kb() {  # source dir, build dir, cmake options...
   cmake -S "$1" -B "$2" -G Ninja "${deps[@]}" "${@:3}" >"$out/configure-$2.log" 2>&1 || { tail -20 "$out/configure-$2.log"; return 1; }
   ninja -C "$2" -j"${JOBS:-16}" nf4flash-kernel-bench >"$out/build-$2.log" 2>&1 || { grep -E "error|FAILED" "$out/build-$2.log" | head -30; return 1; }
 }
+others=${TREES:-}
+[ -n "${BASE:-}" ] && others="base=$BASE $others"
+pids=()
 build_kb . build-gpu &
-pg=$! pb=
-trees="gpu"
-if [ -n "${BASE:-}" ]; then build_kb "$BASE" build-base -DNF4FLASH_TESTS=OFF & pb=$!; trees="base gpu"; fi
-wait "$pg" || exit 1
-if [ -n "$pb" ]; then wait "$pb" || exit 1; fi
+pids+=($!)
+trees=""
+for td in $others; do
+  build_kb "${td#*=}" "build-${td%%=*}" -DNF4FLASH_TESTS=OFF &
+  pids+=($!)
+  trees="$trees ${td%%=*}"
+done
+trees="$trees gpu"
+for p in "${pids[@]}"; do wait "$p" || exit 1; done
 stamp built
 forms=${FORMS:-"mma:NF4FLASH_Q4_SKINNY_KERNEL=mma wgmma:NF4FLASH_Q4_SKINNY_KERNEL=wgmma"}
 run_form() {  # tree, label, env...
@@ -32,7 +40,7 @@ for r in 1 2; do
   for f in $forms; do
     for t in $trees; do
       label=${f%%:*}-$r
-      [ "$t" = base ] && label=base-$label
+      [ "$t" != gpu ] && label=$t-$label
       IFS=, read -r -a envs <<<"${f#*:}"
       run_form "$t" "$label" "${envs[@]}"
     done
