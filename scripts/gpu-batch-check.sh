@@ -52,20 +52,20 @@ if [[ " $stages " == *" bench "* ]]; then
     for graphs in ${GRAPHS:-auto}; do
       k=$((k + 1))
       for skr in ${SKINNY_ROWS:-default}; do
-      for sk in ${SKINNY:-default}; do
-        sk_set=()
-        [ "$sk" != default ] && sk_set=(NF4FLASH_Q4_SKINNY_KERNEL=$sk)
-        [ "$skr" != default ] && sk_set+=(NF4FLASH_Q4_SKINNY_MAX_ROWS=$skr)
-        for t in $trees; do
-          tag=$gpu-batch-$t-gemv$rows-skinny$sk-rows$skr-graphs$graphs-$k
-          env "${env_set[@]}" "${sk_set[@]}" ./build-$t/nf4flash bench --preset llama3-8b --device cuda --quant nf4 \
-            --double-quant --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --graphs "$graphs" --json "$out/$tag.json" \
-            --markdown "$out/$tag.md" >/dev/null 2>"$out/$tag.err" ||
-            { echo "bench --batch ($t, $rows, skinny $sk, skinny rows $skr, graphs $graphs) failed"; tail -3 "$out/$tag.err"; }
-          stamp "bench --batch, tree $t, GEMV rows $rows, skinny $sk, skinny rows $skr, graphs $graphs"
-          cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+        for sk in ${SKINNY:-default}; do
+          sk_set=()
+          [ "$sk" != default ] && sk_set=(NF4FLASH_Q4_SKINNY_KERNEL=$sk)
+          [ "$skr" != default ] && sk_set+=(NF4FLASH_Q4_SKINNY_MAX_ROWS=$skr)
+          for t in $trees; do
+            tag=$gpu-batch-$t-gemv$rows-skinny$sk-rows$skr-graphs$graphs-$k
+            env "${env_set[@]}" "${sk_set[@]}" ./build-$t/nf4flash bench --preset llama3-8b --device cuda --quant nf4 \
+              --double-quant --batch ${BATCHES:-1,8,32,64} -p 512 -n 128 --graphs "$graphs" --json "$out/$tag.json" \
+              --markdown "$out/$tag.md" >/dev/null 2>"$out/$tag.err" ||
+              { echo "bench --batch ($t, $rows, skinny $sk, skinny rows $skr, graphs $graphs) failed"; tail -3 "$out/$tag.err"; }
+            stamp "bench --batch, tree $t, GEMV rows $rows, skinny $sk, skinny rows $skr, graphs $graphs"
+            cat "$out/$tag.md" 2>/dev/null | sed -n '3,8p'
+          done
         done
-      done
       done
     done
   done

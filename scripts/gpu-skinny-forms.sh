@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The skinny GEMM's forms on the GPU machine: build the kernel benchmark, time the 4-bit rows
-# (--gemv-only) of each form in FORMS, two rounds alternated, then with NCU=1 each form's launches
-# under ncu (time, instructions, issue use, stall reasons per issue), one line per kernel template
-# and DRAM bytes read (the shape).
+# (--gemv-only) of each form in FORMS, two rounds alternated, then with NCU=1 (default) each form's
+# launches in this tree under ncu (time, instructions, issue use, stall reasons per issue), one line
+# per kernel template and DRAM bytes read (the shape).
 #   FORMS  space-separated LABEL:VAR=VALUE[,VAR=VALUE...] (default: the mma.sync and the wgmma form,
 #          NF4FLASH_Q4_SKINNY_KERNEL=mma / wgmma)
 #   ROWS   the token counts printed, an extended regex (default 16|32)
@@ -48,8 +48,10 @@ for r in 1 2; do
 done
 stamp timed
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
-  for f in mma wgmma; do
-    NF4FLASH_Q4_SKINNY_KERNEL=$f timeout 200 ncu --clock-control none --print-kernel-base demangled -k regex:gemm_q4_skinny_kernel --csv \
+  for f in $forms; do
+    IFS=, read -r -a envs <<<"${f#*:}"
+    f=${f%%:*}
+    env "${envs[@]}" timeout 200 ncu --clock-control none --print-kernel-base demangled -k regex:gemm_q4_skinny_kernel --csv \
       --metrics "dram__bytes_read.sum,gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       ./build-gpu/bench/kernels/nf4flash-kernel-bench --gemv-only --reps 1 --trials 1 >"$out/ncu-$f.csv" 2>"$out/ncu-$f.err" || echo "ncu $f failed"
     python3 - "$out/ncu-$f.csv" "$f" <<'PY'
