@@ -37,7 +37,7 @@ nlohmann::json tuning_json(const nf4flash::CudaTuning& t) {
           {"q4_gemm", nf4flash::q4_gemm_mode_name(t.q4_gemm)},
           {"q4_fused_max_rows", t.q4_fused_max_rows},
           {"dequant_chunk_mb", t.dequant_chunk_mb},
-          {"flash_kernel", nf4flash::flash_kernel_choice_name(t.flash_kernel)},
+          {"flash_kernel", nf4flash::mma_kernel_choice_name(t.flash_kernel)},
           {"fuse_norm", t.fuse_norm},
           {"dense_multi", t.dense_multi}};
 }

@@ -60,7 +60,7 @@ std::string q4_gemm_mode_name(Q4GemmMode m) {
   return "?";
 }
 
-std::string flash_kernel_choice_name(MmaKernelChoice k) {
+std::string mma_kernel_choice_name(MmaKernelChoice k) {
   switch (k) {
     case MmaKernelChoice::Auto: return "auto";
     case MmaKernelChoice::Mma: return "mma";

@@ -55,7 +55,7 @@ struct CudaTuning {
 // variable, its value and the accepted values when one is invalid.
 CudaTuning cuda_tuning_from_env();
 std::string q4_gemm_mode_name(Q4GemmMode m);
-std::string flash_kernel_choice_name(MmaKernelChoice k);
+std::string mma_kernel_choice_name(MmaKernelChoice k);
 
 // While alive, backends created without an explicit tuning (CudaBackendOptions::tuning unset, as
 // the engine creates them) take `t` instead of the environment's. Process-wide; nests (the

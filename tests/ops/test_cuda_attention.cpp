@@ -77,7 +77,7 @@ void run_case(const Case& c) {
           gpu.be->attention(1, q.act, o.act, pi, StepState{pos.ptr(), host});
           EXPECT_LT(rel_err(o.get(), ref), tol_for(dt))
               << impl_str(impl)
-              << (impl == AttnImpl::Flash ? cat(" (", flash_kernel_choice_name(kern), ")") : std::string()) << " "
+              << (impl == AttnImpl::Flash ? cat(" (", mma_kernel_choice_name(kern), ")") : std::string()) << " "
               << dtype_name(dt) << " heads " << c.n_heads << "/" << c.n_kv << " hd " << c.hd << " pos0 " << c.pos0
               << " T " << c.T << " softcap " << c.softcap << " window " << c.window
               << (host < 0 ? " (length = capacity)" : "");

@@ -11,6 +11,23 @@ namespace nf4flash {
 
 namespace cuda_impl {
 
+namespace {
+
+// Whether a kernel choice (NF4FLASH_FLASH_KERNEL, NF4FLASH_Q4_SKINNY_KERNEL) takes the wgmma
+// kernel: where it runs (auto), always (wgmma: an error naming `var` where it cannot), or never.
+bool wgmma_chosen(MmaKernelChoice c, bool supported, bool built, const char* var, const cudaDeviceProp& p) {
+  switch (c) {
+    case MmaKernelChoice::Auto: return supported;
+    case MmaKernelChoice::Mma: return false;
+    case MmaKernelChoice::Wgmma: break;
+  }
+  NF4FLASH_CHECK(supported, var, "=wgmma: needs a compute capability 9.0 GPU and a build for sm_90a (this: ", p.major,
+                 ".", p.minor, built ? "" : ", built without sm_90a", ")");
+  return true;
+}
+
+}  // namespace
+
 CudaBackend::CudaBackend(const CudaBackendOptions& o)
     : act_(o.compute), tf32_(o.tf32), tuning_(o.tuning ? *o.tuning : cuda_tuning_current()) {
   NF4FLASH_CHECK(act_ == DType::BF16 || act_ == DType::F16 || act_ == DType::F32,
@@ -48,17 +65,9 @@ CudaBackend::CudaBackend(const CudaBackendOptions& o)
   q4_fused_max_rows_ = tuning_.q4_fused_max_rows;
   // the skinny GEMM where its shared-memory ring fits a block (not on GPUs with 99 KiB per block)
   q4_skinny_max_rows_ = std::min<int64_t>(tuning_.q4_skinny_max_rows, gemm_q4_skinny_max_rows(props_.sharedMemPerBlockOptin));
-  // its wgmma form at 17..32 rows where it runs (auto), always (wgmma: an error where it cannot), or never
-  switch (tuning_.q4_skinny_kernel) {
-    case SkinnyKernelChoice::Auto: q4_skinny_wgmma_ = gemm_q4_skinny_wgmma_supported(); break;
-    case SkinnyKernelChoice::Mma: q4_skinny_wgmma_ = false; break;
-    case SkinnyKernelChoice::Wgmma:
-      NF4FLASH_CHECK(gemm_q4_skinny_wgmma_supported(), "NF4FLASH_Q4_SKINNY_KERNEL=wgmma: needs a compute capability "
-                     "9.0 GPU and a build for sm_90a (this: ", props_.major, ".", props_.minor,
-                     gemm_q4_wgmma_built() ? "" : ", built without sm_90a", ")");
-      q4_skinny_wgmma_ = true;
-      break;
-  }
+  // its wgmma form at 17..32 rows
+  q4_skinny_wgmma_ = wgmma_chosen(tuning_.q4_skinny_kernel, gemm_q4_skinny_wgmma_supported(), gemm_q4_wgmma_built(),
+                                  "NF4FLASH_Q4_SKINNY_KERNEL", props_);
   if (tuning_.q4_gemm == Q4GemmMode::Fused) {
     NF4FLASH_CHECK(fused_ok, "NF4FLASH_Q4_GEMM=fused: the fused 4-bit GEMM needs bf16/f16 compute, a build for "
                    "sm_90a and a compute capability 9.0 GPU (this: ", props_.major, ".", props_.minor,
@@ -66,18 +75,10 @@ CudaBackend::CudaBackend(const CudaBackendOptions& o)
     q4_fused_max_rows_ = INT64_MAX;
   }
   if (!q4_gemm_fused_) q4_fused_max_rows_ = 0;
-  switch (tuning_.flash_kernel) {
-    case FlashKernelChoice::Auto:
-      flash_kernel_ = attention_flash_wgmma_supported() ? FlashKernel::Wgmma : FlashKernel::Mma;
-      break;
-    case FlashKernelChoice::Mma: flash_kernel_ = FlashKernel::Mma; break;
-    case FlashKernelChoice::Wgmma:
-      NF4FLASH_CHECK(attention_flash_wgmma_supported(), "NF4FLASH_FLASH_KERNEL=wgmma: needs a compute capability 9.0 "
-                     "GPU and a build for sm_90a (this: ", props_.major, ".", props_.minor,
-                     attention_flash_wgmma_built() ? "" : ", built without sm_90a", ")");
-      flash_kernel_ = FlashKernel::Wgmma;
-      break;
-  }
+  flash_kernel_ = wgmma_chosen(tuning_.flash_kernel, attention_flash_wgmma_supported(), attention_flash_wgmma_built(),
+                               "NF4FLASH_FLASH_KERNEL", props_)
+                      ? FlashKernel::Wgmma
+                      : FlashKernel::Mma;
   CUDA_CHECK(cudaMallocHost(&host_ids_, sizeof(int32_t) * (kSampleSlots + 1)));
   for (auto& e : slot_ev_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
