@@ -212,22 +212,32 @@ class CellRunner {
     return runs;
   }
 
+  // Runs body (the timed runs in ms) into time and tok/s stats for tokens a run; an engine error or
+  // host allocation failure becomes the cell's error.
+  template <typename Body>
+  void measure(int64_t tokens, BenchStat& time, BenchStat& tok_s, std::string& error, Body body) {
+    try {
+      const std::vector<double> ms = body();
+      std::vector<double> tps;
+      for (double m : ms) tps.push_back(m > 0 ? tokens * 1000.0 / m : 0.0);
+      time = make_stat(ms);
+      tok_s = make_stat(tps);
+    } catch (const Error& e) {
+      error = e.what();
+    } catch (const std::bad_alloc&) {
+      error = "out of host memory";
+    }
+    sample_();
+  }
+
   void prefill_cell(int64_t p) {
     PrefillCell c;
     c.prompt = p;
-    try {
+    measure(p, c.ttft_ms, c.tok_s, c.error, [&] {
       std::vector<double> ms = repeat(cat("prefill ", p), [&] { return eng_.prefill_ms(p, 0); });
       filled_ = std::max(filled_, p);
-      std::vector<double> tps;
-      for (double m : ms) tps.push_back(m > 0 ? p * 1000.0 / m : 0.0);
-      c.ttft_ms = make_stat(ms);
-      c.tok_s = make_stat(tps);
-    } catch (const Error& e) {
-      c.error = e.what();
-    } catch (const std::bad_alloc&) {
-      c.error = "out of host memory";
-    }
-    sample_();
+      return ms;
+    });
     cr_.prefill.push_back(std::move(c));
   }
 
@@ -235,7 +245,7 @@ class CellRunner {
     DecodeCell c;
     c.ctx = ctx;
     c.tokens = spec_.n_gen - 1;
-    try {
+    measure(c.tokens, c.ms, c.tok_s, c.error, [&] {
       std::vector<double> ms;
       if (cache) {
         if (filled_ < ctx) {  // the KV positions before ctx must hold something: prefill them (untimed)
@@ -244,22 +254,13 @@ class CellRunner {
           filled_ = ctx;
         }
         ms = repeat(cat("decode ", c.tokens, " @ ctx ", ctx), [&] { return eng_.decode_ms(c.tokens, ctx); });
-        filled_ = std::max(filled_, ctx + c.tokens);
       } else {
         ms = repeat(cat("decode ", c.tokens, " without cache @ ctx ", ctx),
                     [&] { return eng_.decode_nocache_ms(ctx, c.tokens); });
-        filled_ = std::max(filled_, ctx + c.tokens);
       }
-      std::vector<double> tps;
-      for (double m : ms) tps.push_back(m > 0 ? c.tokens * 1000.0 / m : 0.0);
-      c.ms = make_stat(ms);
-      c.tok_s = make_stat(tps);
-    } catch (const Error& e) {
-      c.error = e.what();
-    } catch (const std::bad_alloc&) {
-      c.error = "out of host memory";
-    }
-    sample_();
+      filled_ = std::max(filled_, ctx + c.tokens);
+      return ms;
+    });
     cr_.decode.push_back(std::move(c));
   }
 
