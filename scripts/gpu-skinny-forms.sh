@@ -5,7 +5,8 @@
 # per kernel template and DRAM bytes read (the shape).
 #   FORMS  space-separated LABEL:VAR=VALUE[,VAR=VALUE...] (default: the mma.sync and the wgmma form,
 #          NF4FLASH_Q4_SKINNY_KERNEL=mma / wgmma)
-#   ROWS   the token counts printed, an extended regex (default 16|32)
+#   ROWS   the token counts printed, an extended regex (default 16|32); per count also a "layer" line:
+#          the sum of a Llama-3-8B layer's four 4-bit launches (q/k/v, o, gate+up+SiLU, down+residual)
 #   TREES  space-separated LABEL=DIR: other source trees' kernel benchmarks (build-LABEL, without
 #          their tests), each timed before this tree's in every form and round (labels
 #          LABEL-FORM-ROUND); BASE=DIR is TREES="base=DIR"
@@ -35,6 +36,14 @@ run_form() {  # tree, label, env...
   env "$@" ./build-$t/bench/kernels/nf4flash-kernel-bench --gemv-only --json "$out/kb-$label.json" >"$out/kb-$label.txt" 2>&1 ||
     { echo "$label failed"; tail -3 "$out/kb-$label.txt"; }
   grep -E "nf4-dq (14336x4096|4096x14336|gate\+up\+silu 2x14336x4096) T=(${ROWS:-16|32}) " "$out/kb-$label.txt" | sed "s/^/$label: /"
+  # a Llama-3-8B layer's four 4-bit launches: q/k/v, o, gate+up+SiLU, down+residual
+  awk -v label="$label" -v rows="^T=(${ROWS:-16|32})$" '
+    /nf4-dq (qkv 6144x4096|4096x4096|gate\+up\+silu 2x14336x4096|down\+residual 4096x14336) T=/ {
+      for (i = 1; i <= NF; ++i) if ($i ~ /^T=/) { t = $i; us = $(i + 1) }
+      n = /qkv/ ? "qkv" : /gate/ ? "gate+up" : /down/ ? "down" : "o"
+      if (t ~ rows) { sum[t] += us; part[t] = part[t] sprintf(" %s %.2f", n, us) }
+    }
+    END { for (t in sum) printf "%s: layer %s %.2f us (%s)\n", label, t, sum[t], substr(part[t], 2) }' "$out/kb-$label.txt"
 }
 for r in 1 2; do
   for f in $forms; do
