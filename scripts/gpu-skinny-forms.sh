@@ -7,6 +7,8 @@
 #          NF4FLASH_Q4_SKINNY_KERNEL=mma / wgmma)
 #   ROWS   the token counts printed, an extended regex (default 16|32); per count also a "layer" line:
 #          the sum of a Llama-3-8B layer's four 4-bit launches (q/k/v, o, gate+up+SiLU, down+residual)
+#   SYNC   1 (default): also this tree's stage-synchronization forms (--skinny-forms: block barrier
+#          or mbarrier ring a stage, both timed twice, outputs compared bit for bit); 0: not
 #   TREES  space-separated LABEL=DIR: other source trees' kernel benchmarks (build-LABEL, without
 #          their tests), each timed before this tree's in every form and round (labels
 #          LABEL-FORM-ROUND); BASE=DIR is TREES="base=DIR"
@@ -56,6 +58,12 @@ for r in 1 2; do
   done
 done
 stamp timed
+if [ "${SYNC:-1}" = 1 ]; then  # this tree's stage-synchronization forms (kernel benchmark --skinny-forms)
+  ./build-gpu/bench/kernels/nf4flash-kernel-bench --skinny-forms --json "$out/$gpu-skinny-sync.json" >"$out/skinny-sync.txt" 2>&1 ||
+    { echo "skinny forms failed"; tail -3 "$out/skinny-sync.txt"; }
+  grep -E "^skinny nf4-dq|differ|skipped" "$out/skinny-sync.txt"
+  stamp "stage synchronization forms"
+fi
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   for f in $forms; do
     IFS=, read -r -a envs <<<"${f#*:}"

@@ -1,6 +1,7 @@
 // nf4flash-kernel-bench: what the benchmark's sections share. Each section times the kernels the
-// CUDA backend runs by default, through the public Backend ops (decode_forms.cu alone launches
-// other instantiations of the decode GEMV, checked against the backend's output), and adds rows to a
+// CUDA backend runs by default, through the public Backend ops (decode_forms.cu and skinny_forms.cu
+// alone launch other instantiations of the decode GEMV and the skinny GEMM, checked against the
+// backend's output), and adds rows to a
 // Report (a table on stdout, the rows of the JSON report). Timing (bench_util.cpp): an op is called
 // once to warm up (lazy workspaces are allocated then, never inside a capture), then captured
 // `reps` times in one CUDA graph with its weights rotated over enough copies that the working set
@@ -83,5 +84,8 @@ void prefill_linears(Context& c);        // prefill_linear.cpp
 void prefill_attention(Context& c);      // prefill_attention.cpp
 void moe_experts(Context& c);            // moe_experts.cpp
 std::string decode_forms(Context& c);    // decode_forms.cu: the forms whose output differed ("" if none)
+// skinny_forms.cu (builds that target 90, NF4FLASH_KBENCH_SKINNY_FORMS): the skinny GEMM's stage
+// synchronization forms; the pairs whose outputs differed ("" if none)
+std::string skinny_forms(Context& c);
 
 }  // namespace nf4flash::kbench

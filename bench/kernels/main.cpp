@@ -1,8 +1,9 @@
 // nf4flash-kernel-bench: microbenchmark of the CUDA backend's default kernels on the Llama-3-8B
 // shapes, one run: the device-to-device copy reference, the decode linears (4-bit GEMV, bf16 GEMV,
 // lm_head), decode attention, the prefill linears (fused 4-bit GEMM, dequantize + cuBLAS, bf16
-// cuBLAS), prefill attention (flash, sdpa, eager) and a Qwen3-30B-A3B MoE layer's experts. This file: the command line, the device
-// check, the order of the sections and the JSON report. How rows are timed: bench.h.
+// cuBLAS), prefill attention (flash, sdpa, eager), a Qwen3-30B-A3B MoE layer's experts, and the
+// forms of the decode GEMV and the skinny GEMM. This file: the command line, the device check, the
+// order of the sections and the JSON report. How rows are timed: bench.h.
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -20,7 +21,7 @@ namespace {
 
 struct Options {
   std::string json_path;
-  bool attention_only = false, gemv_only = false, moe_only = false, forms_only = false;
+  bool attention_only = false, gemv_only = false, moe_only = false, forms_only = false, skinny_only = false;
   int reps = 50, trials = 9, device = 0;
 };
 
@@ -44,6 +45,9 @@ nlohmann::json tuning_json(const nf4flash::CudaTuning& t) {
 
 int run(const Options& o) {
   using namespace nf4flash;
+#if !NF4FLASH_KBENCH_SKINNY_FORMS
+  NF4FLASH_CHECK(!o.skinny_only, "--skinny-forms: this build does not target sm_90 (CMAKE_CUDA_ARCHITECTURES without 90)");
+#endif
   const int n = cuda_device_count();
   NF4FLASH_CHECK(n > 0, "no usable CUDA device (driver missing or no GPU): nf4flash-kernel-bench needs one");
   NF4FLASH_CHECK(o.device < n, "--device ", o.device, ": out of range (", n, n == 1 ? " device)" : " devices)");
@@ -65,7 +69,7 @@ int run(const Options& o) {
               o.trials);
 
   const double copy_gbs = kbench::copy_reference(c);
-  const bool all = !o.attention_only && !o.gemv_only && !o.moe_only && !o.forms_only;
+  const bool all = !o.attention_only && !o.gemv_only && !o.moe_only && !o.forms_only && !o.skinny_only;
   if (all || o.gemv_only) kbench::decode_linears(c);
   if (all || o.attention_only) kbench::decode_attention(c);
   if (all) kbench::prefill_linears(c);
@@ -73,6 +77,12 @@ int run(const Options& o) {
   if (all || o.moe_only) kbench::moe_experts(c);
   std::string forms_differ;
   if (all || o.forms_only) forms_differ = kbench::decode_forms(c);
+#if NF4FLASH_KBENCH_SKINNY_FORMS
+  if (all || o.skinny_only) {
+    const std::string d = kbench::skinny_forms(c);
+    if (!d.empty()) forms_differ += (forms_differ.empty() ? "" : "; ") + d;
+  }
+#endif
 
   if (json_out.is_open()) {
     const nlohmann::json j = {
@@ -90,6 +100,7 @@ int run(const Options& o) {
                  : o.gemv_only    ? "gemv-only"
                  : o.moe_only     ? "moe-only"
                  : o.forms_only   ? "decode-forms"
+                 : o.skinny_only  ? "skinny-forms"
                                   : "all"},
         {"copy_gb_per_s", copy_gbs},
         {"attention_prefill_flop_convention", "4 * seq^2 / 2 * head_dim * n_heads (causal)"},
@@ -100,7 +111,8 @@ int run(const Options& o) {
     std::printf("\nJSON report: %s\n", o.json_path.c_str());
   }
   // after the report is written: a form with other results than the backend's is a failed run
-  NF4FLASH_CHECK(forms_differ.empty(), "decode forms whose output differs from the backend's: ", forms_differ);
+  NF4FLASH_CHECK(forms_differ.empty(), "forms whose output differs from the backend's or their default's: ",
+                 forms_differ);
   return 0;
 }
 
@@ -110,7 +122,8 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"nf4flash-kernel-bench: times the CUDA backend's default kernels on the Llama-3-8B shapes "
                "(copy reference, decode linears, decode attention, prefill linears, prefill attention; and a "
-               "Qwen3-30B-A3B mixture-of-experts layer; the 4-bit decode GEMV's code-decode forms)"};
+               "Qwen3-30B-A3B mixture-of-experts layer; the 4-bit decode GEMV's code-decode forms; the skinny 4-bit "
+               "GEMM's stage synchronization)"};
   app.add_option("--json", o.json_path, "Write the JSON report to FILE")->type_name("FILE");
   auto* att = app.add_flag("--attention-only", o.attention_only,
                            "Only the copy reference, decode attention and prefill attention");
@@ -123,6 +136,10 @@ int main(int argc, char** argv) {
   moe->excludes(att);
   moe->excludes(gemv);
   for (auto* f : {att, gemv, moe}) forms->excludes(f);
+  auto* skinny = app.add_flag("--skinny-forms", o.skinny_only,
+                              "Only the copy reference and the skinny 4-bit GEMM's stage synchronization (block "
+                              "barrier or mbarrier ring; 16 and 32 rows; builds for sm_90, CC 9.0 GPUs)");
+  for (auto* f : {att, gemv, moe, forms}) skinny->excludes(f);
   app.add_option("--reps", o.reps, "Launches per timed graph replay (default 50)")
       ->check(CLI::Range(1, 100000))
       ->type_name("N");

@@ -140,9 +140,11 @@ TEST_F(BenchDoctorCli, KernelBenchHelpAndErrors) {
   auto kb = [](const std::string& args) { return nf4flash::test::run_program(NF4FLASH_KERNEL_BENCH, args); };
   nf4flash::test::CliResult r = kb("--help");
   EXPECT_EQ(r.code, 0) << r.err;
-  for (const char* f : {"--json", "--attention-only", "--gemv-only", "--reps", "--trials", "--device", "--help"})
+  for (const char* f : {"--json", "--attention-only", "--gemv-only", "--decode-forms", "--skinny-forms", "--reps",
+                        "--trials", "--device", "--help"})
     EXPECT_NE(r.out.find(f), std::string::npos) << f << "\n" << r.out;
-  for (const char* bad : {"--no-such-option", "--reps 0", "--trials abc", "--gemv-only --attention-only"}) {
+  for (const char* bad : {"--no-such-option", "--reps 0", "--trials abc", "--gemv-only --attention-only",
+                          "--skinny-forms --decode-forms", "--skinny-forms --gemv-only"}) {
     r = kb(bad);
     EXPECT_NE(r.code, 0) << bad;
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << bad << ": " << r.err;

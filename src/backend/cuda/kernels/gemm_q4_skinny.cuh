@@ -44,6 +44,7 @@
 #pragma once
 #include "backend/cuda/kernels/cp_async.cuh"
 #include "backend/cuda/kernels/gemv_q4.cuh"
+#include "backend/cuda/kernels/mbarrier.cuh"
 #include "backend/cuda/kernels/wgmma.cuh"
 
 namespace nf4flash::cuda {
@@ -124,18 +125,29 @@ __device__ __forceinline__ void skinny_mma_tile(const uint32_t (&fa)[4][4], uint
   }
 }
 
+// The end of a thread's cp.async copies issued so far arrives once on the shared-memory mbarrier
+// (its count covers every such arrival: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
 // NT token tiles, S stages, MINB blocks per multiprocessor (the register budget), WG: the wgmma
-// form (NT = 4).
-template <typename TA, bool DQ, int NT, int S, int MINB, bool WG = false>
+// form (NT = 4). MB (sm_90, the kernel benchmark's skinny_forms): the stages synchronized by
+// mbarriers instead of a block barrier a step: full[s] completes when every thread's copies into
+// stage s have landed (cp.async arrivals), empty[s] when the 8 warps have read it; steps are
+// loaded S-2 ahead, so that a warp may run one step ahead of the slowest.
+template <typename TA, bool DQ, int NT, int S, int MINB, bool WG = false, bool MB = false>
 __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(const __grid_constant__ Q4SkinnyArgs a) {
   constexpr int W = kSkinnyW, R = kSkinnyR, RS = R / 2, NACC = R * NT * 4, SLICE = NACC * W * 32;
   constexpr int SB = skinny_stage_bytes(NT, WG), TILES = W * R;
-  constexpr int D = S - 1;  // steps loaded ahead
+  constexpr int D = MB ? S - 2 : S - 1;  // steps loaded ahead
+  static_assert(!MB || S >= 3, "gemm_q4_skinny: the mbarrier form needs 3 stages");
   constexpr int OFF_C = WG ? kSkinnyWgTokens * 128 : 0, OFF_A = OFF_C + TILES * 512, OFF_X = WG ? 0 : TILES * (512 + 64);
   static_assert(!WG || (NT == 4 && W * 32 == kSkinnyWgTokens * 8 && SB % 1024 == 0), "gemm_q4_skinny: wgmma form");
   extern __shared__ __align__(16) uint32_t smem_dyn[];  // [256][64] table, then the S stages
   __shared__ float s_nested_code[256];
   __shared__ uint32_t s_bits[16];
+  __shared__ __align__(8) uint64_t s_full[MB ? S : 1], s_empty[MB ? S : 1];
   __shared__ int s_last;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -223,6 +235,13 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
   // the tables (before the wait: nothing here was written by the previous kernel)
   if (tid < 16) s_bits[tid] = bits16<TA>(a.code[tid]);
   if constexpr (DQ) s_nested_code[tid] = a.nested_code[tid];  // 256 threads
+  if constexpr (MB) {
+    if (tid == 0)
+      for (int s = 0; s < S; ++s) {
+        mbar_init(&s_full[s], W * 32);
+        mbar_init(&s_empty[s], W);
+      }
+  }
   __syncthreads();
   q4_fill_lut<64, W * 32>(lut, s_bits);
   const Q4RegTable tb = q4_reg_table(s_bits);  // code word 0 of each tile: byte permutes, no LDS
@@ -239,7 +258,11 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
 #pragma unroll
   for (int s = 0; s < D; ++s) {
     if (s < pro) issue_x(stage_s + s * SB, int((p0 + s) % KT));
-    cp_async_commit();
+    if constexpr (MB) {
+      if (s < pro) cp_async_mbar_arrive(&s_full[s]);
+    } else {
+      cp_async_commit();
+    }
   }
 
   // ---- the compute side: step (cu, ckt)
@@ -330,10 +353,29 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
   };
 
   int cslot = 0, lslot = D;
+  unsigned cpar = 0;  // MB: parity of the full[cslot] phase step cp waits for
+  int lwrap = 0;      // MB: times the load position has wrapped (its empty[] waits start at the first)
+  int uslot = 0;      // MB: step cp's stage, released by release_step
   // The start of step cp: its stage landed (for every thread) and the loads of step lp issued into
   // the stage step cp - 1 used (its reads, wgmmas included, completed before the barrier). Returns
   // step cp's stage.
   auto begin_step = [&]() -> uint32_t {
+    if constexpr (MB) {  // step lp into the stage of step lp - S, once every warp has read it
+      if (lp < p1) {
+        if (lwrap > 0) mbar_wait(&s_empty[lslot], unsigned(lwrap - 1) & 1u);
+        issue_w(stage_s + lslot * SB);
+        issue_x(stage_s + lslot * SB, lkt);
+        advance_load();
+        cp_async_mbar_arrive(&s_full[lslot]);
+      }
+      if (++lslot == S) lslot = 0, ++lwrap;
+      mbar_wait(&s_full[cslot], cpar);
+      if constexpr (WG) fence_proxy_async_smem();  // the copies' writes visible to wgmma's reads
+      uslot = cslot;
+      const uint32_t st = stage_s + cslot * SB;
+      if (++cslot == S) cslot = 0, cpar ^= 1u;
+      return st;
+    }
     cp_async_wait<D - 1>();
     if constexpr (WG) fence_proxy_async_smem();  // the copies' writes visible to wgmma's reads
     __syncthreads();
@@ -347,6 +389,13 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
     const uint32_t st = stage_s + cslot * SB;
     cslot = cslot + 1 == S ? 0 : cslot + 1;
     return st;
+  };
+  // MB: the warp has read step cp's stage (its wgmmas completed).
+  auto release_step = [&]() {
+    if constexpr (MB) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&s_empty[uslot]);
+    }
   };
   // The absmax of step cp's stage st: lane l holds row l % 16 of the warp's row tile 2q + l / 16.
   auto load_scales = [&](uint32_t st, float (&sv)[RS]) {
@@ -410,6 +459,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
           skinny_mma_tile<TA, NTH>(fa, st + OFF_X, &xo[h * NTH], s0, s8, &acc[r][h * NTH]);
         }
       }
+      release_step();
       if (end_step()) break;
     }
   } else {
@@ -438,6 +488,7 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
       }
       wgmma_commit();
       wgmma_wait<0>();
+      release_step();
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         wgmma_fence_regs(P[r]);
@@ -452,17 +503,18 @@ __global__ void __launch_bounds__(kSkinnyW * 32, MINB) gemm_q4_skinny_kernel(con
       if (end_step()) break;
     }
   }
+  if constexpr (MB) cp_async_commit();  // the mbarrier form's copies were never committed
   cp_async_wait<0>();  // no copy may land after the block exits
 }
 
 // Host side (ops_gemm_q4_skinny.cu): a launch's kernel arguments and grid, the workspace checked.
 Q4SkinnyArgs skinny_kernel_args(const GemmQ4SkinnyArgs& g, int& grid);
 
-// One launch of the kernel instance TA, DQ, NT, S (one block per SM), WG with g's arguments and grid
+// One launch of the kernel instance TA, DQ, NT, S (one block per SM), WG, MB with g's arguments and grid
 // (its dynamic shared memory opted in at the first launch).
-template <typename TA, bool DQ, int NT, int S, bool WG>
+template <typename TA, bool DQ, int NT, int S, bool WG, bool MB = false>
 void skinny_launch(const GemmQ4SkinnyArgs& g, cudaStream_t st) {
-  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, S, 1, WG>;
+  constexpr auto kernel = gemm_q4_skinny_kernel<TA, DQ, NT, S, 1, WG, MB>;
   constexpr int smem = skinny_smem_bytes(NT, S, WG);
   static const bool opted_in = [] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
