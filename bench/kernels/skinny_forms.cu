@@ -1,10 +1,11 @@
 // nf4flash-kernel-bench: the skinny 4-bit GEMM's stage synchronization (built for sm_90a; runs on
-// compute capability 9.0). The backend's kernel (gemm_q4_skinny_kernel, nf4-dq, bf16, 6 stages as
-// its launchers use) instantiated with the default block barrier a step and with the mbarrier ring
-// (MB: full / empty mbarriers a stage, steps loaded 4 ahead instead of 5): the mma.sync form at 16
-// rows (2 token tiles) and 32 rows (4), the wgmma form at 32 rows. Each pair runs the same work
-// order and arithmetic, so the ring's output must equal the barrier's bit for bit; the barrier form
-// of the backend's own choice at those rows (mma.sync at 16, wgmma at 32) must equal the backend's.
+// compute capability 9.0). The backend's kernel (gemm_q4_skinny_kernel, nf4-dq, bf16) instantiated
+// with its default block barrier a step (6 stages, as its launchers use: steps loaded 5 ahead) and
+// with the mbarrier ring (MB: full / empty mbarriers a stage, steps loaded S-2 ahead) of 6 stages
+// (4 ahead) and of 7 (5 ahead, as deep as the barrier's): the mma.sync form at 16 rows (2 token
+// tiles) and 32 rows (4), the wgmma form at 32 rows. Each runs the same work order and arithmetic,
+// so a ring's output must equal the barrier's bit for bit; the barrier form of the backend's own
+// choice at those rows (mma.sync at 16, wgmma at 32) must equal the backend's.
 // Shapes: a Llama-3-8B layer's single-weight products (4096x4096, 14336x4096, 4096x14336); weights
 // rotated over copies past the L2; the two forms of a pair timed alternately, two rounds.
 #include <cuda_bf16.h>
@@ -23,23 +24,26 @@ namespace {
 
 using Launch = void (*)(const cuda::GemmQ4SkinnyArgs&, cudaStream_t);
 
+// One form at T rows: the block barrier and the two rings, in that order.
 struct Pair {
   const char* form;  // "mma.sync" or "wgmma"
   int T;
-  Launch barrier, ring;
+  Launch sync[3];
 };
+constexpr const char* kSyncName[3] = {"block barrier", "mbarrier ring 6", "mbarrier ring 7"};
 
-template <int NT, bool WG, bool MB>
+template <int NT, bool WG, int S, bool MB>
 constexpr Launch launch() {
-  return cuda::skinny_launch<__nv_bfloat16, true, NT, 6, WG, MB>;
+  return cuda::skinny_launch<__nv_bfloat16, true, NT, S, WG, MB>;
+}
+template <int NT, bool WG>
+constexpr Pair pair(const char* form, int T) {
+  return {form, T, {launch<NT, WG, 6, false>(), launch<NT, WG, 6, true>(), launch<NT, WG, 7, true>()}};
 }
 
 const std::vector<Pair>& pairs() {
-  static const std::vector<Pair> p = {
-      {"mma.sync", 16, launch<2, false, false>(), launch<2, false, true>()},
-      {"mma.sync", 32, launch<4, false, false>(), launch<4, false, true>()},
-      {"wgmma", 32, launch<4, true, false>(), launch<4, true, true>()},
-  };
+  static const std::vector<Pair> p = {pair<2, false>("mma.sync", 16), pair<4, false>("mma.sync", 32),
+                                      pair<4, true>("wgmma", 32)};
   return p;
 }
 
@@ -72,7 +76,7 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
   cuda_check(cudaMemsetAsync(tickets->data(), 0, size_t(need.n_tickets) * 4, st), "memset counters");
   g.ws = {static_cast<float*>(partial->data()), need.floats, static_cast<int*>(tickets->data()), need.n_tickets};
 
-  std::vector<uint16_t> want, got_b, got_r;
+  std::vector<uint16_t> want, got[3];
   const double wbytes = double(ws[0]->resident_bytes());
   for (const Pair& p : pairs()) {
     const size_t n = size_t(p.T * rows);
@@ -97,24 +101,22 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
       v.resize(n);
       be.download(v.data(), out->data(), n * 2);
     };
-    output(p.barrier, got_b);
-    output(p.ring, got_r);
-    const bool ring_same = got_r == got_b, backend_same = !backend_form || got_b == want;
+    for (int k = 0; k < 3; ++k) output(p.sync[k], got[k]);
+    const bool backend_same = !backend_form || got[0] == want;
     const double bytes = wbytes + 2.0 * double(p.T) * double(cols + rows);
     for (int round = 1; round <= 2; ++round)
-      for (int ring = 0; ring < 2; ++ring) {
-        const Launch l = ring ? p.ring : p.barrier;
-        const double sec = time_graph(be, [&](int i) { run(l, i); }, c.reps, c.trials);
-        c.report.row(cat("skinny nf4-dq ", rows, "x", cols, " T=", p.T, " ", p.form, ring ? " mbarrier ring" : " block barrier",
-                         " (", round, ")"),
+      for (int k = 0; k < 3; ++k) {
+        const double sec = time_graph(be, [&](int i) { run(p.sync[k], i); }, c.reps, c.trials);
+        c.report.row(cat("skinny nf4-dq ", rows, "x", cols, " T=", p.T, " ", p.form, " ", kSyncName[k], " (", round, ")"),
                      sec, bytes, 0,
                      {{"format", "nf4-dq"}, {"T", p.T}, {"rows", rows}, {"cols", cols}, {"form", p.form},
-                      {"sync", ring ? "mbarrier" : "barrier"}, {"round", round}, {"copies", ws.size()},
-                      {"bit_identical_to_barrier_form", ring ? ring_same : true},
+                      {"sync", kSyncName[k]}, {"round", round}, {"copies", ws.size()},
+                      {"bit_identical_to_barrier_form", got[k] == got[0]},
                       {"bit_identical_to_backend", backend_form ? nlohmann::json(backend_same) : nlohmann::json(nullptr)}});
       }
-    if (!ring_same) differ.push_back(cat(p.form, " ring at ", rows, "x", cols, " T=", p.T));
-    if (!backend_same) differ.push_back(cat(p.form, " barrier vs backend at ", rows, "x", cols, " T=", p.T));
+    for (int k = 1; k < 3; ++k)
+      if (got[k] != got[0]) differ.push_back(cat(p.form, " ", kSyncName[k], " at ", rows, "x", cols, " T=", p.T));
+    if (!backend_same) differ.push_back(cat(p.form, " block barrier vs backend at ", rows, "x", cols, " T=", p.T));
   }
 }
 
