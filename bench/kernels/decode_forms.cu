@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_resources.h"
 #include "backend/cuda/kernels/gemv_q4_decode.cuh"
 #include "bench.h"
+#include "forms.h"
 #include "core/error.h"
 
 namespace nf4flash::kbench {
@@ -43,12 +43,6 @@ const std::vector<Form>& forms() {
   return f;
 }
 
-const cuda::Q4Device& q4_dev(const Weight& w) {
-  auto* q = dynamic_cast<const cuda_impl::CudaQ4*>(&w);
-  NF4FLASH_CHECK(q && !q->fallback, "decode forms: expected a tiled 4-bit CUDA weight");
-  return q->dev;
-}
-
 // Blocks per multiprocessor of a form at its largest dynamic shared memory (set once per form).
 int blocks_per_sm(const Form& f, int smem) {
   cuda_check(cudaFuncSetAttribute(f.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem opt-in");
@@ -60,11 +54,8 @@ int blocks_per_sm(const Form& f, int smem) {
 // The rows of one shape; the names of the forms whose output differed go to `differ`.
 void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>& differ) {
   Backend& be = c.be;
-  auto* st = static_cast<cudaStream_t>(be.native_stream());
-  NF4FLASH_CHECK(st, "decode forms: the backend has no CUDA stream");
-  const auto host = random_q4(rows, cols, true, c.rng);
-  std::vector<std::unique_ptr<Weight>> ws(size_t(c.copies_for(double(rows * cols) / 2)));
-  for (auto& w : ws) w = be.upload_quant4(host);
+  cudaStream_t st = backend_stream(be, "decode forms");
+  const auto ws = q4_copies(c, rows, cols);
   auto xb = randn_bf16(be, size_t(cols), c.rng);
   auto ref = be.alloc(size_t(rows) * 2), out = be.alloc(size_t(rows) * 2);
   const Act x = xb->as_act(DType::BF16, 1, cols), ref_a = ref->as_act(DType::BF16, 1, rows);
@@ -76,7 +67,7 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
   std::vector<Q4DecodeArgs> args;
   for (const auto& w : ws) {
     cuda::GemvQ4DecodeArgs g;
-    g.w[0] = &q4_dev(*w);
+    g.w[0] = &tiled_q4(*w, "decode forms");
     g.out[0] = out->data();
     g.x = xb->data();
     g.T = 1;
@@ -117,9 +108,7 @@ std::string decode_forms(Context& c) {
   shape_rows(c, 14336, 4096, differ);
   shape_rows(c, 5120, 2048, differ);
   shape_rows(c, 2048, 4096, differ);
-  std::string list;
-  for (const auto& d : differ) list += (list.empty() ? "" : "; ") + d;
-  return list;
+  return differ_list(differ);
 }
 
 }  // namespace nf4flash::kbench

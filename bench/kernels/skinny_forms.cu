@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_resources.h"
 #include "backend/cuda/kernels/gemm_q4_skinny.cuh"
 #include "bench.h"
+#include "forms.h"
 #include "core/error.h"
 
 namespace nf4flash::kbench {
@@ -47,27 +47,18 @@ const std::vector<Pair>& pairs() {
   return p;
 }
 
-const cuda::Q4Device& q4_dev(const Weight& w) {
-  auto* q = dynamic_cast<const cuda_impl::CudaQ4*>(&w);
-  NF4FLASH_CHECK(q && !q->fallback, "skinny forms: expected a tiled 4-bit CUDA weight");
-  return q->dev;
-}
-
 // The rows of one shape; the pairs (or backend comparisons) whose outputs differed go to `differ`.
 void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>& differ) {
   Backend& be = c.be;
-  auto* st = static_cast<cudaStream_t>(be.native_stream());
-  NF4FLASH_CHECK(st, "skinny forms: the backend has no CUDA stream");
-  const auto host = random_q4(rows, cols, true, c.rng);
-  std::vector<std::unique_ptr<Weight>> ws(size_t(c.copies_for(double(rows * cols) / 2)));
-  for (auto& w : ws) w = be.upload_quant4(host);
+  cudaStream_t st = backend_stream(be, "skinny forms");
+  const auto ws = q4_copies(c, rows, cols);
   constexpr int kMaxT = 32;
   auto xb = randn_bf16(be, size_t(kMaxT * cols), c.rng);
   auto ref = be.alloc(size_t(kMaxT * rows) * 2), out = be.alloc(size_t(kMaxT * rows) * 2);
 
   // the workspace of the largest launch (32 rows), counters zeroed once: every launch leaves them zero
   cuda::GemmQ4SkinnyArgs g;
-  g.w[0] = &q4_dev(*ws[0]);
+  g.w[0] = &tiled_q4(*ws[0], "skinny forms");
   g.out[0] = out->data();
   g.x = xb->data();
   g.T = kMaxT;
@@ -89,7 +80,7 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
     }
     auto run = [&](Launch l, int i) {
       cuda::GemmQ4SkinnyArgs a = g;
-      a.w[0] = &q4_dev(*ws[size_t(i) % ws.size()]);
+      a.w[0] = &tiled_q4(*ws[size_t(i) % ws.size()], "skinny forms");
       a.T = p.T;
       a.wgmma = std::strcmp(p.form, "wgmma") == 0;
       l(a, st);
@@ -133,9 +124,7 @@ std::string skinny_forms(Context& c) {
   shape_rows(c, 4096, 4096, differ);
   shape_rows(c, 14336, 4096, differ);
   shape_rows(c, 4096, 14336, differ);
-  std::string list;
-  for (const auto& d : differ) list += (list.empty() ? "" : "; ") + d;
-  return list;
+  return differ_list(differ);
 }
 
 }  // namespace nf4flash::kbench
