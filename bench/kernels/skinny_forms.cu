@@ -10,7 +10,6 @@
 // rotated over copies past the L2; the two forms of a pair timed alternately, two rounds.
 #include <cuda_bf16.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,10 +24,11 @@ namespace {
 using Launch = void (*)(const cuda::GemmQ4SkinnyArgs&, cudaStream_t);
 
 // One form at T rows: the block barrier and the two rings, in that order.
-struct Pair {
-  const char* form;  // "mma.sync" or "wgmma"
+struct FormSet {
+  bool wgmma;  // the wgmma form, else mma.sync
   int T;
   Launch sync[3];
+  const char* name() const { return wgmma ? "wgmma" : "mma.sync"; }
 };
 constexpr const char* kSyncName[3] = {"block barrier", "mbarrier ring 6", "mbarrier ring 7"};
 
@@ -37,28 +37,29 @@ constexpr Launch launch() {
   return cuda::skinny_launch<__nv_bfloat16, true, NT, S, WG, MB>;
 }
 template <int NT, bool WG>
-constexpr Pair pair(const char* form, int T) {
-  return {form, T, {launch<NT, WG, 6, false>(), launch<NT, WG, 6, true>(), launch<NT, WG, 7, true>()}};
+constexpr FormSet form_set(int T) {
+  return {WG, T, {launch<NT, WG, 6, false>(), launch<NT, WG, 6, true>(), launch<NT, WG, 7, true>()}};
 }
 
-const std::vector<Pair>& pairs() {
-  static const std::vector<Pair> p = {pair<2, false>("mma.sync", 16), pair<4, false>("mma.sync", 32),
-                                      pair<4, true>("wgmma", 32)};
-  return p;
+const std::vector<FormSet>& form_sets() {
+  static const std::vector<FormSet> f = {form_set<2, false>(16), form_set<4, false>(32), form_set<4, true>(32)};
+  return f;
 }
 
-// The rows of one shape; the pairs (or backend comparisons) whose outputs differed go to `differ`.
+// The rows of one shape; the forms (or backend comparisons) whose outputs differed go to `differ`.
 void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>& differ) {
   Backend& be = c.be;
   cudaStream_t st = backend_stream(be, "skinny forms");
   const auto ws = q4_copies(c, rows, cols);
+  std::vector<const cuda::Q4Device*> devs;
+  for (const auto& w : ws) devs.push_back(&tiled_q4(*w, "skinny forms"));
   constexpr int kMaxT = 32;
   auto xb = randn_bf16(be, size_t(kMaxT * cols), c.rng);
   auto ref = be.alloc(size_t(kMaxT * rows) * 2), out = be.alloc(size_t(kMaxT * rows) * 2);
 
   // the workspace of the largest launch (32 rows), counters zeroed once: every launch leaves them zero
   cuda::GemmQ4SkinnyArgs g;
-  g.w[0] = &tiled_q4(*ws[0], "skinny forms");
+  g.w[0] = devs[0];
   g.out[0] = out->data();
   g.x = xb->data();
   g.T = kMaxT;
@@ -69,10 +70,10 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
 
   std::vector<uint16_t> want, got[3];
   const double wbytes = double(ws[0]->resident_bytes());
-  for (const Pair& p : pairs()) {
+  for (const FormSet& p : form_sets()) {
     const size_t n = size_t(p.T * rows);
     // the backend's own path at these rows, for the barrier form it takes
-    const bool backend_form = (p.T > 16) == (std::strcmp(p.form, "wgmma") == 0);
+    const bool backend_form = (p.T > 16) == p.wgmma;
     if (backend_form) {
       be.linear(xb->as_act(DType::BF16, p.T, cols), *ws[0], nullptr, ref->as_act(DType::BF16, p.T, rows));
       want.resize(n);
@@ -80,11 +81,10 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
     }
     auto run = [&](Launch l, int i) {
       cuda::GemmQ4SkinnyArgs a = g;
-      a.w[0] = &tiled_q4(*ws[size_t(i) % ws.size()], "skinny forms");
+      a.w[0] = devs[size_t(i) % devs.size()];
       a.T = p.T;
-      a.wgmma = std::strcmp(p.form, "wgmma") == 0;
       l(a, st);
-      cuda_check(cudaGetLastError(), p.form);
+      cuda_check(cudaGetLastError(), p.name());
     };
     auto output = [&](Launch l, std::vector<uint16_t>& v) {
       cuda_check(cudaMemsetAsync(out->data(), 0xff, n * 2, st), "memset");
@@ -98,16 +98,16 @@ void shape_rows(Context& c, int64_t rows, int64_t cols, std::vector<std::string>
     for (int round = 1; round <= 2; ++round)
       for (int k = 0; k < 3; ++k) {
         const double sec = time_graph(be, [&](int i) { run(p.sync[k], i); }, c.reps, c.trials);
-        c.report.row(cat("skinny nf4-dq ", rows, "x", cols, " T=", p.T, " ", p.form, " ", kSyncName[k], " (", round, ")"),
+        c.report.row(cat("skinny nf4-dq ", rows, "x", cols, " T=", p.T, " ", p.name(), " ", kSyncName[k], " (", round, ")"),
                      sec, bytes, 0,
-                     {{"format", "nf4-dq"}, {"T", p.T}, {"rows", rows}, {"cols", cols}, {"form", p.form},
+                     {{"format", "nf4-dq"}, {"T", p.T}, {"rows", rows}, {"cols", cols}, {"form", p.name()},
                       {"sync", kSyncName[k]}, {"round", round}, {"copies", ws.size()},
                       {"bit_identical_to_barrier_form", got[k] == got[0]},
                       {"bit_identical_to_backend", backend_form ? nlohmann::json(backend_same) : nlohmann::json(nullptr)}});
       }
     for (int k = 1; k < 3; ++k)
-      if (got[k] != got[0]) differ.push_back(cat(p.form, " ", kSyncName[k], " at ", rows, "x", cols, " T=", p.T));
-    if (!backend_same) differ.push_back(cat(p.form, " block barrier vs backend at ", rows, "x", cols, " T=", p.T));
+      if (got[k] != got[0]) differ.push_back(cat(p.name(), " ", kSyncName[k], " at ", rows, "x", cols, " T=", p.T));
+    if (!backend_same) differ.push_back(cat(p.name(), " block barrier vs backend at ", rows, "x", cols, " T=", p.T));
   }
 }
 
