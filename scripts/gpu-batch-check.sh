@@ -22,7 +22,7 @@ deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90
 stages=${STAGES:-build test bench}
 bn=${BASE_NAME:-base}  # the base tree's build directory is build-$bn
 
-if [[ " $stages " == *" build "* ]]; then
+if [[ " $stages " == *" build "* ]] && [ "$prebuilt" = 0 ]; then  # PREBUILT=1: the unpacked binaries
   cmake -S . -B build-gpu -G Ninja "${deps[@]}" >"$out/configure.log" 2>&1 || { tail -20 "$out/configure.log"; exit 1; }
   pb=
   if [ -n "${BASE:-}" ]; then

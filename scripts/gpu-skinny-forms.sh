@@ -21,12 +21,16 @@ build_kb() {  # source dir, build dir, cmake options...
 others=${TREES:-}
 [ -n "${BASE:-}" ] && others="base=$BASE $others"
 pids=()
-build_kb . build-gpu &
-pids+=($!)
 trees=""
-for td in $others; do
-  build_kb "${td#*=}" "build-${td%%=*}" -DNF4FLASH_TESTS=OFF &
+if [ "$prebuilt" = 0 ]; then  # PREBUILT=1: the unpacked binaries (build-gpu, build-LABEL)
+  build_kb . build-gpu &
   pids+=($!)
+fi
+for td in $others; do
+  if [ "$prebuilt" = 0 ]; then
+    build_kb "${td#*=}" "build-${td%%=*}" -DNF4FLASH_TESTS=OFF &
+    pids+=($!)
+  fi
   trees="$trees ${td%%=*}"
 done
 trees="$trees gpu"
