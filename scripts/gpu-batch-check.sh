@@ -19,6 +19,7 @@
 # Logs, JSON and Markdown go to $OUT (default build-gpu/out), named after the GPU.
 source "$(dirname "$0")/gpu-common.sh"
 deps=(-DCMAKE_PREFIX_PATH="$root/.device-deps/usr" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release -DNF4FLASH_SERVE=${SERVE:-OFF})
+use_prebuilt
 stages=${STAGES:-build test bench}
 bn=${BASE_NAME:-base}  # the base tree's build directory is build-$bn
 

@@ -4,9 +4,8 @@
 # (prints the seconds since sourcing) and bench_summary (below). With PACK=1 the files a script
 # leaves in $out (logs, JSON, Markdown, CSV) go on exit into one archive, $out/SCRIPT-outputs.tar.gz
 # (SCRIPT: the script's name; -2, -3, ... where one exists), and are removed: one file to copy back
-# from the GPU machine. With PREBUILT=1 the binaries of .prebuilt/bin.tar.xz (scripts/prebuild-sm90.sh)
-# are unpacked into build-gpu/ and build-NAME/ and the scripts skip their builds; the gpu tests'
-# fixtures are unpacked where that build reads them.
+# from the GPU machine. use_prebuilt (below): binaries built elsewhere (PREBUILT=1), for the scripts
+# that call it (gpu-batch-check.sh, gpu-skinny-forms.sh).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -25,16 +24,21 @@ pack_out() {
   (cd "$out" && tar -czf "$name" "${files[@]}" && rm -f "${files[@]}") || echo "PACK: could not archive $out"
 }
 if [ "${PACK:-0}" = 1 ]; then trap pack_out EXIT; fi
+# use_prebuilt: with PREBUILT=1, unpack .prebuilt/bin.tar.xz (scripts/prebuild-sm90.sh) into build-gpu/
+# and build-NAME/ (and the gpu tests' fixtures where that build reads them) and set prebuilt=1, which
+# the calling script reads to skip its build; without it, prebuilt=0.
 prebuilt=0
-if [ "${PREBUILT:-0}" = 1 ]; then
+use_prebuilt() {
+  [ "${PREBUILT:-0}" = 1 ] || return 0
   tar -xJf "$root/.prebuilt/bin.tar.xz" -C "$root" ||
     { echo "PREBUILT=1: cannot unpack .prebuilt/bin.tar.xz (scripts/prebuild-sm90.sh makes it)"; exit 1; }
   if [ -f build-gpu/FIXTURES_DIR ]; then
+    local fx a
     fx=$(cat build-gpu/FIXTURES_DIR)
     mkdir -p "$fx" && for a in tests/fixtures/*.tar.xz; do tar -xJf "$a" -C "$fx"; done
   fi
   prebuilt=1
-fi
+}
 # bench_summary JSON LABEL [FLOOR]: one line per ok config of a single-sequence bench JSON, its first
 # prompt's median TTFT and first context's median decode rate (with FLOOR tok/s: the share of it)
 bench_summary() {

@@ -18,6 +18,7 @@ build_kb() {  # source dir, build dir, cmake options...
   cmake -S "$1" -B "$2" -G Ninja "${deps[@]}" "${@:3}" >"$out/configure-$2.log" 2>&1 || { tail -20 "$out/configure-$2.log"; return 1; }
   ninja -C "$2" -j"${JOBS:-16}" nf4flash-kernel-bench >"$out/build-$2.log" 2>&1 || { grep -E "error|FAILED" "$out/build-$2.log" | head -30; return 1; }
 }
+use_prebuilt
 others=${TREES:-}
 [ -n "${BASE:-}" ] && others="base=$BASE $others"
 pids=()

@@ -32,26 +32,27 @@ build() {  # source dir, build name, tests ON/OFF, targets...
 }
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-pack() {  # build name, packed name, binaries (paths in the build)...
-  local name=$1 as=$2
-  shift 2
+pack() {  # build name, binaries (paths in the build)...: stripped copies under the same name
+  local name=$1 b
+  shift
   for b in "$@"; do
-    mkdir -p "$stage/$as/$(dirname "$b")"
-    cp "$dir/$name/$b" "$stage/$as/$b"
-    strip "$stage/$as/$b"
+    mkdir -p "$stage/$name/$(dirname "$b")"
+    cp "$dir/$name/$b" "$stage/$name/$b"
+    strip "$stage/$name/$b"
   done
 }
+bins=(nf4flash bench/kernels/nf4flash-kernel-bench)
 if [ "${TESTS:-0}" = 1 ]; then
   build "$root" build-gpu ON nf4flash nf4flash-kernel-bench nf4flash_gpu_tests
-  pack build-gpu build-gpu nf4flash bench/kernels/nf4flash-kernel-bench tests/nf4flash_gpu_tests
+  pack build-gpu "${bins[@]}" tests/nf4flash_gpu_tests
   echo "$dir/build-gpu/fixtures" >"$stage/build-gpu/FIXTURES_DIR"
 else
   build "$root" build-gpu OFF nf4flash nf4flash-kernel-bench
-  pack build-gpu build-gpu nf4flash bench/kernels/nf4flash-kernel-bench
+  pack build-gpu "${bins[@]}"
 fi
 if [ -n "${BASE:-}" ]; then
   build "$BASE" "build-$bn" OFF nf4flash nf4flash-kernel-bench
-  pack "build-$bn" "build-$bn" nf4flash bench/kernels/nf4flash-kernel-bench
+  pack "build-$bn" "${bins[@]}"
 fi
 mkdir -p .prebuilt
 tar -cJf .prebuilt/bin.tar.xz -C "$stage" .
